@@ -1,0 +1,162 @@
+"""The tiny base model: a ~1M-parameter Qwen2 with a character tokenizer, pretrained on arithmetic.
+
+`mathrl train` with no arguments starts from this model so that a complete RL experiment runs on a CPU
+in minutes with nothing downloaded. It is an ordinary Hugging Face model directory (config.json,
+model.safetensors, tokenizer.json) that `AutoModelForCausalLM.from_pretrained` and
+`AutoTokenizer.from_pretrained` load, cached under the user cache directory and keyed by a hash of
+its recipe, so changing any field of `BaseModelConfig` builds a new one.
+
+The pretraining text contains deliberate slips (`slip_prob`, see `ArithmeticTask.worked_solution`):
+sampled at temperature 1 the model makes them too, so it is only partly competent — the starting
+point an RL run needs to show that reward sharpens a policy.
+
+    mathrl base            # build (or find) the cached base model and print its path
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import string
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from mathrl.tasks.arithmetic import ArithmeticTask
+
+BASE_FORMAT_VERSION = 1  # bump when the build code changes what a given recipe produces
+PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
+
+
+def build_char_tokenizer():
+    """A character-level tokenizer over printable ASCII (one token per character), built locally."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = list(string.printable[:95]) + ["\n"]  # digits, letters, punctuation, space, newline
+    vocab = {token: i for i, token in enumerate([PAD, EOS, UNK, *chars])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # every char alone
+    tok.decoder = decoders.Fuse()  # join characters back without separators
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=UNK)
+
+
+def _default_cache_root() -> Path:
+    if os.environ.get("MATHRL_CACHE"):
+        return Path(os.environ["MATHRL_CACHE"])
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("mathrl"))
+
+
+def recipe_hash(cfg) -> str:
+    payload = json.dumps({"version": BASE_FORMAT_VERSION, **dataclasses.asdict(cfg)}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:12]
+
+
+def base_model_dir(cfg, cache_root: Path | None = None) -> Path:
+    return (cache_root or _default_cache_root()) / "base" / f"tiny-arith-{recipe_hash(cfg)}"
+
+
+def _encode_batch(tokenizer, task: ArithmeticTask, rng: random.Random, batch_size: int, slip_prob: float):
+    """Random training-split problems as (input_ids, labels) with loss on the solution and EOS only."""
+    rows = []
+    for problem in task.train_problems(batch_size, seed=rng.randrange(2**62)):
+        a, b = task.operands(problem)
+        prompt = tokenizer(problem.question + "=")["input_ids"]
+        solution = tokenizer(task.worked_solution(a, b, rng=rng, slip_prob=slip_prob))["input_ids"]
+        rows.append((prompt, solution + [tokenizer.eos_token_id]))
+    width = max(len(p) + len(s) for p, s in rows)
+    input_ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    for i, (p, s) in enumerate(rows):
+        input_ids[i, : len(p) + len(s)] = torch.tensor(p + s)
+        labels[i, len(p) : len(p) + len(s)] = torch.tensor(s)
+    return input_ids, labels
+
+
+def build_base_model(
+    cfg,
+    out_dir: Path,
+    *,
+    progress: Callable[[int, int, float], None] | None = None,
+) -> Path:
+    """Pretrain the tiny model described by `cfg` (a `BaseModelConfig`) and save it to `out_dir`.
+
+    Written to a temporary directory first and renamed at the end, so an interrupted build never
+    leaves a half-written model that a later run would pick up.
+    """
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    tokenizer = build_char_tokenizer()
+    task = ArithmeticTask(min_digits=cfg.min_digits, max_digits=cfg.max_digits)
+    model_cfg = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=cfg.max_positions,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    model = Qwen2ForCausalLM(model_cfg)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.01)
+
+    def lr_at(step: int) -> float:  # linear warm-up, then cosine decay to 10% of the peak
+        if step < cfg.warmup_steps:
+            return cfg.lr * (step + 1) / cfg.warmup_steps
+        frac = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+        return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+    model.train()
+    for step in range(cfg.steps):
+        input_ids, labels = _encode_batch(tokenizer, task, rng, cfg.batch_size, cfg.slip_prob)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step)
+        loss = model(input_ids=input_ids, attention_mask=(input_ids != tokenizer.pad_token_id).long(), labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if progress is not None:
+            progress(step + 1, cfg.steps, loss.item())
+
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".tmp-", dir=out_dir.parent))
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "mathrl_base.json").write_text(
+        json.dumps({"recipe": dataclasses.asdict(cfg), "version": BASE_FORMAT_VERSION, "built_at": time.time()}, indent=2)
+    )
+    if out_dir.exists():  # a concurrent build finished first; keep theirs
+        shutil.rmtree(tmp)
+    else:
+        os.replace(tmp, out_dir)
+    return out_dir
+
+
+def ensure_base_model(cfg, *, cache_root: Path | None = None, progress=None, on_build_start=None) -> Path:
+    """Path of the cached base model for `cfg`, building it first if it is not cached yet."""
+    out = base_model_dir(cfg, cache_root)
+    if (out / "model.safetensors").exists():
+        return out
+    if on_build_start is not None:
+        on_build_start(out)
+    return build_base_model(cfg, out, progress=progress)

@@ -1,0 +1,473 @@
+"""Score a completion against a reference answer: 1.0 if its last boxed answer is equivalent, else 0.0.
+
+Two layers, both of which never raise on model text:
+
+* ``verify_one(completion, reference)`` checks one pair in the calling process. Plain decimal numbers
+  (``27.0`` vs ``27``, ``1,000`` vs ``1000``) are compared exactly with ``Decimal``; everything else
+  goes to math-verify (LaTeX -> SymPy, then numeric/symbolic equality).
+* ``Verifier`` runs ``verify_one`` in persistent worker processes with a wall-clock timeout per item,
+  because SymPy can hang or blow up on adversarial expressions (``10^{10^{10}}``, deep nesting) and
+  math-verify's own SIGALRM timeout only works in a main thread and cannot interrupt C code.
+
+Usage::
+
+    with Verifier(num_workers=4, timeout_s=5.0) as verifier:
+        results = verifier.score(completions, references)   # list[RewardResult], input order
+    rewards = [r.score for r in results]
+
+Reasons (``RewardResult.reason``): ``correct``, ``wrong``, ``no_answer`` (no box, an unterminated box
+or an empty box), ``timeout`` (the worker was killed after ``timeout_s``), ``error`` (an exception,
+a crashed worker, or a reference that math-verify cannot parse).
+"""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing
+import multiprocessing.connection
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Literal
+
+from mathrl.reward.extract import extract_boxed
+
+__all__ = ["RewardResult", "Reason", "Verifier", "verify_one"]
+
+Reason = Literal["correct", "wrong", "no_answer", "timeout", "error"]
+
+MAX_COMPLETION_CHARS = 1_000_000
+"""Completions are cut to their last this-many characters before extraction or sending to a worker."""
+
+_MAX_PLAIN_NUMBER_CHARS = 10_000
+"""Longer "numbers" skip the exact fast path and go to math-verify (and the worker timeout)."""
+
+_MAX_MATH_VERIFY_CHARS = 10_000
+"""Longer answers are scored wrong without parsing. No real answer is this long, SymPy time grows
+with length, and math-verify logs the whole input at WARNING level when it times out."""
+
+_MATH_VERIFY_TIMEOUT_S = 5
+"""math-verify's own SIGALRM timeout per parse/compare, used only on a main thread. It must be an int:
+it is passed to ``signal.alarm``. Inside ``Verifier`` workers the outer kill usually fires first."""
+
+_WORKER_START_TIMEOUT_S = 120.0
+"""How long a fresh worker may take to import SymPy/math-verify before we give up (slow shared CPUs)."""
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    """The score of one completion and why it got it."""
+
+    score: float
+    """1.0 if the extracted answer equals the reference, else 0.0."""
+    extracted: str | None
+    """The content of the last ``\\boxed{...}``; ``None`` if there was none."""
+    reason: Reason
+    """One of ``correct``, ``wrong``, ``no_answer``, ``timeout``, ``error``."""
+    detail: str = ""
+    """Short human text: which path decided, or the exception name for ``error``."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# In-process check
+# ---------------------------------------------------------------------------------------------------
+
+# A plain decimal: optional sign, digits with optional comma thousands separators, optional fraction.
+# `1,5` or `1,2,3` do not match (not groups of three), so tuples and European decimals go to math-verify.
+_PLAIN_NUMBER = re.compile(r"[+-]?(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]*)?|[+-]?\.[0-9]+")
+_WHITESPACE = re.compile(r"\s+")
+
+
+def _plain_number(text: str) -> Decimal | None:
+    """``Decimal`` value of a plain decimal number such as ``$1,000``, ``27.0``, ``-3``; else ``None``.
+
+    Decimal construction and comparison are exact, so ``27.0 == 27`` and ``0.1 + 0.2``-style float
+    surprises cannot happen. Spaces, dollar signs and LaTeX's ``{,}`` thousands separator are removed.
+    """
+    if len(text) > _MAX_PLAIN_NUMBER_CHARS:
+        return None
+    text = _WHITESPACE.sub("", text).replace("\\$", "").replace("$", "").replace("{,}", ",")
+    if not _PLAIN_NUMBER.fullmatch(text):
+        return None
+    return Decimal(text.replace(",", ""))
+
+
+def _sanitize(text: str) -> str:
+    """Replace lone surrogates (text decoded with ``errors='surrogateescape'``) so every later step,
+    from regexes to pipes to log handlers, sees valid UTF-8. Type errors surface here, not deep inside."""
+    if not isinstance(text, str):
+        raise TypeError(f"expected str, got {type(text).__name__}")
+    return text.encode("utf-8", errors="replace").decode("utf-8")
+
+
+def _as_gold_latex(reference: str) -> str:
+    """Wrap a bare reference (``\\frac{1}{2}``, ``27.0``) in ``\\boxed{}`` so math-verify's LaTeX
+    extractor takes all of it; references that already carry a box are passed through."""
+    if "\\boxed" in reference or "\\fbox" in reference:
+        return reference
+    return "\\boxed{" + reference + "}"
+
+
+def _math_verify_equal(answer: str, reference: str) -> RewardResult:
+    # Imported here so `import mathrl.reward` stays cheap; workers import it once while warming up.
+    import math_verify
+
+    # math-verify guards parse/verify with signal.alarm, which raises ValueError off the main thread.
+    # There we pass None (no inner timeout) and rely on the Verifier's process-level timeout.
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    inner_timeout = _MATH_VERIFY_TIMEOUT_S if on_main_thread else None
+    started = time.monotonic()
+
+    def negative(reason_detail: str) -> RewardResult:
+        # math-verify swallows its own timeouts (logs a warning, returns [] or False), so a timeout
+        # would read as "wrong". Elapsed time is the only trace it leaves.
+        if inner_timeout is not None and time.monotonic() - started >= 0.95 * inner_timeout:
+            return RewardResult(0.0, answer, "timeout", f"math-verify's own {inner_timeout} s alarm")
+        return RewardResult(0.0, answer, "wrong", reason_detail)
+
+    gold = math_verify.parse(_as_gold_latex(reference), parsing_timeout=inner_timeout)
+    if not gold:
+        return RewardResult(0.0, answer, "error", "reference did not parse")
+    # `answer` came out of a balanced box, so re-boxing it is well formed.
+    target = math_verify.parse("\\boxed{" + answer + "}", parsing_timeout=inner_timeout)
+    if not target:
+        return negative("answer did not parse")
+    if math_verify.verify(gold, target, timeout_seconds=inner_timeout):
+        return RewardResult(1.0, answer, "correct", "math-verify")
+    return negative("math-verify")
+
+
+def _verify(completion: str, reference: str) -> RewardResult:
+    completion = _sanitize(completion[-MAX_COMPLETION_CHARS:])
+    reference = _sanitize(reference)
+
+    answer = extract_boxed(completion, max_chars=MAX_COMPLETION_CHARS)
+    if answer is None:
+        return RewardResult(0.0, None, "no_answer", "no closed \\boxed{...}")
+    if not answer:
+        return RewardResult(0.0, answer, "no_answer", "empty \\boxed{}")
+
+    # Fast exact path: most math-RL references (GSM8K, AIME) are integers.
+    answer_number, reference_number = _plain_number(answer), _plain_number(reference)
+    if answer_number is not None and reference_number is not None:
+        if answer_number == reference_number:
+            return RewardResult(1.0, answer, "correct", "exact number")
+        return RewardResult(0.0, answer, "wrong", "exact number")
+
+    if len(answer) > _MAX_MATH_VERIFY_CHARS:
+        return RewardResult(0.0, answer, "wrong", f"answer over {_MAX_MATH_VERIFY_CHARS} chars, not parsed")
+    return _math_verify_equal(answer, reference)
+
+
+def verify_one(completion: str, reference: str) -> RewardResult:
+    """Score one completion against its reference in this process. Never raises.
+
+    The answer is the content of the completion's last ``\\boxed{...}``. There is no wall-clock bound
+    beyond math-verify's own SIGALRM timeouts (main thread only): use ``Verifier`` for model text.
+    """
+    try:
+        return _verify(completion, reference)
+    except Exception as e:  # a reward must never take down training
+        return RewardResult(0.0, None, "error", type(e).__name__)
+    except BaseException as e:
+        # math-verify's TimeoutException derives from BaseException; its SIGALRM can land just
+        # outside math-verify's own try block. KeyboardInterrupt and SystemExit still propagate.
+        if type(e).__name__ == "TimeoutException":
+            return RewardResult(0.0, None, "timeout", "math-verify alarm")
+        raise
+
+
+# ---------------------------------------------------------------------------------------------------
+# Worker processes
+# ---------------------------------------------------------------------------------------------------
+
+ItemFn = Callable[[str, str], RewardResult]
+
+
+def _encode(text: str) -> bytes:
+    # Pickle would carry lone surrogates, but replacing them here means the worker and the results
+    # see exactly what verify_one would see in-process.
+    return text.encode("utf-8", errors="replace")
+
+
+def _warm_up() -> None:
+    """Import math-verify and run one parse, so a worker's first item does not pay the SymPy import
+    and ANTLR set-up inside its timeout."""
+    verify_one("\\boxed{\\frac{1}{2}}", "0.5")
+
+
+def _worker_main(conn: multiprocessing.connection.Connection, item_fn: ItemFn) -> None:
+    """Loop of a worker process: receive ``(completion, reference)`` as UTF-8 bytes, send back a
+    ``RewardResult``; ``None`` or a closed pipe ends it."""
+    # Ctrl-C goes to the whole process group; let the parent decide, instead of N tracebacks.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _warm_up()
+    conn.send("ready")
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return  # parent went away
+        if message is None:
+            return
+        completion, reference = (part.decode("utf-8") for part in message)
+        try:
+            result = item_fn(completion, reference)
+        except Exception as e:  # only a custom item_fn can get here; verify_one never raises
+            result = RewardResult(0.0, None, "error", type(e).__name__)
+        conn.send(result)
+
+
+class _Worker:
+    """One worker process, the parent's end of its private pipe, and the item it is working on.
+
+    A private pipe per worker (rather than a shared queue) means killing a hung worker can never
+    leave a lock held or a half-written message in a channel other workers use.
+    """
+
+    def __init__(self, context: multiprocessing.context.BaseContext, item_fn: ItemFn) -> None:
+        self.conn, child_conn = context.Pipe(duplex=True)
+        self.process = context.Process(
+            target=_worker_main, args=(child_conn, item_fn), name="mathrl-verifier", daemon=True
+        )
+        self.process.start()
+        child_conn.close()  # so that recv() in the parent sees EOF when the child dies
+        self.ready = False
+        self.start_deadline = time.monotonic() + _WORKER_START_TIMEOUT_S
+        self.item: int | None = None  # index into the current score() call
+        self.item_deadline = 0.0
+
+    def stop(self, *, kill: bool) -> None:
+        if kill:
+            self.process.kill()  # SIGKILL: a worker stuck in C code may not honour SIGTERM promptly
+        self.process.join(timeout=5.0)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout=5.0)
+        self.conn.close()
+
+    def exit_detail(self) -> str:
+        self.process.join(timeout=1.0)
+        return f"worker exited with code {self.process.exitcode}"
+
+
+class Verifier:
+    """Scores (completion, reference) pairs in worker processes with a per-item wall-clock timeout.
+
+    Workers are started lazily on the first ``score`` call and reused. Each item is sent to an idle
+    worker (up to ``num_workers`` in flight); a worker that takes longer than ``timeout_s`` on an item
+    is killed and replaced, and that item gets ``reason="timeout"``. A worker that dies is replaced
+    and its item gets ``reason="error"``. Results come back in input order.
+
+    Workers use the ``spawn`` start method: the parent has torch loaded with its thread pools, and
+    forking a multi-threaded process can deadlock the child. Spawned children re-import the main
+    script, so a script that creates a Verifier needs the ``if __name__ == "__main__":`` guard.
+
+    Args:
+        num_workers: worker processes; 0 runs ``verify_one`` in-process (no timeout; for debugging).
+        timeout_s: wall-clock seconds allowed per item, counted from when it is sent to a worker.
+        _item_fn: testing hook. A picklable module-level ``(completion, reference) -> RewardResult``
+            that workers call instead of ``verify_one``, e.g. one that hangs on a marked input.
+
+    Not thread-safe across concurrent ``score`` calls on one instance (a lock serialises them).
+    """
+
+    def __init__(
+        self, *, num_workers: int = 1, timeout_s: float = 5.0, _item_fn: ItemFn | None = None
+    ) -> None:
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0 (0 = in-process), got {num_workers}")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s}")
+        self.num_workers = num_workers
+        self.timeout_s = float(timeout_s)
+        self._item_fn: ItemFn = _item_fn if _item_fn is not None else verify_one
+        self._context = multiprocessing.get_context("spawn")
+        self._workers: list[_Worker] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # -- public ------------------------------------------------------------------------------------
+
+    def score(self, completions: Sequence[str], references: Sequence[str]) -> list[RewardResult]:
+        """Score each completion against the reference at the same index; never raises on model text.
+
+        Raises ``ValueError`` if the lengths differ, ``RuntimeError`` if the Verifier is closed or a
+        worker cannot even start (a broken environment, not a bad completion).
+        """
+        if len(completions) != len(references):
+            raise ValueError(
+                f"got {len(completions)} completions but {len(references)} references; "
+                "pass one reference per completion"
+            )
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("Verifier is closed; create a new one")
+            if self.num_workers == 0:
+                return [_call_in_process(self._item_fn, c, r) for c, r in zip(completions, references)]
+            return self._score_in_workers(completions, references)
+
+    def close(self) -> None:
+        """Stop all workers. Safe to call twice."""
+        with self._lock:
+            self._closed = True
+            self._stop_all()
+
+    def __enter__(self) -> Verifier:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: modules may already be torn down
+            pass
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _stop_all(self) -> None:
+        workers, self._workers = self._workers, []
+        for worker in workers:  # ask all to exit first, then wait, so shutdown is not serial
+            try:
+                worker.conn.send(None)
+            except (OSError, ValueError):
+                pass
+        for worker in workers:
+            # Busy or still importing workers would not read the request soon: kill them.
+            worker.stop(kill=worker.item is not None or not worker.ready)
+
+    def _replace(self, worker: _Worker, *, kill: bool) -> None:
+        worker.stop(kill=kill)
+        self._workers[self._workers.index(worker)] = _Worker(self._context, self._item_fn)
+
+    def _score_in_workers(
+        self, completions: Sequence[str], references: Sequence[str]
+    ) -> list[RewardResult]:
+        try:
+            return self._run_items(completions, references)
+        except BaseException:
+            # Ctrl-C or a worker that cannot start: workers may still hold items of this call, whose
+            # results would land in the next call's slots. Drop them all; the next call restarts.
+            self._stop_all()
+            raise
+
+    def _run_items(
+        self, completions: Sequence[str], references: Sequence[str]
+    ) -> list[RewardResult]:
+        while len(self._workers) < self.num_workers:
+            self._workers.append(_Worker(self._context, self._item_fn))
+
+        results: list[RewardResult | None] = [None] * len(completions)
+        pending: collections.deque[int] = collections.deque()
+        for index, (completion, reference) in enumerate(zip(completions, references)):
+            if isinstance(completion, str) and isinstance(reference, str):
+                pending.append(index)
+            else:  # e.g. None from a broken pipeline: report it rather than crash a worker
+                results[index] = RewardResult(0.0, None, "error", "TypeError: not a str")
+
+        while pending or any(w.item is not None for w in self._workers):
+            # -- dispatch to idle workers ----------------------------------------------------------
+            for worker in list(self._workers):
+                if not (pending and worker.ready and worker.item is None):
+                    continue
+                index = pending.popleft()
+                completion, reference = completions[index], references[index]
+                message = (_encode(completion[-MAX_COMPLETION_CHARS:]), _encode(reference))
+                try:
+                    worker.conn.send(message)
+                except (OSError, ValueError):
+                    # Died while idle: not this item's fault, so requeue it.
+                    pending.appendleft(index)
+                    self._replace(worker, kill=True)
+                    continue
+                worker.item = index
+                worker.item_deadline = time.monotonic() + self.timeout_s
+
+            # -- wait for a result, a death, or the nearest deadline -------------------------------
+            now = time.monotonic()
+            deadlines = [w.item_deadline if w.ready else w.start_deadline for w in self._workers
+                         if w.item is not None or not w.ready]
+            wait_s = max(0.0, min(deadlines) - now) if deadlines else 1.0
+            waitables = [w.conn for w in self._workers] + [w.process.sentinel for w in self._workers]
+            multiprocessing.connection.wait(waitables, timeout=wait_s)
+
+            # -- collect ---------------------------------------------------------------------------
+            now = time.monotonic()
+            for worker in list(self._workers):
+                self._collect(worker, completions, results, now)
+
+        assert all(r is not None for r in results), "every item gets a result"
+        return results  # type: ignore[return-value]
+
+    def _collect(
+        self,
+        worker: _Worker,
+        completions: Sequence[str],
+        results: list[RewardResult | None],
+        now: float,
+    ) -> None:
+        """Take whatever ``worker`` has to say: ready signal, a result, its death, or its timeout."""
+        message = None
+        got_message = False
+        try:
+            if worker.conn.poll():
+                message = worker.conn.recv()
+                got_message = True
+        except (EOFError, OSError):
+            pass  # died; handled below via is_alive
+
+        if got_message:
+            if not worker.ready:
+                worker.ready = message == "ready"
+            elif worker.item is not None:
+                results[worker.item] = message
+                worker.item = None
+            return
+
+        if not worker.process.is_alive():
+            if not worker.ready:
+                raise RuntimeError(
+                    f"a verifier worker died while starting ({worker.exit_detail()}). Workers are "
+                    "spawned: the main script must guard its code with `if __name__ == '__main__':`, "
+                    "and `python -c 'import mathrl.reward, math_verify'` must work"
+                )
+            if worker.item is not None:
+                extracted = _safe_extract(completions[worker.item])
+                results[worker.item] = RewardResult(0.0, extracted, "error", worker.exit_detail())
+                worker.item = None
+            self._replace(worker, kill=False)
+            return
+
+        if not worker.ready and now >= worker.start_deadline:
+            raise RuntimeError(
+                f"a verifier worker did not start within {_WORKER_START_TIMEOUT_S:.0f} s; "
+                "the machine may be overloaded"
+            )
+        if worker.item is not None and now >= worker.item_deadline:
+            results[worker.item] = RewardResult(
+                0.0,
+                _safe_extract(completions[worker.item]),
+                "timeout",
+                f"no result within {self.timeout_s:g} s; worker killed",
+            )
+            worker.item = None
+            self._replace(worker, kill=True)
+
+
+def _safe_extract(completion: str) -> str | None:
+    """The answer, for the logs of an item whose worker hung or died (extraction is linear-time)."""
+    return extract_boxed(_sanitize(completion[-MAX_COMPLETION_CHARS:]), max_chars=MAX_COMPLETION_CHARS)
+
+
+def _call_in_process(item_fn: ItemFn, completion: str, reference: str) -> RewardResult:
+    """num_workers=0 path: same contract as a worker, minus the timeout."""
+    try:
+        return item_fn(completion, reference)
+    except Exception as e:
+        return RewardResult(0.0, None, "error", type(e).__name__)

@@ -1,0 +1,300 @@
+"""Load math problems from JSON Lines files whose field names differ by source.
+
+A `FieldMap` says which field holds the question and how to get the gold answer out of a row;
+`PRESETS` holds one for each file in shared/data/math (see its README.md). Usage:
+
+    from mathrl.tasks.jsonl import load_problems
+    result = load_problems("shared/data/math/math_train.jsonl", on_error="skip")
+    result.problems[0].answer, result.skipped, result.skipped_reasons
+    # -> '0', 4, {"field 'answer' is null": 2, "field 'answer' is empty": 2}
+
+Bad rows raise `DataError` naming file, line and problem ("math_train.jsonl:887: field 'answer' is
+null") instead of reaching training as an empty gold answer that no completion can ever match.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from mathrl.tasks.base import Problem
+
+__all__ = [
+    "DataError",
+    "FieldMap",
+    "LoadResult",
+    "PRESETS",
+    "load_jsonl",
+    "load_problems",
+]
+
+
+class DataError(ValueError):
+    """A malformed row in a data file.
+
+    The message is "<path>:<line>: <reason> (<detail>)"; `reason` alone is the key under which
+    on_error="skip" counts the row, so it must not vary from row to row (detail may).
+    """
+
+    def __init__(self, path: str | Path, line: int, reason: str, detail: str | None = None) -> None:
+        super().__init__(f"{path}:{line}: {reason}" + (f" ({detail})" if detail else ""))
+        self.path = str(path)
+        self.line = line
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class FieldMap:
+    """Where a row keeps its question, gold answer and id.
+
+    Exactly one of `answer` and `answer_from_solution` names the source of the gold answer.
+    """
+
+    question: str = "problem"
+    """Field holding the problem text."""
+    answer: str | None = "answer"
+    """Field holding the gold answer: a string, a number (an integral float such as 27.0 becomes
+    "27", as the verifier would otherwise compare against "27.0"), or a list of those joined with
+    `answer_sep`. None when the answer comes from `answer_from_solution`."""
+    answer_from_solution: str | None = None
+    """Field holding a worked solution whose LAST \\boxed{...} is the gold answer (Minerva math)."""
+    id: str | None = None
+    """Field holding a row id. Problem ids are always "<file stem>:<key>", where key is this field's
+    value or, when None, the 1-based line number, so ids stay unique when files are mixed."""
+    answer_sep: str = ", "
+    """Separator for list-valued answers (OlympiadBench `final_answer`)."""
+    answer_after: str | None = None
+    """Marker such as "####" (GSM8K): the gold answer is the text after its last occurrence,
+    stripped, with thousands separators removed from a plain number ("1,200" -> "1200")."""
+
+    def __post_init__(self) -> None:
+        if (self.answer is None) == (self.answer_from_solution is None):
+            raise ValueError(
+                "FieldMap needs exactly one gold-answer source: set `answer` (a field holding "
+                "the answer) or `answer_from_solution` (a field whose last \\boxed{} is the "
+                f"answer), and set the other to None; got answer={self.answer!r}, "
+                f"answer_from_solution={self.answer_from_solution!r}"
+            )
+
+
+# One FieldMap per file in shared/data/math; the key is the file stem.
+PRESETS: dict[str, FieldMap] = {
+    "aime24": FieldMap(id="id"),
+    "aime25": FieldMap(id="id"),
+    "amc23": FieldMap(id="id"),  # answers are JSON floats (27.0), stored as "27"
+    "minerva_math": FieldMap(answer=None, answer_from_solution="solution", id="idx"),
+    # `context` is null in every row of this copy, so the question field alone is the problem.
+    "olympiadbench": FieldMap(question="question", answer="final_answer", id="id"),
+    "math500": FieldMap(id="unique_id"),
+    "math_train": FieldMap(),  # 2 rows have answer null and 2 answer "": use on_error="skip"
+    "gsm8k_train": FieldMap(question="question", answer_after="####"),
+    "gsm8k_test": FieldMap(question="question", answer_after="####"),
+}
+
+
+@dataclass
+class LoadResult:
+    """Problems loaded from one file and what was skipped (only with on_error="skip")."""
+
+    problems: list[Problem]
+    skipped: int = 0
+    skipped_reasons: dict[str, int] = field(default_factory=dict)
+
+
+def load_jsonl(
+    path: str | Path,
+    fields: FieldMap,
+    *,
+    on_error: Literal["raise", "skip"] = "raise",
+    limit: int | None = None,
+) -> LoadResult:
+    """Read one Problem per non-blank line of a JSON Lines file.
+
+    A malformed row (invalid JSON, not an object, question or answer field missing, null or empty,
+    no \\boxed{} or `answer_after` marker where one is needed) raises `DataError` with file and
+    line; with on_error="skip" it is skipped and counted under its reason instead.
+    `limit` stops after that many problems have been loaded (skipped rows do not count).
+    Problem.meta holds every other scalar field of the row (e.g. level, type, difficulty, and the
+    solution text when it is not the answer source) so curricula can filter on them.
+    """
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0 or None, got {limit}")
+    path = Path(path)
+    result = LoadResult(problems=[])
+    reasons: Counter[str] = Counter()
+    with path.open(encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if limit is not None and len(result.problems) >= limit:
+                break
+            if not line.strip():
+                continue
+            try:
+                result.problems.append(_parse_row(line, fields, path, line_no))
+            except DataError as e:
+                if on_error == "raise":
+                    raise
+                reasons[e.reason] += 1
+    result.skipped = sum(reasons.values())
+    result.skipped_reasons = dict(reasons)
+    return result
+
+
+def load_problems(
+    path: str | Path,
+    fields: FieldMap | None = None,
+    *,
+    on_error: Literal["raise", "skip"] = "raise",
+    limit: int | None = None,
+) -> LoadResult:
+    """`load_jsonl` with the FieldMap chosen for you: `fields` when given, else the preset named by
+    the file stem (".../math500.jsonl" -> PRESETS["math500"]), else the default FieldMap().
+
+    A bare preset name with no such file ("math500") raises FileNotFoundError saying which file to
+    pass, rather than guessing a data folder.
+    """
+    path = Path(path)
+    if not path.exists() and str(path) in PRESETS:
+        raise FileNotFoundError(
+            f"{str(path)!r} is a preset name, not a file: pass the path of {path}.jsonl (the "
+            f"copy shipped with the project is shared/data/math/{path}.jsonl)"
+        )
+    if fields is None:
+        fields = PRESETS.get(path.stem, FieldMap())
+    return load_jsonl(path, fields, on_error=on_error, limit=limit)
+
+
+# ----------------------------------------------------------------------------- one row
+
+
+_Fail = Callable[[str], DataError]  # builds a DataError located at the current row
+
+
+def _parse_row(line: str, fields: FieldMap, path: Path, line_no: int) -> Problem:
+    def fail(reason: str) -> DataError:
+        return DataError(path, line_no, reason)
+
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise DataError(path, line_no, "invalid JSON", f"{e.msg}, column {e.colno}") from e
+    if not isinstance(row, dict):
+        raise fail(f"row is a JSON {type(row).__name__}, not an object")
+
+    question = _required_field(row, fields.question, fail)
+    if not isinstance(question, str):
+        kind = type(question).__name__
+        raise fail(f"field {fields.question!r} is of type {kind}, not a string")
+
+    if fields.answer_from_solution is not None:
+        source = fields.answer_from_solution
+        solution = _required_field(row, source, fail)
+        if not isinstance(solution, str):
+            raise fail(f"field {source!r} is of type {type(solution).__name__}, not a string")
+        answer = _last_boxed(solution)
+        if answer is None:
+            raise fail(f"field {source!r} has no \\boxed{{...}}")
+    else:
+        source = fields.answer
+        assert source is not None  # FieldMap.__post_init__ guarantees exactly one source
+        answer = _answer_to_str(_required_field(row, source, fail), fields.answer_sep, source, fail)
+
+    if fields.answer_after is not None:
+        marker = fields.answer_after
+        if marker not in answer:
+            raise fail(f"field {source!r} has no {marker!r} marker")
+        answer = _strip_number_commas(answer.rsplit(marker, 1)[1].strip())
+    answer = answer.strip()
+    if not answer:  # e.g. \boxed{} or nothing after "####"
+        raise fail(f"field {source!r} yields an empty answer")
+
+    if fields.id is None:
+        key = str(line_no)
+    else:
+        key = _answer_to_str(_required_field(row, fields.id, fail), "_", fields.id, fail)
+    used = {fields.question, source, fields.id}
+    meta = {k: v for k, v in row.items() if k not in used and _is_scalar(v)}
+    return Problem(id=f"{path.stem}:{key}", question=question, answer=answer, meta=meta)
+
+
+def _required_field(row: dict[str, Any], name: str, fail: _Fail) -> Any:
+    if name not in row:
+        raise fail(f"missing field {name!r}")
+    value = row[name]
+    if value is None:
+        raise fail(f"field {name!r} is null")
+    if isinstance(value, (str, list)) and not value:
+        raise fail(f"field {name!r} is empty")
+    if isinstance(value, str) and not value.strip():
+        raise fail(f"field {name!r} is empty")
+    return value
+
+
+def _answer_to_str(value: Any, sep: str, name: str, fail: _Fail) -> str:
+    if isinstance(value, list):
+        return sep.join(_answer_to_str(v, sep, name, fail) for v in value)
+    if isinstance(value, bool):  # before int: bool is an int subclass, and never a math answer
+        raise fail(f"field {name!r} is a bool")
+    if isinstance(value, float) and value.is_integer():
+        # amc23 stores 27 as 27.0; "27.0" would read as a different answer to a string comparison.
+        return str(int(value))
+    if isinstance(value, (str, int, float)):
+        return str(value)
+    kind = type(value).__name__
+    raise fail(f"field {name!r} is of type {kind}, not a string, number or list")
+
+
+def _is_scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (str, int, float, bool))
+
+
+_NUMBER_WITH_COMMAS = re.compile(r"[-+]?\d{1,3}(,\d{3})+(\.\d+)?")
+
+
+def _strip_number_commas(text: str) -> str:
+    # Only a whole-string number like "1,200" is touched: "(1, 2)" or "3,4" are answers in their own
+    # right, not thousands separators.
+    return text.replace(",", "") if _NUMBER_WITH_COMMAS.fullmatch(text) else text
+
+
+def _last_boxed(text: str) -> str | None:
+    """Contents of the last well-formed \\boxed{...} in `text`, or None.
+
+    A small local scanner (a shared answer extractor is written elsewhere): braces are counted to
+    find the matching close, escaped \\{ and \\} are literal braces and do not count, and an
+    unclosed last \\boxed{ falls back to the one before it.
+    """
+    start = len(text)
+    while (start := text.rfind("\\boxed", 0, start)) != -1:
+        i = start + len("\\boxed")
+        while i < len(text) and text[i].isspace():
+            i += 1
+        if i < len(text) and text[i] == "{":
+            content = _braced_content(text, i)
+            if content is not None:
+                return content.strip()
+    return None
+
+
+def _braced_content(text: str, open_index: int) -> str | None:
+    depth = 0
+    i = open_index
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\":
+            i += 2  # skip the escaped character, so \{ and \} leave the depth alone
+            continue
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return text[open_index + 1 : i]
+        i += 1
+    return None

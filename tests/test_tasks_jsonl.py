@@ -1,0 +1,320 @@
+"""Tests for mathrl.tasks.jsonl (loading the shared math files) and mathrl.tasks.prompts.
+
+The data files live in <repo>/../shared/data/math (see its README.md); set MATHRL_SHARED_DATA to
+that folder (or to the shared/ folder above it) to use another copy. Tests that need the files are
+skipped with the path they looked in when it is absent.
+
+Run: python -m pytest tests/test_tasks_jsonl.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from mathrl.tasks.jsonl import (
+    PRESETS,
+    DataError,
+    FieldMap,
+    _last_boxed,
+    load_jsonl,
+    load_problems,
+)
+from mathrl.tasks.prompts import BOXED_INSTRUCTION, TEMPLATES, render_chat, render_prompt
+
+
+def _data_dir() -> Path:
+    env = os.environ.get("MATHRL_SHARED_DATA")
+    if env:
+        root = Path(env)
+        return root / "data" / "math" if (root / "data" / "math").is_dir() else root
+    return Path(__file__).resolve().parents[2] / "shared" / "data" / "math"
+
+
+DATA = _data_dir()
+
+
+def _data_file(stem: str) -> Path:
+    path = DATA / f"{stem}.jsonl"
+    if not path.is_file():
+        pytest.skip(f"{path} not found; set MATHRL_SHARED_DATA to the folder holding the files")
+    return path
+
+
+# Row counts from shared/data/math/README.md. math_train has 7474 rows of which 4 have no answer.
+EXPECTED_ROWS = {
+    "aime24": 30,
+    "aime25": 30,
+    "amc23": 40,
+    "minerva_math": 272,
+    "olympiadbench": 675,
+    "math500": 500,
+    "math_train": 7474 - 4,
+    "gsm8k_train": 7473,
+    "gsm8k_test": 1319,
+}
+
+
+def test_every_preset_has_an_expected_row_count() -> None:
+    assert set(PRESETS) == set(EXPECTED_ROWS)
+
+
+# ----------------------------------------------------------------------------- shared files
+
+
+@pytest.mark.parametrize("stem", sorted(EXPECTED_ROWS))
+def test_shared_file_loads_with_its_preset(stem: str) -> None:
+    path = _data_file(stem)
+    result = load_problems(path, on_error="skip" if stem == "math_train" else "raise")
+    assert len(result.problems) == EXPECTED_ROWS[stem]
+    assert all(p.question.strip() and p.answer.strip() for p in result.problems)
+    ids = [p.id for p in result.problems]
+    assert len(set(ids)) == len(ids), "ids must be unique within a file"
+    assert all(i.startswith(f"{stem}:") for i in ids)
+
+
+def _bad_answer_lines(path: Path) -> tuple[list[int], list[int]]:
+    """Independent scan: 1-based lines whose answer is null, and whose answer is ''."""
+    null, empty = [], []
+    with path.open(encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            answer = json.loads(line)["answer"]
+            if answer is None:
+                null.append(line_no)
+            elif answer == "":
+                empty.append(line_no)
+    return null, empty
+
+
+def test_math_train_raise_names_file_and_first_null_line() -> None:
+    path = _data_file("math_train")
+    null, _ = _bad_answer_lines(path)
+    with pytest.raises(DataError) as info:
+        load_problems(path)
+    assert str(info.value) == f"{path}:{null[0]}: field 'answer' is null"
+    assert (info.value.line, info.value.reason) == (null[0], "field 'answer' is null")
+
+
+def test_math_train_skip_counts_null_and_empty_answers() -> None:
+    path = _data_file("math_train")
+    null, empty = _bad_answer_lines(path)
+    assert (len(null), len(empty)) == (2, 2)  # as the README says
+    result = load_problems(path, on_error="skip")
+    assert result.skipped == 4
+    assert result.skipped_reasons == {"field 'answer' is null": 2, "field 'answer' is empty": 2}
+    loaded_lines = {int(p.id.split(":")[1]) for p in result.problems}
+    assert loaded_lines.isdisjoint(null + empty)
+    # Other scalar fields are kept for curricula.
+    assert set(result.problems[0].meta) == {"difficulty", "type"}
+
+
+def test_gsm8k_answer_is_text_after_last_marker_without_thousands_commas() -> None:
+    test = load_problems(_data_file("gsm8k_test")).problems
+    assert test[0].answer == "18"  # "... every day at the farmer's market.\n#### 18"
+    assert test[0].question.startswith("Janet\u2019s ducks lay 16 eggs per day.")
+    train = {p.id: p for p in load_problems(_data_file("gsm8k_train")).problems}
+    assert train["gsm8k_train:645"].answer == "109200000"  # "#### 109,200,000"
+
+
+def test_minerva_gold_is_last_boxed_in_solution() -> None:
+    problems = load_problems(_data_file("minerva_math")).problems
+    assert problems[0].answer == "1.6"  # "...=\boxed{1.6} \mathrm{~cm}"
+    assert problems[1].answer == "4.5e33"  # "L & \simeq \boxed{4.5e33} \mathrm{ergs}..."
+    assert "solution" not in problems[0].meta  # consumed as the answer source
+
+
+def test_olympiadbench_list_answer_is_kept_whole() -> None:
+    problems = {p.id: p for p in load_problems(_data_file("olympiadbench")).problems}
+    # final_answer == ["$(1,8,19), (2,7,13), (4,5,7)$"]: one element, its commas untouched.
+    assert problems["olympiadbench:1618"].answer == "$(1,8,19), (2,7,13), (4,5,7)$"
+    assert problems["olympiadbench:1618"].meta["is_multiple_answer"] is True
+
+
+def test_amc23_integral_float_answers_become_integers() -> None:
+    problems = load_problems(_data_file("amc23")).problems
+    assert problems[0].answer == "27"  # stored as JSON 27.0
+
+
+# ----------------------------------------------------------------------------- synthetic files
+
+
+def _write(tmp_path: Path, name: str, lines: list[str]) -> Path:
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_list_answers_are_joined_with_answer_sep(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        "olympiadbench.jsonl",
+        [json.dumps({"id": 7, "question": "x, y?", "final_answer": ["3", "$\\frac{1}{2}$"]})],
+    )
+    assert load_problems(path).problems[0].answer == "3, $\\frac{1}{2}$"
+    custom = FieldMap(question="question", answer="final_answer", answer_sep=" ; ")
+    assert load_jsonl(path, custom).problems[0].answer == "3 ; $\\frac{1}{2}$"
+
+
+def test_malformed_json_names_file_and_line(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        "broken.jsonl",
+        [
+            json.dumps({"problem": "1+1", "answer": "2"}),
+            "",  # blank lines are ignored but still counted in line numbers
+            '{"problem": "2+2", "answer": ',
+            "[1, 2]",
+            json.dumps({"problem": "3+3", "answer": 6}),
+        ],
+    )
+    with pytest.raises(DataError, match=r"broken\.jsonl:3: invalid JSON \(Expecting value"):
+        load_jsonl(path, FieldMap())
+    result = load_jsonl(path, FieldMap(), on_error="skip")
+    assert [(p.id, p.answer) for p in result.problems] == [("broken:1", "2"), ("broken:5", "6")]
+    assert result.skipped_reasons == {"invalid JSON": 1, "row is a JSON list, not an object": 1}
+
+
+@pytest.mark.parametrize(
+    ("row", "reason"),
+    [
+        ({"answer": "2"}, "missing field 'problem'"),
+        ({"problem": "", "answer": "2"}, "field 'problem' is empty"),
+        ({"problem": "1+1", "answer": "   "}, "field 'answer' is empty"),
+        ({"problem": "1+1", "answer": None}, "field 'answer' is null"),
+        ({"problem": "1+1", "answer": []}, "field 'answer' is empty"),
+        ({"problem": "1+1", "answer": {"v": 2}}, "field 'answer' is of type dict"),
+        ({"problem": 11, "answer": "2"}, "field 'problem' is of type int, not a string"),
+    ],
+)
+def test_bad_rows_raise_with_reason(tmp_path: Path, row: dict, reason: str) -> None:
+    path = _write(tmp_path, "rows.jsonl", [json.dumps(row)])
+    with pytest.raises(DataError, match=rf"rows\.jsonl:1: {reason}"):
+        load_jsonl(path, FieldMap())
+
+
+def test_answer_after_and_boxed_failures_are_data_errors(tmp_path: Path) -> None:
+    gsm = _write(tmp_path, "g.jsonl", [json.dumps({"question": "q", "answer": "no marker"})])
+    with pytest.raises(DataError, match="g.jsonl:1: field 'answer' has no '####' marker"):
+        load_jsonl(gsm, FieldMap(question="question", answer_after="####"))
+    minerva = FieldMap(answer=None, answer_from_solution="solution")
+    sol = _write(tmp_path, "m.jsonl", [json.dumps({"problem": "q", "solution": "x = 3"})])
+    with pytest.raises(DataError, match=r"m.jsonl:1: field 'solution' has no \\boxed\{\.\.\.\}"):
+        load_jsonl(sol, minerva)
+
+
+def test_limit_counts_loaded_problems_and_meta_keeps_scalars(tmp_path: Path) -> None:
+    rows = [{"problem": f"{i}+0", "answer": str(i), "level": i, "tags": ["a"]} for i in range(5)]
+    path = _write(tmp_path, "small.jsonl", [json.dumps(r) for r in rows])
+    problems = load_jsonl(path, FieldMap(), limit=2).problems
+    assert [p.id for p in problems] == ["small:1", "small:2"]
+    assert problems[1].meta == {"level": 1}  # the list-valued "tags" is not a scalar
+
+
+def test_fieldmap_needs_exactly_one_answer_source() -> None:
+    with pytest.raises(ValueError, match="exactly one gold-answer source"):
+        FieldMap(answer_from_solution="solution")  # answer still defaults to "answer"
+    with pytest.raises(ValueError, match="exactly one gold-answer source"):
+        FieldMap(answer=None)
+
+
+def test_bare_preset_name_says_which_file_to_pass(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # so that no ./math500 exists
+    with pytest.raises(FileNotFoundError, match="preset name, not a file.*math500.jsonl"):
+        load_problems("math500")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("so \\boxed{42}.", "42"),
+        # Nested braces: the scanner must find the matching close, not the first '}'.
+        ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
+        # The LAST box wins (an intermediate result was boxed first).
+        ("\\boxed{1} then \\boxed{2}", "2"),
+        # Escaped braces are literal set braces and do not close the group.
+        ("\\boxed{\\{1, 2\\}}", "\\{1, 2\\}"),
+        # Space before the brace is allowed by LaTeX.
+        ("\\boxed {7}", "7"),
+        # An unclosed last box falls back to the previous well-formed one.
+        ("\\boxed{3} and \\boxed{4", "3"),
+        ("no box here", None),
+        ("\\boxed 5", None),  # brace-less form is not a gold-answer format in these files
+    ],
+)
+def test_last_boxed(text: str, expected: str | None) -> None:
+    assert _last_boxed(text) == expected
+
+
+# ----------------------------------------------------------------------------- prompts
+
+LATEX_QUESTION = "Compute $\\frac{1}{2} + \\sqrt{x_{0}}$ where {question} is literal."
+
+
+def test_arith_template_appends_equals() -> None:
+    assert render_prompt("347+589", template="arith") == "347+589="
+
+
+def test_plain_template_exact_text() -> None:
+    expected = (
+        "What is 2+2?\nPlease reason step by step, and put your final answer within \\boxed{}.\n"
+    )
+    assert render_prompt("What is 2+2?", template="plain") == expected
+
+
+def test_builtin_templates_keep_latex_braces_and_substitute_once() -> None:
+    for name in TEMPLATES:
+        text = render_prompt(LATEX_QUESTION, template=name)
+        # The question appears verbatim, including its own literal "{question}".
+        assert LATEX_QUESTION in text, name
+    zero = render_prompt(LATEX_QUESTION, template="zero")
+    assert zero.endswith(f"User: {LATEX_QUESTION}\nAssistant:")
+    assert "\\boxed{}" in zero
+
+
+def test_custom_template_with_latex_braces() -> None:
+    template = "Solve {question} and box it: \\boxed{}"
+    assert render_prompt("$\\frac{a}{b}$", template=template) == (
+        "Solve $\\frac{a}{b}$ and box it: \\boxed{}"
+    )
+
+
+def test_unknown_template_lists_builtins() -> None:
+    with pytest.raises(ValueError, match=r"unknown prompt template 'r1'.*'arith'.*'plain'.*'zero'"):
+        render_prompt("1+1", template="r1")
+
+
+class _FakeChatTokenizer:
+    """Stands in for a Hugging Face tokenizer: records the call, renders a ChatML-like string."""
+
+    chat_template = "{% for m in messages %}...{% endfor %}"
+
+    def apply_chat_template(self, messages, *, add_generation_prompt, tokenize):
+        self.call = (messages, add_generation_prompt, tokenize)
+        turns = "".join(f"<|{m['role']}|>{m['content']}\n" for m in messages)
+        return turns + ("<|assistant|>" if add_generation_prompt else "")
+
+
+def test_render_chat_uses_tokenizer_template() -> None:
+    tok = _FakeChatTokenizer()
+    text = render_chat(LATEX_QUESTION, tok, system=BOXED_INSTRUCTION)
+    messages, add_generation_prompt, tokenize = tok.call
+    assert messages == [
+        {"role": "system", "content": BOXED_INSTRUCTION},
+        {"role": "user", "content": LATEX_QUESTION},
+    ]
+    assert (add_generation_prompt, tokenize) == (True, False)
+    assert text.endswith("<|assistant|>")
+    render_chat("1+1", tok)
+    assert tok.call[0] == [{"role": "user", "content": "1+1"}]  # no system turn by default
+
+
+def test_render_chat_without_template_says_what_to_use() -> None:
+    class BaseTokenizer:
+        chat_template = None
+        name_or_path = "tiny-base"
+
+    with pytest.raises(ValueError, match="'tiny-base' has no chat template.*template='zero'"):
+        render_chat("1+1", BaseTokenizer())
