@@ -1,0 +1,75 @@
+"""The `mathrl` command: parses arguments and calls the library.
+
+    mathrl train [RECIPE.yaml] [key.path=value ...] [--run-dir DIR]
+    mathrl base  [base.key=value ...]                  build (or find) the tiny base model
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from rich.console import Console
+
+from mathrl.config import ConfigError, load_config
+
+
+def _split_recipe(args: list[str]) -> tuple[str | None, list[str]]:
+    recipe = None
+    overrides = []
+    for a in args:
+        if a.endswith((".yaml", ".yml")) and "=" not in a and recipe is None:
+            recipe = a
+        else:
+            overrides.append(a)
+    return recipe, overrides
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mathrl", description="RL from verifiable rewards for math reasoning.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_train = sub.add_parser("train", help="run an RL experiment (no arguments: the built-in arithmetic demo)")
+    p_train.add_argument("args", nargs="*", help="an optional recipe .yaml, then key.path=value overrides")
+    p_train.add_argument("--run-dir", help="where to write the run (default: runs/<timestamp>)")
+    p_base = sub.add_parser("base", help="build (or find in the cache) the tiny base model")
+    p_base.add_argument("args", nargs="*", help="base.key=value overrides")
+    ns = parser.parse_args(argv)
+
+    console = Console()
+    try:
+        recipe, overrides = _split_recipe(ns.args)
+        if getattr(ns, "run_dir", None):
+            overrides.append(f"run_dir={ns.run_dir}")
+        cfg = load_config(recipe, overrides)
+    except ConfigError as e:
+        console.print(f"[red]config error:[/red] {e}")
+        return 2
+    _quiet_libraries()
+
+    if ns.command == "base":
+        from mathrl.tasks.sources import resolve_model_path
+
+        cfg.model.path = "tiny-arith"
+        console.print(resolve_model_path(cfg, console))
+        return 0
+    from mathrl.train.loop import train
+
+    try:
+        train(cfg, console=console)
+    except (FileExistsError, ValueError) as e:
+        console.print(f"[red]error:[/red] {e}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

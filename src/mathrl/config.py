@@ -1,0 +1,377 @@
+"""One typed config tree: defaults here, YAML recipes on top, dotted command-line overrides last.
+
+The defaults ARE the embedded default experiment (`recipes/arith_grpo.yaml` spells them out): GRPO
+with the DAPO clip and token-level loss on the built-in arithmetic task, starting from the tiny base
+model. Every field is documented once, in its dataclass.
+
+    cfg = load_config("recipes/arith_grpo.yaml", ["rollout.n=8", "algo.clip.eps_high=0.28"])
+
+Unknown keys are errors that name the closest valid key; values are checked against the field's
+type (`Literal` choices, int/float/bool/str, optional, lists); derived sizes and cross-field rules
+live in `Config.validate`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+_FLOAT_RE = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+class ConfigError(ValueError):
+    """A recipe or override that cannot be turned into a valid config; the message says how to fix it."""
+
+
+# --------------------------------------------------------------------------------------------------
+# the tree
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class BaseModelConfig:
+    """Recipe of the tiny base model built when `model.path` is `tiny-arith` (cached by its hash)."""
+
+    seed: int = 0
+    min_digits: int = 1  # operand sizes in the pretraining problems
+    max_digits: int = 3
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    max_positions: int = 128
+    steps: int = 800  # pretraining optimizer steps
+    batch_size: int = 32
+    lr: float = 3e-3
+    warmup_steps: int = 30
+    slip_prob: float = 0.3  # per-column chance of a deliberate slip in the pretraining text
+
+
+@dataclass
+class ModelConfig:
+    path: str = "tiny-arith"  # "tiny-arith" (built locally from `base`) or a Hugging Face model directory / hub id
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    logprob_chunk_size: int = 1024  # positions per chunk when computing logprobs and entropy
+    gradient_checkpointing: bool = False
+
+
+@dataclass
+class ArithConfig:
+    min_digits: int = 1
+    max_digits: int = 3
+    heldout_permille: int = 50  # share of the problem space reserved for evaluation (1/1000)
+
+
+@dataclass
+class DataConfig:
+    train: str = "arith"  # "arith" (generated) or a .jsonl file of problems
+    eval: list[str] = field(default_factory=lambda: ["arith"])  # "arith" (held-out split) and/or .jsonl files
+    question_field: str = "problem"  # field mapping for jsonl files (a file named like a known preset uses it)
+    answer_field: str | None = "answer"
+    answer_from_solution: str | None = None  # take the gold answer from the last \boxed{} of this field
+    template: str = "arith"  # prompt template: arith | zero | plain | chat | a string containing {question}
+    max_prompt_tokens: int = 512  # longer prompts are dropped (counted), never truncated
+    eval_size: int = 200  # problems per eval set (held-out arithmetic problems, or the first N rows)
+    arith: ArithConfig = field(default_factory=ArithConfig)
+
+
+@dataclass
+class RolloutConfig:
+    engine: Literal["torch", "vllm"] = "torch"
+    prompts_per_step: int = 16  # problems per rollout batch
+    n: int = 8  # samples per problem (the GRPO group size)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 48  # maximum response length in tokens
+    batch_size: int = 512  # sequences decoded together by the torch engine
+
+
+@dataclass
+class ClipConfig:
+    eps_low: float = 0.2  # ratio clipped below at 1 - eps_low
+    eps_high: float = 0.28  # ratio clipped above at 1 + eps_high (clip-higher, DAPO section 3.1)
+    dual_clip_c: float | None = None  # dual clip bound for negative advantages (Ye et al. 2020); None = off
+
+
+@dataclass
+class AdvConfig:
+    estimator: Literal["grpo", "rloo", "reinforce_pp"] = "grpo"
+    std_normalize: bool = True  # divide by the reward std (GRPO); False is Dr. GRPO
+    std_scope: Literal["group", "batch"] = "group"
+
+
+@dataclass
+class AlgoConfig:
+    clip: ClipConfig = field(default_factory=ClipConfig)
+    adv: AdvConfig = field(default_factory=AdvConfig)
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = "token_mean"
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 50  # RL steps (one rollout batch each)
+    mini_batch_size: int = 64  # sequences per optimizer step; rollout batch / this = updates per epoch
+    epochs: int = 1  # passes over each rollout batch
+    micro_batch_tokens: int = 8192  # token budget of one forward/backward (gradient accumulation)
+    lr: float = 2e-4
+    warmup_steps: int = 5  # optimizer steps of linear warm-up
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+    max_grad_norm: float = 1.0
+    save_every: int = 0  # checkpoint every N steps (0 = only the final model)
+
+
+@dataclass
+class RewardConfig:
+    num_workers: int = 1  # verifier worker processes (0 = in-process, no timeout protection)
+    timeout_s: float = 5.0  # per-item verification timeout
+
+
+@dataclass
+class EvalConfig:
+    every: int = 10  # evaluate every N steps (and always before the first and after the last)
+    n: int = 8  # samples per problem: pass@1 is averaged over them (avg@n); pass@k for k <= n
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int | None = None  # default: rollout.max_new_tokens
+    seed: int = 1234  # sampling seed of evaluation (fixed, so checkpoints are compared on equal draws)
+
+
+@dataclass
+class LogConfig:
+    rollouts_per_step: int = 8  # samples of rollouts (with per-token logprobs) written to rollouts.jsonl
+    tensorboard: bool = False
+
+
+@dataclass
+class Config:
+    seed: int = 0
+    run_dir: str | None = None  # default: runs/<timestamp>
+    model: ModelConfig = field(default_factory=ModelConfig)
+    base: BaseModelConfig = field(default_factory=BaseModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    # -- derived sizes and cross-field rules, in one place -----------------------------------------
+    @property
+    def rollout_batch_size(self) -> int:
+        return self.rollout.prompts_per_step * self.rollout.n
+
+    @property
+    def eval_max_new_tokens(self) -> int:
+        return self.eval.max_new_tokens or self.rollout.max_new_tokens
+
+    def validate(self) -> None:
+        errors = []
+        positive = {
+            "rollout.prompts_per_step": self.rollout.prompts_per_step,
+            "rollout.n": self.rollout.n,
+            "rollout.max_new_tokens": self.rollout.max_new_tokens,
+            "train.steps": self.train.steps,
+            "train.mini_batch_size": self.train.mini_batch_size,
+            "train.epochs": self.train.epochs,
+            "train.micro_batch_tokens": self.train.micro_batch_tokens,
+            "eval.n": self.eval.n,
+            "eval.every": self.eval.every,
+            "data.eval_size": self.data.eval_size,
+        }
+        errors += [f"{k} must be > 0, got {v}" for k, v in positive.items() if v <= 0]
+        if self.train.mini_batch_size > self.rollout_batch_size:
+            errors.append(
+                f"train.mini_batch_size={self.train.mini_batch_size} is larger than the rollout batch "
+                f"(rollout.prompts_per_step x rollout.n = {self.rollout_batch_size}); lower it or sample more"
+            )
+        elif self.rollout_batch_size % self.train.mini_batch_size:
+            errors.append(
+                f"the rollout batch ({self.rollout_batch_size}) is not a multiple of train.mini_batch_size "
+                f"({self.train.mini_batch_size})"
+            )
+        if self.rollout.n == 1 and self.algo.adv.estimator in ("grpo", "rloo"):
+            errors.append(
+                f"algo.adv.estimator={self.algo.adv.estimator} needs groups of several samples; rollout.n is 1 "
+                "(every advantage would be 0). Raise rollout.n or use algo.adv.estimator=reinforce_pp"
+            )
+        if not (0 <= self.algo.clip.eps_low < 1 and self.algo.clip.eps_high >= 0):
+            errors.append("algo.clip.eps_low must be in [0, 1) and algo.clip.eps_high >= 0")
+        if self.algo.clip.dual_clip_c is not None and self.algo.clip.dual_clip_c <= 1:
+            errors.append(f"algo.clip.dual_clip_c must be > 1 (got {self.algo.clip.dual_clip_c})")
+        if not 0 < self.rollout.temperature:
+            errors.append("rollout.temperature must be > 0")
+        if not 0 < self.rollout.top_p <= 1:
+            errors.append("rollout.top_p must be in (0, 1]")
+        if len(self.train.betas) != 2:
+            errors.append("train.betas must have two values")
+        if self.rollout.engine == "vllm":
+            errors.append("rollout.engine=vllm is not available in this version; use rollout.engine=torch")
+        if errors:
+            raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+
+
+# --------------------------------------------------------------------------------------------------
+# building a config from dicts, YAML and overrides
+# --------------------------------------------------------------------------------------------------
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is list:
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
+    return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check `value` against the annotation `tp`; ints are accepted for floats. Raises ConfigError."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        if value in typing.get_args(tp):
+            return value
+        choices = [str(a) for a in typing.get_args(tp)]
+        close = difflib.get_close_matches(str(value), choices, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"{where}: {value!r} is not one of {_type_name(tp)}{hint}")
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, where)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+        return [_coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str) and _FLOAT_RE.fullmatch(value.strip()):
+            return float(value)  # PyYAML (YAML 1.1) reads "1e-3" as a string: accept it as the number it is
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    else:
+        raise TypeError(f"unsupported config annotation {tp!r} at {where}")
+    raise ConfigError(f"{where}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+
+
+def _all_keys(cls: type, prefix: str = "") -> list[str]:
+    keys = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        path = prefix + f.name
+        keys.append(path)
+        if dataclasses.is_dataclass(hints[f.name]):
+            keys += _all_keys(hints[f.name], path + ".")
+    return keys
+
+
+def _unknown_key_error(cls: type, key: str, prefix: str) -> ConfigError:
+    local = [f.name for f in dataclasses.fields(cls)]
+    close = difflib.get_close_matches(key, local, n=1, cutoff=0.5)
+    if close:
+        hint = f"did you mean {prefix + close[0]!r}?"
+    else:  # maybe it lives under another section, e.g. `n` given at top level instead of rollout.n
+        matches = [k for k in _all_keys(Config) if k.rsplit(".", 1)[-1] == key]
+        close = matches or difflib.get_close_matches(prefix + key, _all_keys(Config), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}?" if close else f"valid keys here: {', '.join(local)}"
+    return ConfigError(f"unknown config key {prefix + key!r}; {hint}")
+
+
+def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    """Build the dataclass `cls` from a nested dict, starting from its defaults."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in names:
+            raise _unknown_key_error(cls, str(key), prefix)
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = from_dict(tp, value if value is not None else {}, prefix + key + ".")
+        else:
+            kwargs[key] = _coerce(value, tp, prefix + key)
+    return cls(**kwargs)
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    node = tree
+    *parents, last = dotted.split(".")
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {dotted!r}: {part!r} is a value, not a section")
+        node = child
+    node[last] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`a.b=value` with the value read as YAML (so 0.2 is a float, true a bool, [1,2] a list, null None)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like key.path=value (e.g. rollout.n=8)")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override {text!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Defaults <- recipe YAML (if given) <- dotted overrides, then validated."""
+    tree: dict[str, Any] = {}
+    if recipe is not None:
+        path = Path(recipe)
+        if not path.exists():
+            raise ConfigError(f"recipe {str(path)!r} does not exist")
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"recipe {str(path)!r} is not valid YAML: {e}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"recipe {str(path)!r} must be a mapping at the top level")
+        tree = loaded
+    for text in overrides:
+        key, value = parse_override(text)
+        _set_dotted(tree, key, value)
+    cfg = from_dict(Config, tree)
+    cfg.validate()
+    return cfg
+
+
+def dump_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)

@@ -1,0 +1,78 @@
+"""Evaluate a policy on a problem set: n samples per problem, avg@n, unbiased pass@k, maj@k.
+
+Uses the same rollout engine and verifier as training, so a training-time eval and `mathrl eval`
+measure the same thing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from mathrl.evaluation.metrics import avg_at_n, default_ks, maj_at_k, pass_at_k_table
+from mathrl.reward.verify import Verifier
+from mathrl.tasks.base import Problem
+
+
+@dataclass
+class EvalResult:
+    name: str
+    n: int  # samples per problem
+    num_problems: int
+    pass_at_1: float  # avg@n: pass@1 averaged over the n samples of each problem
+    pass_at_k: dict[int, float]  # unbiased estimator, k = 1, 2, 4, ... <= n
+    maj_at_n: float
+    no_answer_rate: float  # share of samples with no extractable \boxed{} answer
+    truncated_rate: float  # share of samples that hit the length limit
+    mean_response_length: float  # tokens
+    samples: list[dict] = field(default_factory=list, repr=False)
+
+    def metrics(self, prefix: str) -> dict[str, float]:
+        out = {f"{prefix}/pass@1": self.pass_at_1, f"{prefix}/maj@{self.n}": self.maj_at_n}
+        out.update({f"{prefix}/pass@{k}": v for k, v in self.pass_at_k.items() if k > 1})
+        out[f"{prefix}/no_answer_rate"] = self.no_answer_rate
+        out[f"{prefix}/truncated_rate"] = self.truncated_rate
+        out[f"{prefix}/response_length"] = self.mean_response_length
+        return out
+
+
+def evaluate(
+    name: str,
+    problems: Sequence[Problem],
+    prompts: Sequence[list[int]],
+    *,
+    engine,
+    tokenizer,
+    verifier: Verifier,
+    n: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    seed: int,
+) -> EvalResult:
+    """Sample n responses for each (problem, prompt token ids) and score them."""
+    flat_prompts = [p for p in prompts for _ in range(n)]
+    out = engine.generate(flat_prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
+    texts = tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
+    references = [p.answer for p in problems for _ in range(n)]
+    results = verifier.score(texts, references)
+
+    correct = [[results[i * n + j].score > 0 for j in range(n)] for i in range(len(problems))]
+    answers = [[results[i * n + j].extracted for j in range(n)] for i in range(len(problems))]
+    lengths = out.response_lengths.tolist()
+    samples = [
+        {"problem_id": problems[i // n].id, "response": texts[i], "reason": results[i].reason, "extracted": results[i].extracted}
+        for i in range(0, len(texts), n)  # the first sample of each problem
+    ]
+    return EvalResult(
+        name=name,
+        n=n,
+        num_problems=len(problems),
+        pass_at_1=avg_at_n(correct),
+        pass_at_k=pass_at_k_table(correct, default_ks(n)),
+        maj_at_n=maj_at_k(answers, correct, n),
+        no_answer_rate=sum(r.reason == "no_answer" for r in results) / len(results),
+        truncated_rate=float(out.truncated.float().mean()),
+        mean_response_length=sum(lengths) / len(lengths),
+        samples=samples,
+    )

@@ -1,0 +1,44 @@
+"""Load and save Hugging Face causal LMs (safetensors weights, tokenizer files beside them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelLoadError(ValueError):
+    pass
+
+
+def load_model_and_tokenizer(path: str | Path, *, dtype: str = "float32", device: str | torch.device = "cpu"):
+    """(model, tokenizer) from a local Hugging Face directory (or a hub id, where the machine has network).
+
+    The tokenizer gets a pad token if it has none (the EOS token), since batched rollouts pad.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    local = Path(path)
+    if not local.exists() and (str(path).startswith((".", "/", "~")) or local.suffix):
+        raise ModelLoadError(f"model.path {str(path)!r} does not exist; give a Hugging Face model directory or hub id")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
+    except OSError as e:
+        raise ModelLoadError(f"could not load a causal LM from {str(path)!r}: {e}") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if tokenizer.eos_token_id is None:
+        raise ModelLoadError(f"the tokenizer at {str(path)!r} has no EOS token; rollouts could never stop")
+    return model.to(device), tokenizer
+
+
+def save_model(model, tokenizer, out_dir: str | Path) -> Path:
+    """Save as a standard Hugging Face directory: config.json, model.safetensors, tokenizer files."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out

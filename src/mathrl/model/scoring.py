@@ -1,0 +1,55 @@
+"""Scoring passes: per-token logprobs (and entropy) of given responses under a causal LM.
+
+Sequences are laid out exactly as the rollout engine produced them, `[left-padded prompt | response]`,
+with position ids that skip the padding, so the training model sees the same positions the sampler
+did. Logits are never materialised for the whole batch: the final hidden states go through
+`algo.entropy.logprobs_and_entropy`, which works in chunks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mathrl.algo.entropy import logprobs_and_entropy
+
+
+def backbone_and_head(model):
+    """The decoder stack (returns hidden states) and the output projection of a HF causal LM."""
+    backbone = getattr(model, model.base_model_prefix)
+    head = model.get_output_embeddings()
+    return backbone, head
+
+
+def response_logprobs(
+    model,
+    prompt_ids: torch.Tensor,  # [B, P] left-padded
+    prompt_mask: torch.Tensor,  # [B, P]
+    response_ids: torch.Tensor,  # [B, T] right-padded
+    response_mask: torch.Tensor,  # [B, T]
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    with_entropy: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """logprobs [B, T] of the response tokens (and entropy [B, T] of each next-token distribution).
+
+    Differentiable when grad is enabled. Values at masked response positions are meaningless; mask them.
+    """
+    device = next(model.parameters()).device
+    input_ids = torch.cat([prompt_ids, response_ids], dim=1).to(device)  # [B, P+T]
+    attention_mask = torch.cat([prompt_mask.long(), response_mask.long()], dim=1).to(device)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    backbone, head = backbone_and_head(model)
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
+    p = prompt_ids.shape[1]
+    t = response_ids.shape[1]
+    hidden = hidden[:, p - 1 : p + t - 1]  # [B, T, H]: the state before each response token predicts it
+    return logprobs_and_entropy(
+        hidden,
+        head.weight,
+        response_ids.to(device),
+        chunk_size=chunk_size,
+        temperature=temperature,
+        with_entropy=with_entropy,
+        lm_head_bias=getattr(head, "bias", None),
+    )

@@ -1,0 +1,148 @@
+"""Turning the `data` and `model` config into problem streams, eval sets and a model path."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from mathrl.config import Config
+from mathrl.tasks.arithmetic import ArithmeticTask
+from mathrl.tasks.base import Problem
+from mathrl.tasks.jsonl import PRESETS, FieldMap, load_problems
+from mathrl.tasks.prompts import render_chat, render_prompt
+
+TINY_BASE = "tiny-arith"
+
+
+def resolve_model_path(cfg: Config, console: Console) -> str:
+    """The model directory to load: the cached tiny base model (built now if missing) or `model.path`."""
+    if cfg.model.path != TINY_BASE:
+        return cfg.model.path
+    from mathrl.model.tiny import base_model_dir, ensure_base_model
+    from mathrl.track.console import BuildProgress
+
+    out = base_model_dir(cfg.base)
+    if (out / "model.safetensors").exists():
+        console.print(f"using the cached tiny base model {out}")
+        return str(out)
+    console.print(f"[bold]building the tiny base model[/bold] (once; cached at {out})")
+    with BuildProgress(console, total=cfg.base.steps) as bar:
+        path = ensure_base_model(cfg.base, progress=bar.update)
+    return str(path)
+
+
+def arithmetic_task(cfg: Config) -> ArithmeticTask:
+    a = cfg.data.arith
+    return ArithmeticTask(min_digits=a.min_digits, max_digits=a.max_digits, heldout_permille=a.heldout_permille)
+
+
+def field_map(cfg: Config, path: str) -> FieldMap:
+    """The preset for a known file name (e.g. math500.jsonl), else the configured field names."""
+    d = cfg.data
+    custom = FieldMap(question=d.question_field, answer=None if d.answer_from_solution else d.answer_field,
+                      answer_from_solution=d.answer_from_solution)
+    if custom == FieldMap() and Path(path).stem in PRESETS:
+        return PRESETS[Path(path).stem]
+    return custom
+
+
+class PromptEncoder:
+    """Question text -> prompt text -> token ids, dropping (and counting) prompts over the limit."""
+
+    def __init__(self, cfg: Config, tokenizer):
+        self.template = cfg.data.template
+        self.tokenizer = tokenizer
+        self.max_tokens = cfg.data.max_prompt_tokens
+        self.dropped = 0
+
+    def text(self, question: str) -> str:
+        if self.template == "chat":
+            return render_chat(question, self.tokenizer)
+        return render_prompt(question, template=self.template)
+
+    def encode(self, problems: list[Problem]) -> tuple[list[Problem], list[list[int]], list[str]]:
+        kept, ids, texts = [], [], []
+        for p in problems:
+            text = self.text(p.question)
+            # a chat template already contains the special tokens it needs
+            tokens = self.tokenizer(text, add_special_tokens=self.template != "chat")["input_ids"]
+            if len(tokens) > self.max_tokens:
+                self.dropped += 1
+                continue
+            kept.append(p)
+            ids.append(tokens)
+            texts.append(text)
+        return kept, ids, texts
+
+
+class ProblemStream:
+    """Training problems, batch by batch: generated (arithmetic) or shuffled epochs over a file."""
+
+    def __init__(self, cfg: Config, tokenizer):
+        self.encoder = PromptEncoder(cfg, tokenizer)
+        self.seed = cfg.seed
+        self.draws = 0
+        if cfg.data.train == "arith":
+            self.task: ArithmeticTask | None = arithmetic_task(cfg)
+            self.pool: list[Problem] = []
+        else:
+            self.task = None
+            self.pool = load_problems(cfg.data.train, field_map(cfg, cfg.data.train)).problems
+            if not self.pool:
+                raise ValueError(f"data.train {cfg.data.train!r} holds no problems")
+        self._order: list[int] = []
+        self._epoch = 0
+
+    def _take(self, count: int) -> list[Problem]:
+        if self.task is not None:
+            return self.task.train_problems(count, seed=self.seed * 1_000_003 + self.draws)
+        out = []
+        while len(out) < count:
+            if not self._order:
+                self._order = list(range(len(self.pool)))
+                random.Random(f"{self.seed}:{self._epoch}").shuffle(self._order)
+                self._epoch += 1
+            out.append(self.pool[self._order.pop()])
+        return out
+
+    def next_batch(self, count: int) -> tuple[list[Problem], list[list[int]], list[str]]:
+        """`count` problems with their prompt ids and texts (over-long prompts replaced by further draws)."""
+        problems, ids, texts = [], [], []
+        for _attempt in range(100):
+            self.draws += 1
+            p, i, t = self.encoder.encode(self._take(count - len(problems)))
+            problems += p
+            ids += i
+            texts += t
+            if len(problems) == count:
+                return problems, ids, texts
+        raise ValueError(f"could not find {count} prompts within data.max_prompt_tokens={self.encoder.max_tokens}")
+
+
+@dataclass
+class EvalSet:
+    name: str
+    problems: list[Problem]
+    prompt_ids: list[list[int]]
+
+
+def build_train_stream(cfg: Config, tokenizer) -> ProblemStream:
+    return ProblemStream(cfg, tokenizer)
+
+
+def build_eval_sets(cfg: Config, tokenizer) -> list[EvalSet]:
+    encoder = PromptEncoder(cfg, tokenizer)
+    sets = []
+    for source in cfg.data.eval:
+        if source == "arith":
+            problems = arithmetic_task(cfg).heldout_problems(cfg.data.eval_size)
+            name = "arith_heldout"
+        else:
+            problems = load_problems(source, field_map(cfg, source), limit=cfg.data.eval_size).problems
+            name = Path(source).stem
+        kept, ids, _ = encoder.encode(problems)
+        sets.append(EvalSet(name=name, problems=kept, prompt_ids=ids))
+    return sets

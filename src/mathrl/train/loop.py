@@ -1,0 +1,309 @@
+"""The RL loop, top to bottom: problems -> rollout -> reward -> advantages -> scoring -> updates -> log.
+
+    mathrl train                                   # the embedded default (tiny model, arithmetic)
+    mathrl train rollout.n=16 algo.clip.eps_high=0.2
+
+One call of `train(cfg)` runs a whole experiment and writes its run directory:
+    config.yaml       the resolved config
+    metrics.jsonl     one JSON object per step (names in docs/metrics.md)
+    rollouts.jsonl    a sample of each step's rollouts with per-token logprobs
+    evals.jsonl       every evaluation, with pass@k tables
+    checkpoints/      step_<N>/ Hugging Face directories (train.save_every)
+    final/            the trained model (Hugging Face format)
+    summary.json      base vs final held-out scores and wall time
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from mathrl.algo.advantages import expand_to_tokens, group_advantages, rloo_advantages, whiten_advantages
+from mathrl.algo.losses import aggregate, dp_scale, global_counts, policy_loss
+from mathrl.config import Config, dump_yaml
+from mathrl.evaluation.evaluate import EvalResult, evaluate
+from mathrl.model.io import load_model_and_tokenizer, save_model
+from mathrl.model.scoring import response_logprobs
+from mathrl.reward.verify import Verifier
+from mathrl.rollout.engine import RolloutBatch, TorchEngine
+from mathrl.tasks.sources import EvalSet, ProblemStream, build_eval_sets, build_train_stream, resolve_model_path
+from mathrl.track.console import StepProgress, summary_table
+from mathrl.track.sinks import Tracker
+from mathrl.train.batching import TrainBatch, micro_batch_slices, micro_batches
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    base: dict[str, EvalResult]
+    final: dict[str, EvalResult]
+    wall_seconds: float
+
+
+def prepare_run_dir(cfg: Config) -> Path:
+    run_dir = Path(cfg.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
+    if (run_dir / "metrics.jsonl").exists():
+        raise FileExistsError(
+            f"run directory {run_dir} already holds a run (metrics.jsonl); choose another --run-dir"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(dump_yaml(cfg))
+    return run_dir
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed % 2**32)
+    except ImportError:  # pragma: no cover
+        pass
+
+
+def compute_advantages(cfg: Config, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """[N] sequence-level advantages for the configured estimator (algo.adv.*)."""
+    adv = cfg.algo.adv
+    if adv.estimator == "grpo":
+        return group_advantages(rewards, group_ids, std_normalize=adv.std_normalize, std_scope=adv.std_scope)
+    if adv.estimator == "rloo":
+        return rloo_advantages(rewards, group_ids)
+    return whiten_advantages(rewards)  # reinforce_pp: batch-whitened rewards (REINFORCE++)
+
+
+@torch.no_grad()
+def score_old_logprobs(model, batch: TrainBatch, cfg: Config) -> torch.Tensor:
+    """[N, T] logprobs of the sampled tokens under the current (pre-update) training model."""
+    was_training = model.training
+    model.eval()
+    out = torch.zeros_like(batch.response_mask)
+    lengths = (batch.prompt_mask.sum(-1) + batch.response_mask.sum(-1)).long().tolist()
+    for rows in micro_batch_slices(lengths, cfg.train.micro_batch_tokens * 4):  # no activations kept: bigger chunks
+        mb = batch.select(rows).trimmed()
+        lp, _ = response_logprobs(
+            model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
+            temperature=cfg.rollout.temperature, chunk_size=cfg.model.logprob_chunk_size, with_entropy=False,
+        )
+        out[torch.as_tensor(rows)[:, None], torch.arange(lp.shape[1])[None, :]] = lp.float()
+    model.train(was_training)
+    return out * batch.response_mask
+
+
+def update_policy(model, optimizer, scheduler, batch: TrainBatch, cfg: Config, *, step: int) -> dict[str, float]:
+    """Mini-batches x epochs of clipped policy-gradient updates on one rollout batch."""
+    sums = {"entropy": 0.0, "clipped": 0.0, "dual_clipped": 0.0, "ppo_kl": 0.0, "tokens": 0.0}
+    pg_losses, grad_norms = [], []
+    order_gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+    for _epoch in range(cfg.train.epochs):
+        order = torch.randperm(len(batch), generator=order_gen)
+        for start in range(0, len(batch), cfg.train.mini_batch_size):
+            mini = batch.select(order[start : start + cfg.train.mini_batch_size])
+            # the whole mini-batch's counts (all micro-batches, all ranks) normalise every micro-batch
+            num_tokens, num_seqs = global_counts(mini.loss_mask)
+            mini_loss = 0.0
+            for micro in micro_batches(mini, cfg.train.micro_batch_tokens):
+                logprobs, entropy = response_logprobs(
+                    model, micro.prompt_ids, micro.prompt_mask, micro.response_ids, micro.response_mask,
+                    temperature=cfg.rollout.temperature, chunk_size=cfg.model.logprob_chunk_size,
+                )
+                token_loss, info = policy_loss(
+                    logprobs, micro.old_logprobs, micro.advantages, micro.loss_mask,
+                    eps_low=cfg.algo.clip.eps_low, eps_high=cfg.algo.clip.eps_high, dual_clip_c=cfg.algo.clip.dual_clip_c,
+                )
+                loss = aggregate(
+                    token_loss, micro.loss_mask, mode=cfg.algo.loss_agg,
+                    num_tokens=num_tokens, num_seqs=num_seqs, max_len=cfg.rollout.max_new_tokens,
+                )
+                (loss * dp_scale()).backward()
+                mini_loss += loss.item()
+                m = micro.loss_mask
+                sums["entropy"] += float((entropy.detach() * m).sum())
+                sums["clipped"] += float((info["clipped"] * m).sum())
+                sums["dual_clipped"] += float((info["dual_clipped"] * m).sum())
+                sums["ppo_kl"] += float((info["ppo_kl"] * m).sum())
+                sums["tokens"] += float(m.sum())
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            pg_losses.append(mini_loss)
+            grad_norms.append(float(grad_norm))
+    tokens = max(sums["tokens"], 1.0)
+    return {
+        "actor/pg_loss": sum(pg_losses) / len(pg_losses),
+        "actor/entropy": sums["entropy"] / tokens,
+        "actor/pg_clipfrac": sums["clipped"] / tokens,
+        "actor/pg_clipfrac_lower": sums["dual_clipped"] / tokens,
+        "actor/ppo_kl": sums["ppo_kl"] / tokens,
+        "actor/grad_norm": sum(grad_norms) / len(grad_norms),
+        "actor/lr": optimizer.param_groups[0]["lr"],
+        "actor/updates": float(len(pg_losses)),
+    }
+
+
+def rollout_records(step, problems, prompts_text, texts, results, rollout: RolloutBatch, tokenizer, n: int, limit: int):
+    """The first `limit` samples of a step, with per-token ids, strings and logprobs, for rollouts.jsonl."""
+    records = []
+    for i in range(min(limit, len(texts))):
+        length = int(rollout.response_mask[i].sum())
+        ids = rollout.response_ids[i, :length].tolist()
+        records.append({
+            "step": step,
+            "problem_id": problems[i // n].id,
+            "prompt": prompts_text[i // n],
+            "response": texts[i],
+            "answer": problems[i // n].answer,
+            "reward": results[i].score,
+            "reason": results[i].reason,
+            "extracted": results[i].extracted,
+            "token_ids": ids,
+            "tokens": tokenizer.convert_ids_to_tokens(ids),
+            "logprobs": [round(x, 5) for x in rollout.logprobs[i, :length].tolist()],
+            "truncated": bool(rollout.truncated[i]),
+        })
+    return records
+
+
+def run_evals(eval_sets: list[EvalSet], *, engine, tokenizer, verifier, cfg: Config) -> dict[str, EvalResult]:
+    return {
+        es.name: evaluate(
+            es.name, es.problems, es.prompt_ids, engine=engine, tokenizer=tokenizer, verifier=verifier,
+            n=cfg.eval.n, max_new_tokens=cfg.eval_max_new_tokens, temperature=cfg.eval.temperature,
+            top_p=cfg.eval.top_p, seed=cfg.eval.seed,
+        )
+        for es in eval_sets
+    }
+
+
+def _log_evals(step: int, results: dict[str, EvalResult], tracker: Tracker, run_dir: Path) -> dict[str, float]:
+    metrics = {}
+    for name, r in results.items():
+        metrics.update(r.metrics(f"eval/{name}"))
+    tracker.log(step, metrics)
+    with (run_dir / "evals.jsonl").open("a") as f:
+        for name, r in results.items():
+            f.write(json.dumps({"step": step, "set": name, **{k: v for k, v in r.__dict__.items() if k != "samples"},
+                                "samples": r.samples[:5]}) + "\n")
+    return metrics
+
+
+def train(cfg: Config, *, console: Console | None = None) -> TrainResult:
+    console = console or Console()
+    t_start = time.time()
+    run_dir = prepare_run_dir(cfg)
+    console.print(f"[bold]run directory[/bold] {run_dir}")
+    seed_everything(cfg.seed)
+
+    # ---- model, data, engine, verifier -----------------------------------------------------------
+    model_path = resolve_model_path(cfg, console)
+    console.print(f"loading model from {model_path}")
+    model, tokenizer = load_model_and_tokenizer(model_path, dtype=cfg.model.dtype)
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    model.train()
+    train_stream: ProblemStream = build_train_stream(cfg, tokenizer)
+    eval_sets = build_eval_sets(cfg, tokenizer)
+    engine = TorchEngine(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                         batch_size=cfg.rollout.batch_size)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, betas=tuple(cfg.train.betas),
+                                  weight_decay=cfg.train.weight_decay)
+    warmup = max(1, cfg.train.warmup_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
+    tracker = Tracker(run_dir, tensorboard=cfg.log.tensorboard)
+    n = cfg.rollout.n
+
+    with Verifier(num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s) as verifier:
+        # ---- evaluate the starting point ---------------------------------------------------------
+        console.print(f"evaluating the base model on {', '.join(f'{e.name} ({len(e.problems)} problems)' for e in eval_sets)}, "
+                      f"{cfg.eval.n} samples each")
+        base_results = run_evals(eval_sets, engine=engine, tokenizer=tokenizer, verifier=verifier, cfg=cfg)
+        last_eval = _log_evals(0, base_results, tracker, run_dir)
+        latest = base_results
+
+        with StepProgress(console, total=cfg.train.steps) as progress:
+            for step in range(1, cfg.train.steps + 1):
+                t0 = time.time()
+                # ---- 1. problems ------------------------------------------------------------------
+                problems, prompt_ids, prompts_text = train_stream.next_batch(cfg.rollout.prompts_per_step)
+                # ---- 2. rollout: n samples per problem --------------------------------------------
+                rollout = engine.generate(
+                    [p for p in prompt_ids for _ in range(n)], max_new_tokens=cfg.rollout.max_new_tokens,
+                    temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, seed=cfg.seed * 1_000_003 + step,
+                )
+                t_rollout = time.time()
+                # ---- 3. reward ---------------------------------------------------------------------
+                texts = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
+                results = verifier.score(texts, [p.answer for p in problems for _ in range(n)])
+                rewards = torch.tensor([r.score for r in results], dtype=torch.float32)  # [N]
+                t_reward = time.time()
+                # ---- 4. advantages -----------------------------------------------------------------
+                group_ids = torch.arange(len(problems)).repeat_interleave(n)  # [N]
+                advantages = compute_advantages(cfg, rewards, group_ids)  # [N]
+                loss_mask = rollout.response_mask.clone()
+                batch = TrainBatch(
+                    prompt_ids=rollout.prompt_ids, prompt_mask=rollout.prompt_mask,
+                    response_ids=rollout.response_ids, response_mask=rollout.response_mask, loss_mask=loss_mask,
+                    old_logprobs=torch.zeros_like(rollout.logprobs),
+                    advantages=expand_to_tokens(advantages, loss_mask),
+                )
+                # ---- 5. scoring pass: old logprobs from the training model -------------------------
+                batch.old_logprobs = score_old_logprobs(model, batch, cfg)
+                # ---- 6. updates: mini-batches x epochs ---------------------------------------------
+                metrics = update_policy(model, optimizer, scheduler, batch, cfg, step=step)
+                t_train = time.time()
+
+                # ---- 7. metrics and logs -----------------------------------------------------------
+                lengths = rollout.response_lengths.float()
+                per_group = rewards.view(len(problems), n)
+                metrics.update({
+                    "reward/mean": float(rewards.mean()),
+                    "reward/accuracy": sum(r.reason == "correct" for r in results) / len(results),
+                    "reward/no_answer_rate": sum(r.reason == "no_answer" for r in results) / len(results),
+                    "reward/timeout_rate": sum(r.reason == "timeout" for r in results) / len(results),
+                    "rollout/response_length": float(lengths.mean()),
+                    "rollout/response_length_max": float(lengths.max()),
+                    "rollout/truncated_frac": float(rollout.truncated.float().mean()),
+                    "rollout/all_correct_groups": float((per_group.min(1).values == per_group.max(1).values).logical_and(per_group.max(1).values > 0).float().mean()),
+                    "rollout/all_wrong_groups": float((per_group.max(1).values <= 0).float().mean()),
+                    "rollout/logprob_mismatch": float(((rollout.logprobs - batch.old_logprobs).abs() * rollout.response_mask).sum() / rollout.response_mask.sum().clamp(min=1)),
+                    "perf/rollout_seconds": t_rollout - t0,
+                    "perf/reward_seconds": t_reward - t_rollout,
+                    "perf/train_seconds": t_train - t_reward,
+                    "perf/step_seconds": time.time() - t0,
+                    "perf/rollout_tokens_per_second": float(lengths.sum()) / max(t_rollout - t0, 1e-9),
+                })
+                tracker.log(step, metrics)
+                with (run_dir / "rollouts.jsonl").open("a") as f:
+                    for rec in rollout_records(step, problems, prompts_text, texts, results, rollout, tokenizer, n,
+                                               cfg.log.rollouts_per_step):
+                        f.write(json.dumps(rec) + "\n")
+
+                if step % cfg.eval.every == 0 or step == cfg.train.steps:
+                    progress.note(f"step {step}: evaluating")
+                    latest = run_evals(eval_sets, engine=engine, tokenizer=tokenizer, verifier=verifier, cfg=cfg)
+                    last_eval = _log_evals(step, latest, tracker, run_dir)
+                if cfg.train.save_every and step % cfg.train.save_every == 0 and step != cfg.train.steps:
+                    save_model(model, tokenizer, run_dir / "checkpoints" / f"step_{step:06d}")
+                progress.advance(metrics, last_eval)
+
+    console.print("saving the final model")
+    save_model(model, tokenizer, run_dir / "final")
+    tracker.close()
+    wall = time.time() - t_start
+    summary = {
+        "wall_seconds": wall,
+        "steps": cfg.train.steps,
+        "base": {k: {"pass@1": v.pass_at_1, "pass@k": v.pass_at_k, "maj@n": v.maj_at_n} for k, v in base_results.items()},
+        "final": {k: {"pass@1": v.pass_at_1, "pass@k": v.pass_at_k, "maj@n": v.maj_at_n} for k, v in latest.items()},
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    console.print(summary_table(base_results, latest, wall_seconds=wall, n=cfg.eval.n))
+    console.print(f"[bold]run directory[/bold] {run_dir}")
+    return TrainResult(run_dir=run_dir, base=base_results, final=latest, wall_seconds=wall)
