@@ -109,9 +109,55 @@ class AdvConfig:
 
 
 @dataclass
+class RefGainClipConfig:
+    """ref_gain_clip: no entropy bonus on tokens whose entropy already exceeds the reference model's."""
+
+    max_gain: float | None = None  # mask tokens with entropy - ref_entropy > max_gain (nats); None = off
+    max_ratio: float | None = None  # mask tokens with entropy > max_ratio * ref_entropy; None = off
+
+
+@dataclass
+class EntropyConfig:
+    mode: Literal["none", "fixed", "adaptive", "skywork"] = "none"
+    coef: float = 0.0  # the fixed coefficient, or the starting coefficient of a controller
+    target: float = 0.2  # target token entropy (nats) of the adaptive and skywork controllers
+    kp: float = 0.01  # adaptive: coef += kp * (target - entropy) each step
+    step: float = 0.0005  # skywork: coef moves by this much toward the target each step
+    min_coef: float = 0.0
+    max_coef: float = 0.05
+    ref_gain_clip: RefGainClipConfig = field(default_factory=RefGainClipConfig)
+
+
+@dataclass
+class KLConfig:
+    use: Literal["none", "loss", "reward"] = "none"  # KL to the reference model as a loss term or a reward penalty
+    estimator: Literal["k1", "k2", "k3"] = "k3"
+    coef: float = 0.001  # fixed coefficient, or the starting one when `target` is set
+    target: float | None = None  # adaptive controller (Ziegler et al. 2019): target per-token KL; None = fixed
+    horizon: int = 10000  # adaptive controller horizon, in samples
+
+
+@dataclass
+class PTXConfig:
+    coef: float = 0.0  # weight of the pretraining cross-entropy mixed into each optimizer step (0 = off)
+    data: str = "arith"  # "arith" (the tiny base model's pretraining text) or a .txt / .jsonl ("text" field) file
+    batch_size: int = 16  # pretraining sequences per optimizer step
+    max_tokens: int = 256  # longer pretraining texts are cut to this many tokens
+
+
+@dataclass
+class PosLMConfig:
+    coef: float = 0.0  # VAPO positive-example LM loss weight mu (0.1 in the paper; 0 = off)
+
+
+@dataclass
 class AlgoConfig:
     clip: ClipConfig = field(default_factory=ClipConfig)
     adv: AdvConfig = field(default_factory=AdvConfig)
+    entropy: EntropyConfig = field(default_factory=EntropyConfig)
+    kl: KLConfig = field(default_factory=KLConfig)
+    ptx: PTXConfig = field(default_factory=PTXConfig)
+    pos_lm: PosLMConfig = field(default_factory=PosLMConfig)
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = "token_mean"
 
 
@@ -171,6 +217,12 @@ class Config:
         return self.rollout.prompts_per_step * self.rollout.n
 
     @property
+    def needs_reference(self) -> bool:
+        """A reference model is loaded only when a term needs its logprobs or entropy."""
+        clip = self.algo.entropy.ref_gain_clip
+        return self.algo.kl.use != "none" or clip.max_gain is not None or clip.max_ratio is not None
+
+    @property
     def eval_max_new_tokens(self) -> int:
         return self.eval.max_new_tokens or self.rollout.max_new_tokens
 
@@ -208,6 +260,17 @@ class Config:
             errors.append("algo.clip.eps_low must be in [0, 1) and algo.clip.eps_high >= 0")
         if self.algo.clip.dual_clip_c is not None and self.algo.clip.dual_clip_c <= 1:
             errors.append(f"algo.clip.dual_clip_c must be > 1 (got {self.algo.clip.dual_clip_c})")
+        ent = self.algo.entropy
+        if ent.mode == "none" and (ent.ref_gain_clip.max_gain is not None or ent.ref_gain_clip.max_ratio is not None):
+            errors.append("algo.entropy.ref_gain_clip is set but algo.entropy.mode is none: there is no bonus to clip")
+        if ent.ref_gain_clip.max_ratio is not None and ent.ref_gain_clip.max_ratio <= 0:
+            errors.append("algo.entropy.ref_gain_clip.max_ratio must be > 0")
+        if not ent.min_coef <= ent.max_coef:
+            errors.append("algo.entropy.min_coef must be <= algo.entropy.max_coef")
+        if self.algo.kl.coef < 0 or self.algo.ptx.coef < 0 or self.algo.pos_lm.coef < 0:
+            errors.append("algo.kl.coef, algo.ptx.coef and algo.pos_lm.coef must be >= 0")
+        if self.algo.kl.target is not None and self.algo.kl.use == "none":
+            errors.append("algo.kl.target is set but algo.kl.use is none")
         if not 0 < self.rollout.temperature:
             errors.append("rollout.temperature must be > 0")
         if not 0 < self.rollout.top_p <= 1:

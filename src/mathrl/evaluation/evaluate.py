@@ -58,7 +58,7 @@ def evaluate(
     results = verifier.score(texts, references)
 
     correct = [[results[i * n + j].score > 0 for j in range(n)] for i in range(len(problems))]
-    answers = [[results[i * n + j].extracted for j in range(n)] for i in range(len(problems))]
+    answers = [[_vote_key(results[i * n + j].extracted) for j in range(n)] for i in range(len(problems))]
     lengths = out.response_lengths.tolist()
     samples = [
         {"problem_id": problems[i // n].id, "response": texts[i], "reason": results[i].reason, "extracted": results[i].extracted}
@@ -72,7 +72,17 @@ def evaluate(
         pass_at_k=pass_at_k_table(correct, default_ks(n)),
         maj_at_n=maj_at_k(answers, correct, n),
         no_answer_rate=sum(r.reason == "no_answer" for r in results) / len(results),
-        truncated_rate=float(out.truncated.float().mean()),
+        truncated_rate=float(out.truncated.double().mean()),
         mean_response_length=sum(lengths) / len(lengths),
         samples=samples,
     )
+
+
+def _vote_key(answer: str | None) -> str | None:
+    """Answers that differ only in spacing, `$` signs or a trailing `.0` vote together in maj@k."""
+    if answer is None:
+        return None
+    key = answer.replace(" ", "").replace("$", "").strip()
+    if key.endswith(".0") and key[:-2].lstrip("-").isdigit():
+        key = key[:-2]
+    return key

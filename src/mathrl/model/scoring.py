@@ -53,3 +53,16 @@ def response_logprobs(
         with_entropy=with_entropy,
         lm_head_bias=getattr(head, "bias", None),
     )
+
+
+def next_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, chunk_size: int = 1024) -> torch.Tensor:
+    """[B, L-1] logprob of each token given the ones before it (right-padded text; for PTX-style losses)."""
+    device = next(model.parameters()).device
+    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+    backbone, head = backbone_and_head(model)
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1]
+    logprobs, _ = logprobs_and_entropy(
+        hidden, head.weight, input_ids[:, 1:], chunk_size=chunk_size, with_entropy=False,
+        lm_head_bias=getattr(head, "bias", None),
+    )
+    return logprobs

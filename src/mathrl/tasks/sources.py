@@ -143,6 +143,73 @@ def build_eval_sets(cfg: Config, tokenizer) -> list[EvalSet]:
         else:
             problems = load_problems(source, field_map(cfg, source), limit=cfg.data.eval_size).problems
             name = Path(source).stem
+        if any(es.name == name for es in sets):  # a/test.jsonl and b/test.jsonl must not share metric keys
+            name = f"{name}_{len(sets)}"
         kept, ids, _ = encoder.encode(problems)
         sets.append(EvalSet(name=name, problems=kept, prompt_ids=ids))
     return sets
+
+
+class PretrainText:
+    """Batches of pretraining text for the PTX loss (InstructGPT, Ouyang et al. 2022, eq. 2).
+
+    `algo.ptx.data=arith` draws the tiny base model's own pretraining text (training-split problems
+    with worked solutions, slips included, exactly as `model/tiny.py` generates them); a path reads a
+    .txt file (one document per line) or a .jsonl file with a "text" field.
+    """
+
+    def __init__(self, cfg: Config, tokenizer):
+        self.tokenizer = tokenizer
+        self.max_tokens = cfg.algo.ptx.max_tokens
+        self.rng = random.Random(f"ptx:{cfg.seed}")
+        self.slip_prob = cfg.base.slip_prob
+        self.docs: list[str] = []
+        self.task: ArithmeticTask | None = None
+        source = cfg.algo.ptx.data
+        if source == "arith":
+            self.task = ArithmeticTask(min_digits=cfg.base.min_digits, max_digits=cfg.base.max_digits)
+        else:
+            self.docs = _read_texts(Path(source))
+
+    def _doc(self) -> str:
+        if self.task is not None:
+            (problem,) = self.task.train_problems(1, seed=self.rng.randrange(2**62))
+            a, b = self.task.operands(problem)
+            return problem.question + "=" + self.task.worked_solution(a, b, rng=self.rng, slip_prob=self.slip_prob)
+        return self.docs[self.rng.randrange(len(self.docs))]
+
+    def next_batch(self, batch_size: int) -> tuple["torch.Tensor", "torch.Tensor"]:
+        """input_ids [B, L] right-padded and attention mask [B, L]; EOS appended to each document."""
+        import torch
+
+        rows = [(self.tokenizer(self._doc())["input_ids"] + [self.tokenizer.eos_token_id])[: self.max_tokens] for _ in range(batch_size)]
+        width = max(len(r) for r in rows)
+        ids = torch.full((batch_size, width), self.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((batch_size, width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = torch.tensor(r)
+            mask[i, : len(r)] = 1
+        return ids, mask
+
+
+def _read_texts(path: Path) -> list[str]:
+    import json
+
+    if not path.exists():
+        raise ValueError(f"algo.ptx.data: {str(path)!r} does not exist")
+    docs = []
+    with path.open() as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            if path.suffix == ".jsonl":
+                try:
+                    row = json.loads(line)
+                    docs.append(str(row["text"]))
+                except (json.JSONDecodeError, KeyError, TypeError) as e:
+                    raise ValueError(f"{path}:{line_no}: expected a JSON object with a 'text' field ({e})") from None
+            else:
+                docs.append(line.rstrip("\n"))
+    if not docs:
+        raise ValueError(f"algo.ptx.data: {str(path)!r} holds no text")
+    return docs

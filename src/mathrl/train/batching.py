@@ -10,7 +10,11 @@ import torch
 
 @dataclass
 class TrainBatch:
-    """Rows of a rollout batch with everything the loss needs. Shapes: [N, P] prompt, [N, T] response, [N] per row."""
+    """Rows of a rollout batch with everything the losses need.
+
+    Prompt-side tensors are [N, P] (left-padded); every other 2-D tensor is response-side [N, T]
+    (right-padded); 1-D tensors are per row [N].
+    """
 
     prompt_ids: torch.Tensor  # [N, P] left-padded
     prompt_mask: torch.Tensor  # [N, P]
@@ -19,6 +23,9 @@ class TrainBatch:
     loss_mask: torch.Tensor  # [N, T] float: 1 on tokens that count in the loss (filters may zero rows)
     old_logprobs: torch.Tensor  # [N, T] logprobs under the policy that sampled (recomputed by the trainer)
     advantages: torch.Tensor  # [N, T] per-token advantages
+    ref_logprobs: torch.Tensor  # [N, T] reference-model logprobs (zeros when no term needs them)
+    ref_entropy: torch.Tensor  # [N, T] reference-model entropy (zeros when no term needs it)
+    correct: torch.Tensor  # [N] float, 1 if the verifier accepted the answer
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]
@@ -29,18 +36,20 @@ class TrainBatch:
 
     def trimmed(self) -> "TrainBatch":
         """Drop prompt columns that are padding in every row (left) and response columns likewise (right)."""
-        prompt_keep = int(self.prompt_mask.sum(-1).max().item())
-        response_keep = max(1, int((self.response_mask.sum(0) > 0).nonzero().max().item()) + 1) if self.response_mask.any() else 1
+        prompt_keep = max(1, int(self.prompt_mask.sum(-1).max().item()))
+        used = (self.response_mask.sum(0) > 0).nonzero()
+        response_keep = int(used.max().item()) + 1 if len(used) else 1
         p = self.prompt_ids.shape[1]
-        return TrainBatch(
-            prompt_ids=self.prompt_ids[:, p - prompt_keep :],
-            prompt_mask=self.prompt_mask[:, p - prompt_keep :],
-            response_ids=self.response_ids[:, :response_keep],
-            response_mask=self.response_mask[:, :response_keep],
-            loss_mask=self.loss_mask[:, :response_keep],
-            old_logprobs=self.old_logprobs[:, :response_keep],
-            advantages=self.advantages[:, :response_keep],
-        )
+        out = {}
+        for f in fields(self):
+            x = getattr(self, f.name)
+            if f.name.startswith("prompt_"):
+                out[f.name] = x[:, p - prompt_keep :]
+            elif x.dim() == 2:
+                out[f.name] = x[:, :response_keep]
+            else:
+                out[f.name] = x
+        return TrainBatch(**out)
 
 
 def micro_batch_slices(lengths: list[int], token_budget: int) -> list[list[int]]:
@@ -59,6 +68,9 @@ def micro_batch_slices(lengths: list[int], token_budget: int) -> list[list[int]]
     return groups
 
 
+def row_lengths(batch: TrainBatch) -> list[int]:
+    return (batch.prompt_mask.sum(-1) + batch.response_mask.sum(-1)).long().tolist()
+
+
 def micro_batches(batch: TrainBatch, token_budget: int) -> list[TrainBatch]:
-    lengths = (batch.prompt_mask.sum(-1) + batch.response_mask.sum(-1)).long().tolist()
-    return [batch.select(rows).trimmed() for rows in micro_batch_slices(lengths, token_budget)]
+    return [batch.select(rows).trimmed() for rows in micro_batch_slices(row_lengths(batch), token_budget)]

@@ -25,17 +25,33 @@ import torch
 from rich.console import Console
 
 from mathrl.algo.advantages import expand_to_tokens, group_advantages, rloo_advantages, whiten_advantages
-from mathrl.algo.losses import aggregate, dp_scale, global_counts, policy_loss
+from mathrl.algo.controllers import (
+    AdaptiveEntropyController,
+    AdaptiveKLController,
+    CoefController,
+    FixedCoef,
+    SkyworkEntropyController,
+)
+from mathrl.algo.entropy import entropy_bonus_mask
+from mathrl.algo.kl import apply_kl_reward_penalty, kl_penalty
+from mathrl.algo.losses import aggregate, dp_scale, global_counts, policy_loss, positive_example_lm_loss
 from mathrl.config import Config, dump_yaml
 from mathrl.evaluation.evaluate import EvalResult, evaluate
 from mathrl.model.io import load_model_and_tokenizer, save_model
-from mathrl.model.scoring import response_logprobs
+from mathrl.model.scoring import next_token_logprobs, response_logprobs
 from mathrl.reward.verify import Verifier
 from mathrl.rollout.engine import RolloutBatch, TorchEngine
-from mathrl.tasks.sources import EvalSet, ProblemStream, build_eval_sets, build_train_stream, resolve_model_path
+from mathrl.tasks.sources import (
+    EvalSet,
+    PretrainText,
+    ProblemStream,
+    build_eval_sets,
+    build_train_stream,
+    resolve_model_path,
+)
 from mathrl.track.console import StepProgress, summary_table
 from mathrl.track.sinks import Tracker
-from mathrl.train.batching import TrainBatch, micro_batch_slices, micro_batches
+from mathrl.train.batching import TrainBatch, micro_batch_slices, micro_batches, row_lengths
 
 
 @dataclass
@@ -78,28 +94,58 @@ def compute_advantages(cfg: Config, rewards: torch.Tensor, group_ids: torch.Tens
     return whiten_advantages(rewards)  # reinforce_pp: batch-whitened rewards (REINFORCE++)
 
 
+def build_controllers(cfg: Config) -> dict[str, CoefController]:
+    """The entropy and KL coefficient controllers (their state goes into checkpoints)."""
+    ent = cfg.algo.entropy
+    if ent.mode == "adaptive":
+        entropy = AdaptiveEntropyController(ent.coef, ent.target, kp=ent.kp, min_coef=ent.min_coef, max_coef=ent.max_coef)
+    elif ent.mode == "skywork":
+        entropy = SkyworkEntropyController(ent.coef, ent.target, step=ent.step, min_coef=ent.min_coef, max_coef=ent.max_coef)
+    else:
+        entropy = FixedCoef(ent.coef if ent.mode == "fixed" else 0.0)
+    kl = cfg.algo.kl
+    if kl.use != "none" and kl.target is not None:
+        kl_ctl: CoefController = AdaptiveKLController(kl.coef, kl.target, kl.horizon)
+    else:
+        kl_ctl = FixedCoef(kl.coef if kl.use != "none" else 0.0)
+    return {"entropy": entropy, "kl": kl_ctl}
+
+
 @torch.no_grad()
-def score_old_logprobs(model, batch: TrainBatch, cfg: Config) -> torch.Tensor:
-    """[N, T] logprobs of the sampled tokens under the current (pre-update) training model."""
+def scoring_pass(model, batch: TrainBatch, cfg: Config, *, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, T] logprobs (and entropy, zeros if not asked) of the sampled tokens under `model`, no grad."""
     was_training = model.training
     model.eval()
-    out = torch.zeros_like(batch.response_mask)
-    lengths = (batch.prompt_mask.sum(-1) + batch.response_mask.sum(-1)).long().tolist()
-    for rows in micro_batch_slices(lengths, cfg.train.micro_batch_tokens * 4):  # no activations kept: bigger chunks
+    logprobs = torch.zeros_like(batch.response_mask)
+    entropy = torch.zeros_like(batch.response_mask)
+    for rows in micro_batch_slices(row_lengths(batch), cfg.train.micro_batch_tokens * 4):  # no activations kept
         mb = batch.select(rows).trimmed()
-        lp, _ = response_logprobs(
+        lp, ent = response_logprobs(
             model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
-            temperature=cfg.rollout.temperature, chunk_size=cfg.model.logprob_chunk_size, with_entropy=False,
+            temperature=cfg.rollout.temperature, chunk_size=cfg.model.logprob_chunk_size, with_entropy=with_entropy,
         )
-        out[torch.as_tensor(rows)[:, None], torch.arange(lp.shape[1])[None, :]] = lp.float()
+        idx = (torch.as_tensor(rows)[:, None], torch.arange(lp.shape[1])[None, :])
+        logprobs[idx] = lp.float().cpu()
+        if ent is not None:
+            entropy[idx] = ent.float().cpu()
     model.train(was_training)
-    return out * batch.response_mask
+    return logprobs * batch.response_mask, entropy * batch.response_mask
 
 
-def update_policy(model, optimizer, scheduler, batch: TrainBatch, cfg: Config, *, step: int) -> dict[str, float]:
-    """Mini-batches x epochs of clipped policy-gradient updates on one rollout batch."""
-    sums = {"entropy": 0.0, "clipped": 0.0, "dual_clipped": 0.0, "ppo_kl": 0.0, "tokens": 0.0}
-    pg_losses, grad_norms = [], []
+def update_policy(
+    model, optimizer, scheduler, batch: TrainBatch, cfg: Config, *, step: int, coefs: dict[str, float],
+    ptx: PretrainText | None,
+) -> dict[str, float]:
+    """Mini-batches x epochs of updates on one rollout batch.
+
+    loss = policy loss - entropy_coef * entropy + kl_coef * KL (as loss) + mu * positive-example NLL,
+    each aggregated with algo.loss_agg over the whole mini-batch's counts, plus ptx_coef * the token-mean
+    pretraining NLL of one PTX batch per optimizer step.
+    """
+    algo = cfg.algo
+    agg = dict(mode=algo.loss_agg, max_len=cfg.rollout.max_new_tokens)
+    sums = {k: 0.0 for k in ("entropy", "clipped", "dual_clipped", "ppo_kl", "tokens", "ent_masked", "kl")}
+    per_step = {k: [] for k in ("pg_loss", "entropy_loss", "kl_loss", "pos_lm_loss", "ptx_loss", "grad_norm")}
     order_gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
     for _epoch in range(cfg.train.epochs):
         order = torch.randperm(len(batch), generator=order_gen)
@@ -107,45 +153,94 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, cfg: Config, *
             mini = batch.select(order[start : start + cfg.train.mini_batch_size])
             # the whole mini-batch's counts (all micro-batches, all ranks) normalise every micro-batch
             num_tokens, num_seqs = global_counts(mini.loss_mask)
-            mini_loss = 0.0
+            pos_tokens, pos_seqs = global_counts(mini.loss_mask * mini.correct[:, None])
+            totals = {k: 0.0 for k in ("pg_loss", "entropy_loss", "kl_loss", "pos_lm_loss")}
             for micro in micro_batches(mini, cfg.train.micro_batch_tokens):
                 logprobs, entropy = response_logprobs(
                     model, micro.prompt_ids, micro.prompt_mask, micro.response_ids, micro.response_mask,
                     temperature=cfg.rollout.temperature, chunk_size=cfg.model.logprob_chunk_size,
                 )
+                mask = micro.loss_mask
                 token_loss, info = policy_loss(
-                    logprobs, micro.old_logprobs, micro.advantages, micro.loss_mask,
-                    eps_low=cfg.algo.clip.eps_low, eps_high=cfg.algo.clip.eps_high, dual_clip_c=cfg.algo.clip.dual_clip_c,
+                    logprobs, micro.old_logprobs, micro.advantages, mask,
+                    eps_low=algo.clip.eps_low, eps_high=algo.clip.eps_high, dual_clip_c=algo.clip.dual_clip_c,
                 )
-                loss = aggregate(
-                    token_loss, micro.loss_mask, mode=cfg.algo.loss_agg,
-                    num_tokens=num_tokens, num_seqs=num_seqs, max_len=cfg.rollout.max_new_tokens,
-                )
+                pg = aggregate(token_loss, mask, num_tokens=num_tokens, num_seqs=num_seqs, **agg)
+                loss = pg
+                totals["pg_loss"] += pg.item()
+                if coefs["entropy"] != 0.0:
+                    bonus_mask = mask
+                    if algo.entropy.ref_gain_clip.max_gain is not None or algo.entropy.ref_gain_clip.max_ratio is not None:
+                        bonus_mask = entropy_bonus_mask(
+                            entropy.detach(), micro.ref_entropy, mask,
+                            max_gain=algo.entropy.ref_gain_clip.max_gain, max_ratio=algo.entropy.ref_gain_clip.max_ratio,
+                        )
+                    # masked tokens contribute 0 but stay in the normaliser: the bonus per kept token is unchanged
+                    ent_term = aggregate(entropy, bonus_mask, num_tokens=num_tokens, num_seqs=num_seqs, **agg)
+                    loss = loss - coefs["entropy"] * ent_term
+                    totals["entropy_loss"] += -ent_term.item()
+                    sums["ent_masked"] += float((mask - bonus_mask).sum())
+                if algo.kl.use == "loss":
+                    kl_tok = kl_penalty(logprobs, micro.ref_logprobs, estimator=algo.kl.estimator)
+                    kl_term = aggregate(kl_tok, mask, num_tokens=num_tokens, num_seqs=num_seqs, **agg)
+                    loss = loss + coefs["kl"] * kl_term
+                    totals["kl_loss"] += kl_term.item()
+                if algo.pos_lm.coef > 0 and pos_tokens > 0:
+                    nll, pos_mask = positive_example_lm_loss(logprobs, mask, micro.correct)
+                    # VAPO: token-normalised over the correct samples' tokens of the whole mini-batch
+                    pos = aggregate(nll, pos_mask, mode="token_mean", num_tokens=pos_tokens, num_seqs=pos_seqs)
+                    loss = loss + algo.pos_lm.coef * pos
+                    totals["pos_lm_loss"] += pos.item()
                 (loss * dp_scale()).backward()
-                mini_loss += loss.item()
-                m = micro.loss_mask
-                sums["entropy"] += float((entropy.detach() * m).sum())
-                sums["clipped"] += float((info["clipped"] * m).sum())
-                sums["dual_clipped"] += float((info["dual_clipped"] * m).sum())
-                sums["ppo_kl"] += float((info["ppo_kl"] * m).sum())
-                sums["tokens"] += float(m.sum())
+                sums["entropy"] += float((entropy.detach() * mask).sum())
+                sums["clipped"] += float((info["clipped"] * mask).sum())
+                sums["dual_clipped"] += float((info["dual_clipped"] * mask).sum())
+                sums["ppo_kl"] += float((info["ppo_kl"] * mask).sum())
+                sums["tokens"] += float(mask.sum())
+            if ptx is not None:
+                ids, attn = ptx.next_batch(algo.ptx.batch_size)
+                nll = -next_token_logprobs(model, ids, attn, chunk_size=cfg.model.logprob_chunk_size)
+                target_mask = attn[:, 1:].to(nll.device).float()
+                ptx_loss = (nll * target_mask).sum() / target_mask.sum().clamp(min=1)
+                (algo.ptx.coef * ptx_loss).backward()
+                per_step["ptx_loss"].append(ptx_loss.item())
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
+            lr_used = optimizer.param_groups[0]["lr"]
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            pg_losses.append(mini_loss)
-            grad_norms.append(float(grad_norm))
+            for k, v in totals.items():
+                per_step[k].append(v)
+            per_step["grad_norm"].append(float(grad_norm))
     tokens = max(sums["tokens"], 1.0)
-    return {
-        "actor/pg_loss": sum(pg_losses) / len(pg_losses),
+    mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
+    metrics = {
+        "actor/pg_loss": mean(per_step["pg_loss"]),
         "actor/entropy": sums["entropy"] / tokens,
         "actor/pg_clipfrac": sums["clipped"] / tokens,
         "actor/pg_clipfrac_lower": sums["dual_clipped"] / tokens,
         "actor/ppo_kl": sums["ppo_kl"] / tokens,
-        "actor/grad_norm": sum(grad_norms) / len(grad_norms),
-        "actor/lr": optimizer.param_groups[0]["lr"],
-        "actor/updates": float(len(pg_losses)),
+        "actor/grad_norm": mean(per_step["grad_norm"]),
+        "actor/lr": lr_used,  # of the step's last update
+        "actor/updates": float(len(per_step["grad_norm"])),
     }
+    if algo.entropy.mode != "none":
+        metrics["actor/entropy_loss"] = mean(per_step["entropy_loss"])
+        metrics["actor/entropy_clipfrac"] = sums["ent_masked"] / tokens
+    if algo.kl.use == "loss":
+        metrics["actor/kl_loss"] = mean(per_step["kl_loss"])
+    if algo.pos_lm.coef > 0:
+        metrics["actor/pos_lm_loss"] = mean(per_step["pos_lm_loss"])
+    if ptx is not None:
+        metrics["actor/ptx_loss"] = mean(per_step["ptx_loss"])
+    return metrics
+
+
+def save_checkpoint(out: Path, model, tokenizer, *, step: int, controllers: dict[str, CoefController]) -> None:
+    """A Hugging Face model directory plus trainer_state.json (step, coefficient controllers' state)."""
+    save_model(model, tokenizer, out)
+    state = {"step": step, "controllers": {k: c.state_dict() for k, c in controllers.items()}}
+    (out / "trainer_state.json").write_text(json.dumps(state, indent=2))
 
 
 def rollout_records(step, problems, prompts_text, texts, results, rollout: RolloutBatch, tokenizer, n: int, limit: int):
@@ -217,6 +312,13 @@ def train(cfg: Config, *, console: Console | None = None) -> TrainResult:
     warmup = max(1, cfg.train.warmup_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
     tracker = Tracker(run_dir, tensorboard=cfg.log.tensorboard)
+    controllers = build_controllers(cfg)
+    ptx = PretrainText(cfg, tokenizer) if cfg.algo.ptx.coef > 0 else None
+    ref_model = None
+    if cfg.needs_reference:  # loaded only when a KL term or ref_gain_clip needs it
+        console.print("loading the reference model (a frozen copy of the starting model)")
+        ref_model, _ = load_model_and_tokenizer(model_path, dtype=cfg.model.dtype)
+        ref_model.eval().requires_grad_(False)
     n = cfg.rollout.n
 
     with Verifier(num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s) as verifier:
@@ -243,20 +345,41 @@ def train(cfg: Config, *, console: Console | None = None) -> TrainResult:
                 results = verifier.score(texts, [p.answer for p in problems for _ in range(n)])
                 rewards = torch.tensor([r.score for r in results], dtype=torch.float32)  # [N]
                 t_reward = time.time()
-                # ---- 4. advantages -----------------------------------------------------------------
-                group_ids = torch.arange(len(problems)).repeat_interleave(n)  # [N]
-                advantages = compute_advantages(cfg, rewards, group_ids)  # [N]
-                loss_mask = rollout.response_mask.clone()
+                correct = torch.tensor([r.reason == "correct" for r in results], dtype=torch.float32)
                 batch = TrainBatch(
                     prompt_ids=rollout.prompt_ids, prompt_mask=rollout.prompt_mask,
-                    response_ids=rollout.response_ids, response_mask=rollout.response_mask, loss_mask=loss_mask,
-                    old_logprobs=torch.zeros_like(rollout.logprobs),
-                    advantages=expand_to_tokens(advantages, loss_mask),
+                    response_ids=rollout.response_ids, response_mask=rollout.response_mask,
+                    loss_mask=rollout.response_mask.clone(), old_logprobs=torch.zeros_like(rollout.logprobs),
+                    advantages=torch.zeros_like(rollout.logprobs), ref_logprobs=torch.zeros_like(rollout.logprobs),
+                    ref_entropy=torch.zeros_like(rollout.logprobs), correct=correct,
                 )
-                # ---- 5. scoring pass: old logprobs from the training model -------------------------
-                batch.old_logprobs = score_old_logprobs(model, batch, cfg)
+                # ---- 4. scoring passes: old logprobs (training model), reference logprobs/entropy ----
+                batch.old_logprobs, rollout_entropy = scoring_pass(model, batch, cfg, with_entropy=True)
+                metrics = {}
+                if ref_model is not None:
+                    batch.ref_logprobs, batch.ref_entropy = scoring_pass(ref_model, batch, cfg, with_entropy=True)
+                    kl_k1 = ((batch.old_logprobs - batch.ref_logprobs) * batch.loss_mask).sum() / batch.loss_mask.sum().clamp(min=1)
+                    metrics["actor/ref_kl"] = float(kl_k1)
+                    metrics["actor/ref_entropy"] = float((batch.ref_entropy * batch.loss_mask).sum() / batch.loss_mask.sum().clamp(min=1))
+                # ---- 5. coefficients, KL reward penalty, advantages ---------------------------------
+                mean_entropy = float((rollout_entropy * batch.loss_mask).sum() / batch.loss_mask.sum().clamp(min=1))
+                coefs = {"entropy": controllers["entropy"].update(mean_entropy)}
+                coefs["kl"] = (controllers["kl"].update(metrics["actor/ref_kl"], n_steps=len(batch))
+                               if cfg.algo.kl.use != "none" else 0.0)
+                shaped = rewards
+                if cfg.algo.kl.use == "reward":
+                    kl_tok = kl_penalty(batch.old_logprobs, batch.ref_logprobs, estimator=cfg.algo.kl.estimator)
+                    token_rewards = apply_kl_reward_penalty(torch.zeros_like(kl_tok), kl_tok, batch.loss_mask, coef=coefs["kl"])
+                    shaped = rewards + token_rewards.sum(-1)  # the sequence reward minus coef x its summed KL
+                    metrics["reward/kl_penalty"] = float(-token_rewards.sum(-1).mean())
+                group_ids = torch.arange(len(problems)).repeat_interleave(n)  # [N]
+                batch.advantages = expand_to_tokens(compute_advantages(cfg, shaped, group_ids), batch.loss_mask)
                 # ---- 6. updates: mini-batches x epochs ---------------------------------------------
-                metrics = update_policy(model, optimizer, scheduler, batch, cfg, step=step)
+                metrics.update(update_policy(model, optimizer, scheduler, batch, cfg, step=step, coefs=coefs, ptx=ptx))
+                metrics["actor/entropy_coef"] = coefs["entropy"]
+                metrics["actor/rollout_entropy"] = mean_entropy
+                if cfg.algo.kl.use != "none":
+                    metrics["actor/kl_coef"] = coefs["kl"]
                 t_train = time.time()
 
                 # ---- 7. metrics and logs -----------------------------------------------------------
@@ -267,6 +390,7 @@ def train(cfg: Config, *, console: Console | None = None) -> TrainResult:
                     "reward/accuracy": sum(r.reason == "correct" for r in results) / len(results),
                     "reward/no_answer_rate": sum(r.reason == "no_answer" for r in results) / len(results),
                     "reward/timeout_rate": sum(r.reason == "timeout" for r in results) / len(results),
+                    "reward/error_rate": sum(r.reason == "error" for r in results) / len(results),
                     "rollout/response_length": float(lengths.mean()),
                     "rollout/response_length_max": float(lengths.max()),
                     "rollout/truncated_frac": float(rollout.truncated.float().mean()),
@@ -290,11 +414,11 @@ def train(cfg: Config, *, console: Console | None = None) -> TrainResult:
                     latest = run_evals(eval_sets, engine=engine, tokenizer=tokenizer, verifier=verifier, cfg=cfg)
                     last_eval = _log_evals(step, latest, tracker, run_dir)
                 if cfg.train.save_every and step % cfg.train.save_every == 0 and step != cfg.train.steps:
-                    save_model(model, tokenizer, run_dir / "checkpoints" / f"step_{step:06d}")
+                    save_checkpoint(run_dir / "checkpoints" / f"step_{step:06d}", model, tokenizer, step=step, controllers=controllers)
                 progress.advance(metrics, last_eval)
 
     console.print("saving the final model")
-    save_model(model, tokenizer, run_dir / "final")
+    save_checkpoint(run_dir / "final", model, tokenizer, step=cfg.train.steps, controllers=controllers)
     tracker.close()
     wall = time.time() - t_start
     summary = {

@@ -1,0 +1,258 @@
+"""Tests for mathrl.config: defaults, YAML recipes, dotted overrides and the error messages.
+
+Run: python -m pytest tests/test_config.py -q
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mathrl.config import Config, ConfigError, dump_yaml, load_config, parse_override, to_dict
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_RECIPE = REPO / "recipes" / "arith_grpo.yaml"
+
+
+# --------------------------------------------------------------------------------------------------
+# defaults and recipes
+# --------------------------------------------------------------------------------------------------
+def test_defaults_equal_the_default_recipe():
+    # recipes/arith_grpo.yaml claims to spell out the defaults; if someone changes one without the
+    # other, `mathrl train` and `mathrl train recipes/arith_grpo.yaml` silently run different experiments.
+    assert load_config(DEFAULT_RECIPE) == load_config(None) == Config()
+
+
+def test_default_recipe_lists_every_field():
+    # "spelled out": the YAML holds every key (a key missing from it would make the equality above
+    # hold trivially for that field while the file no longer documents it).
+    assert yaml.safe_load(DEFAULT_RECIPE.read_text()) == to_dict(Config())
+
+
+def test_dump_yaml_round_trips(tmp_path):
+    # The run directory's config.yaml must reload to the same config (reproducing a run).
+    cfg = load_config(None, ["rollout.n=4", "algo.clip.dual_clip_c=3", "data.eval=[arith, x.jsonl]", "train.lr=1e-3"])
+    path = tmp_path / "config.yaml"
+    path.write_text(dump_yaml(cfg))
+    assert load_config(path) == cfg
+
+
+def test_every_recipe_in_the_repo_loads():
+    # Shipped recipes must stay valid as the config tree evolves.
+    recipes = sorted((REPO / "recipes").glob("*.yaml"))
+    assert recipes
+    for recipe in recipes:
+        load_config(recipe)
+
+
+# --------------------------------------------------------------------------------------------------
+# overrides
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "override, path, expected",
+    [
+        ("rollout.n=16", "rollout.n", 16),  # int
+        ("rollout.temperature=0.7", "rollout.temperature", 0.7),  # float
+        ("rollout.temperature=1", "rollout.temperature", 1.0),  # an int is accepted for a float field
+        ("train.lr=1e-3", "train.lr", 1e-3),  # YAML 1.1 reads "1e-3" as a string; it must become 0.001
+        ("train.lr=3E-5", "train.lr", 3e-5),  # upper-case exponent, same story
+        ("model.gradient_checkpointing=true", "model.gradient_checkpointing", True),  # bool
+        ("algo.clip.dual_clip_c=3", "algo.clip.dual_clip_c", 3.0),  # optional float set
+        ("eval.max_new_tokens=null", "eval.max_new_tokens", None),  # null clears an optional
+        ("data.answer_field=null", "data.answer_field", None),
+        ("data.eval=[arith, a.jsonl]", "data.eval", ["arith", "a.jsonl"]),  # list of str
+        ("train.betas=[0.9, 0.95]", "train.betas", [0.9, 0.95]),  # list of float
+        ("data.template=Q: {question} A:", "data.template", "Q: {question} A:"),  # YAML-invalid text stays a string
+        ("model.path = /some/dir", "model.path", "/some/dir"),  # spaces around '=' are allowed
+    ],
+)
+def test_override_values_are_typed(override, path, expected):
+    cfg = load_config(None, [override])
+    value = cfg
+    for part in path.split("."):
+        value = getattr(value, part)
+    assert value == expected
+    assert type(value) is type(expected)
+
+
+def test_overrides_apply_on_top_of_a_recipe_in_order(tmp_path):
+    # Precedence is defaults <- recipe <- overrides, and a later override wins over an earlier one.
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("rollout:\n  n: 4\n  temperature: 0.5\ntrain:\n  mini_batch_size: 16\n")
+    cfg = load_config(recipe, ["rollout.n=2", "rollout.n=6"])
+    assert (cfg.rollout.n, cfg.rollout.temperature, cfg.rollout.top_p) == (6, 0.5, 1.0)
+    assert cfg.train.mini_batch_size == 16
+
+
+def test_parse_override_without_equals_is_an_error():
+    # "rollout.n 8" or a forgotten "=" must not be read as a key with an empty value.
+    with pytest.raises(ConfigError, match="key.path=value"):
+        parse_override("rollout.n")
+    with pytest.raises(ConfigError, match="key.path=value"):
+        load_config(None, ["rollout.n"])
+    with pytest.raises(ConfigError, match="empty key"):
+        parse_override("=3")
+
+
+# --------------------------------------------------------------------------------------------------
+# errors that say how to fix them
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "override, suggestion",
+    [
+        ("rollout.temprature=0.5", "rollout.temperature"),  # typo in a nested key
+        ("algo.clip.eps_hi=0.3", "algo.clip.eps_high"),  # typo two levels down
+        ("train.lr_rate=1e-4", "train.lr"),  # extra suffix
+        ("seeed=1", "seed"),  # top-level typo
+        ("n=3", "rollout.n"),  # a nested key given at the top level: the first section holding it
+        ("temperature=0.7", "rollout.temperature"),
+        ("clip.eps_high=0.3", "algo.clip"),  # a section given at the wrong level
+    ],
+)
+def test_unknown_key_names_the_closest_valid_key(override, suggestion):
+    with pytest.raises(ConfigError, match="unknown config key") as info:
+        load_config(None, [override])
+    assert repr(suggestion) in str(info.value), str(info.value)
+
+
+@pytest.mark.xfail(strict=True, reason="src/mathrl/config.py _unknown_key_error: the fallback compares whole "
+                   "dotted paths, so the shared 'rollout.' prefix alone makes 'rollout.n' look close (see report)")
+def test_unknown_key_without_close_match_lists_the_valid_keys():
+    # Nothing close: the message should list the keys valid at that level. Bug story: the fallback
+    # difflib match runs on full dotted paths ("rollout.zzzzzzzz" vs "rollout.n" share 8 of 9
+    # characters), so any garbage key under a section got a confident but meaningless suggestion.
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["rollout.zzzzzzzz=1"])
+    assert "temperature" in str(info.value) and "max_new_tokens" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "override, field_name, expected_type",
+    [
+        ("rollout.n=abc", "rollout.n", "int"),  # not a number at all
+        ("rollout.n=2.5", "rollout.n", "int"),  # a float is not silently truncated
+        ("rollout.n=true", "rollout.n", "int"),  # bool is an int subclass in Python, but not a count
+        ("train.lr=fast", "train.lr", "float"),
+        ("model.gradient_checkpointing=1", "model.gradient_checkpointing", "bool"),  # no int->bool
+        ("train.betas=0.9", "train.betas", "list of float"),  # scalar for a list
+        ("train.betas=[0.9, x]", "train.betas[1]", "float"),  # bad list item: names the index
+        ("data.eval=arith", "data.eval", "list of str"),  # a bare string is not a one-item list
+        ("eval.max_new_tokens=many", "eval.max_new_tokens", "int or null"),  # optional field
+        ("algo=3", "algo", "mapping"),  # a value where a section belongs
+    ],
+)
+def test_wrong_type_names_field_and_expected_type(override, field_name, expected_type):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    message = str(info.value)
+    assert message.startswith(field_name + ":"), message
+    assert expected_type in message, message
+
+
+def test_override_through_a_value_is_an_error(tmp_path):
+    # "rollout.n.x=1" treats the value rollout.n as a section.
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("rollout:\n  n: 4\n")
+    with pytest.raises(ConfigError, match="rollout.n"):
+        load_config(recipe, ["rollout.n.x=1"])
+
+
+@pytest.mark.parametrize(
+    "override, choice",
+    [
+        ("algo.adv.estimator=grp", "'grpo'"),
+        ("algo.loss_agg=token_men", "'token_mean'"),
+        ("model.dtype=bf16", "'bfloat16'"),
+        ("algo.adv.std_scope=batches", "'batch'"),
+    ],
+)
+def test_literal_typo_suggests_the_closest_choice(override, choice):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    message = str(info.value)
+    assert message.startswith(override.split("=")[0] + ":"), message
+    assert f"did you mean {choice}" in message, message
+
+
+@pytest.mark.parametrize(
+    "overrides, field_name",
+    [
+        # more sequences per optimizer step than one rollout batch holds (default 16 x 8 = 128)
+        (["train.mini_batch_size=256"], "train.mini_batch_size"),
+        # mini-batches must tile the rollout batch exactly, or the last one is silently smaller
+        (["train.mini_batch_size=48"], "train.mini_batch_size"),
+        # GRPO and RLOO compare samples within a group: a group of 1 gives every advantage 0
+        (["rollout.n=1", "train.mini_batch_size=16"], "rollout.n"),
+        (["rollout.n=1", "train.mini_batch_size=16", "algo.adv.estimator=rloo"], "rollout.n"),
+        # dual clip (Ye et al. 2020) needs c > 1 to bound the ratio above 1 + eps for negative advantages
+        (["algo.clip.dual_clip_c=1"], "algo.clip.dual_clip_c"),
+        (["algo.clip.dual_clip_c=0.5"], "algo.clip.dual_clip_c"),
+        (["algo.clip.eps_low=1.0"], "algo.clip.eps_low"),
+        (["rollout.temperature=0"], "rollout.temperature"),
+        (["rollout.top_p=0"], "rollout.top_p"),
+        (["rollout.top_p=1.5"], "rollout.top_p"),
+        (["train.betas=[0.9]"], "train.betas"),
+        (["train.steps=0"], "train.steps"),
+        (["eval.every=0"], "eval.every"),
+        (["rollout.engine=vllm"], "rollout.engine"),
+    ],
+)
+def test_impossible_combinations_name_the_field(overrides, field_name):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides)
+    assert field_name in str(info.value), str(info.value)
+
+
+def test_rollout_n_1_is_fine_with_reinforce_pp():
+    # The rollout.n=1 rule is specific to group estimators; the message suggests reinforce_pp, so it must work.
+    cfg = load_config(None, ["rollout.n=1", "train.mini_batch_size=16", "algo.adv.estimator=reinforce_pp"])
+    assert cfg.rollout_batch_size == 16
+
+
+def test_all_errors_are_reported_together():
+    # Several problems at once: one message lists all of them, so a user fixes a recipe in one pass.
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["algo.clip.dual_clip_c=1", "rollout.top_p=0"])
+    assert "algo.clip.dual_clip_c" in str(info.value) and "rollout.top_p" in str(info.value)
+
+
+def test_recipe_with_unknown_key(tmp_path):
+    # Same suggestion machinery for YAML recipes as for overrides.
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text("rollout:\n  temprature: 0.5\n")
+    with pytest.raises(ConfigError, match="'rollout.temperature'"):
+        load_config(recipe)
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("- 1\n- 2\n", "mapping"),  # a list at the top level
+        ("rollout: [1, 2\n", "not valid YAML"),  # a syntax error is a ConfigError, not a traceback
+        ("rollout: 3\n", "rollout: expected a mapping"),  # a value where a section belongs
+    ],
+)
+def test_malformed_recipes(tmp_path, text, match):
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        load_config(recipe)
+
+
+def test_missing_recipe_and_empty_recipe(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    assert load_config(empty) == Config()  # an empty recipe means "the defaults"
+
+
+def test_derived_sizes():
+    # Derived sizes are computed in one place; eval.max_new_tokens=None falls back to the rollout's.
+    cfg = load_config(None, ["rollout.prompts_per_step=4", "rollout.n=2", "train.mini_batch_size=8", "rollout.max_new_tokens=9"])
+    assert cfg.rollout_batch_size == 8
+    assert cfg.eval_max_new_tokens == 9
+    assert dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, max_new_tokens=5)).eval_max_new_tokens == 5
