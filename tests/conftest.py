@@ -26,6 +26,12 @@ def shared_math_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def shared_math() -> Path:
+    """The folder of shared math jsonl files (may not exist: tests that need it skip)."""
+    return shared_math_dir()
+
+
+@pytest.fixture(scope="session")
 def char_tokenizer():
     from mathrl.model.tiny import build_char_tokenizer
 

@@ -66,6 +66,27 @@ def test_heldout_problems_are_held_out_distinct_and_reproducible(permille):
     assert task.heldout_problems(40, seed=1) != problems  # the seed does pick another set
 
 
+def test_asking_for_more_heldout_problems_than_exist_is_an_error(monkeypatch):
+    # Bug story: with max_digits=1 only 5 of the 100 problems are held out, and the default
+    # data.eval_size is 200, so `mathrl train data.arith.max_digits=1` hung forever while building its
+    # eval set. Now the search is bounded and raises ValueError; the bounded _draw below keeps this
+    # test from hanging should the bug come back.
+    real_draw = ArithmeticTask._draw
+    calls = 0
+
+    def bounded_draw(self, rng, *, heldout):
+        nonlocal calls
+        calls += 1
+        if calls > 20_000:  # 20,000 draws from a space of 5 problems: the loop cannot be making progress
+            raise RuntimeError("heldout_problems did not stop")
+        return real_draw(self, rng, heldout=heldout)
+
+    monkeypatch.setattr(ArithmeticTask, "_draw", bounded_draw)
+    task = ArithmeticTask(min_digits=1, max_digits=1)
+    with pytest.raises(ValueError, match="held"):
+        task.heldout_problems(6)
+
+
 def test_is_heldout_is_deterministic_and_pinned():
     # The split is a keyed blake2b hash, not Python's salted hash(): it must be the same in every
     # process. Pinned values guard against an accidental change of the split, which would silently

@@ -56,6 +56,13 @@ def assert_well_formed(out: RolloutBatch, *, max_new_tokens: int) -> None:
 # a mock LM: EOS is certain once the NEXT position reaches `eos_position`, else uniform over the
 # ordinary tokens (ids 3..V-1). Response token t of a prompt of length L sits at position L + t.
 # --------------------------------------------------------------------------------------------------
+class NullCache:
+    """The mock needs no KV cache; engines that prune finished rows from the cache may call this."""
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        pass
+
+
 class CountdownLM(torch.nn.Module):
     def __init__(self, vocab: int, eos_position: int):
         super().__init__()
@@ -73,7 +80,7 @@ class CountdownLM(torch.nn.Module):
         logits[..., EOS] = torch.where(stop, torch.tensor(0.0), torch.tensor(-1e9))
         if logits_to_keep:
             logits = logits[:, -logits_to_keep:]
-        return SimpleNamespace(logits=logits, past_key_values=None)
+        return SimpleNamespace(logits=logits, past_key_values=NullCache())
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

@@ -20,7 +20,6 @@ import torch
 import yaml
 from rich.console import Console
 
-from conftest import shared_math_dir
 from mathrl.config import load_config
 from mathrl.model.io import load_model_and_tokenizer
 from mathrl.track.sinks import read_metrics
@@ -52,7 +51,15 @@ def assert_all_metrics_finite(rows: list[dict]) -> None:
 # --------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def arith_run(tmp_path_factory):
-    """One 2-step run on the arithmetic task; returns (config, result, base model dir)."""
+    """One 2-step run on the arithmetic task; returns (config, result, base model dir).
+
+    The base model must be good enough that some groups hold both right and wrong answers: with
+    every reward 0, all GRPO advantages are 0, the gradient is exactly 0 and (no weight decay) the
+    parameters rightly do not move. A 20-step base model only emits noise ("no_answer" everywhere),
+    so this one trains 200 steps on single-digit sums (~5 s), which gives ~10-25% reward.
+    Single digits leave only 5 held-out problems, hence data.eval_size=4: asking for more than
+    exist makes ArithmeticTask.heldout_problems loop forever (see the report).
+    """
     from mathrl.model.tiny import base_model_dir
     from mathrl.train.loop import train
 
@@ -61,16 +68,18 @@ def arith_run(tmp_path_factory):
         mp.setenv("MATHRL_CACHE", str(root / "cache"))
         cfg = load_config(None, [
             *TINY_BASE,
+            "base.steps=200",
+            "base.max_digits=1",
+            "data.arith.max_digits=1",
             "train.steps=2",
             "rollout.prompts_per_step=4",
             "rollout.n=4",
             "train.mini_batch_size=8",  # 16 sequences per step -> 2 optimizer steps per RL step
-            "data.eval_size=8",
+            "data.eval_size=4",
             "eval.n=2",
             "eval.every=1",
             "reward.num_workers=1",
             "reward.timeout_s=60",  # a slow worker start on a busy machine must not read as a timeout
-            "train.lr=1e-3",
             f"run_dir={root / 'run'}",
         ])
         result = train(cfg, console=quiet_console())
@@ -90,7 +99,7 @@ def test_run_directory_layout(arith_run):
 
 
 def test_metrics_are_finite_and_named(arith_run):
-    _, result, _ = arith_run
+    cfg, result, _ = arith_run
     rows = read_metrics(result.run_dir / "metrics.jsonl")
     assert_all_metrics_finite(rows)
     keys = set().union(*rows)
@@ -106,12 +115,8 @@ def test_metrics_are_finite_and_named(arith_run):
             assert r["actor/updates"] == 2  # 16 sequences / mini-batch 8, one epoch
             assert 0 <= r["actor/pg_clipfrac"] <= 1
             assert 0 <= r["reward/mean"] <= 1
-            assert 1 <= r["rollout/response_length"] <= cfg_max_new_tokens(arith_run)
-            assert r["actor/entropy"] > 0  # a 20-step base model is far from deterministic
-
-
-def cfg_max_new_tokens(run) -> int:
-    return run[0].rollout.max_new_tokens
+            assert 1 <= r["rollout/response_length"] <= cfg.rollout.max_new_tokens
+            assert r["actor/entropy"] > 0  # a briefly pretrained model is far from deterministic
 
 
 def test_rollouts_jsonl_has_tokens_and_logprobs(arith_run):
@@ -122,7 +127,7 @@ def test_rollouts_jsonl_has_tokens_and_logprobs(arith_run):
         assert len(rec["token_ids"]) == len(rec["tokens"]) == len(rec["logprobs"]) >= 1
         assert all(lp <= 0 for lp in rec["logprobs"])
         assert rec["prompt"].endswith("=")  # the arith template
-        assert rec["reward"] in (0.0, 1.0) or isinstance(rec["reward"], float)
+        assert 0 <= rec["reward"] <= 1
 
 
 def test_evals_and_summary(arith_run):
@@ -139,6 +144,10 @@ def test_evals_and_summary(arith_run):
 def test_final_model_loads_and_differs_from_the_base(arith_run):
     # The run must have trained: at least one parameter tensor moved away from the base model.
     _, result, base_dir = arith_run
+    rows = [r for r in read_metrics(result.run_dir / "metrics.jsonl") if "rollout/all_wrong_groups" in r]
+    mixed = [1 - r["rollout/all_wrong_groups"] - r["rollout/all_correct_groups"] for r in rows]
+    assert max(mixed) > 0, "no group with both right and wrong answers: zero advantages, nothing to learn"
+    assert max(r["actor/grad_norm"] for r in rows) > 0
     final, tokenizer = load_model_and_tokenizer(result.run_dir / "final")
     base, _ = load_model_and_tokenizer(base_dir)
     assert tokenizer.eos_token_id == 1
@@ -152,8 +161,8 @@ def test_final_model_loads_and_differs_from_the_base(arith_run):
 # (b) a user model directory and a jsonl data file
 # --------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def gsm8k_file(tmp_path_factory) -> Path:
-    source = shared_math_dir() / "gsm8k_test.jsonl"
+def gsm8k_file(tmp_path_factory, shared_math) -> Path:
+    source = shared_math / "gsm8k_test.jsonl"
     if not source.is_file():
         pytest.skip(f"shared math data not found at {source} (set MATHRL_SHARED_DATA)")
     # named like the preset so the GSM8K field mapping ("question", answer after "####") applies
@@ -205,8 +214,6 @@ def test_train_on_a_jsonl_file_with_a_user_model(tmp_path, gsm8k_file, random_mo
     assert (result.run_dir / "final" / "model.safetensors").is_file()
 
 
-@pytest.mark.xfail(strict=True, reason="src/mathrl/tasks/sources.py field_map: any non-default field setting "
-                   "disables the file's preset, even one that agrees with it (see report)")
 def test_explicit_question_field_keeps_the_gsm8k_preset(gsm8k_file):
     # Bug story: field_map() uses the preset only when the configured FieldMap equals FieldMap().
     # data.question_field=question is exactly what GSM8K needs, yet it switches the preset off, and
@@ -260,8 +267,6 @@ def test_cli_passes_recipe_overrides_and_run_dir(tmp_path, no_training):
     assert cfg.rollout.n == 4 and cfg.run_dir == str(tmp_path / "r")
 
 
-@pytest.mark.xfail(strict=True, reason="src/mathrl/cli.py: --run-dir is re-parsed as a YAML override, so a "
-                   "numeric or date-like directory name is rejected (see report)")
 def test_cli_run_dir_is_taken_literally(tmp_path, monkeypatch, no_training):
     # Bug story: main() appends f"run_dir={ns.run_dir}" to the overrides, and override values are
     # read as YAML: "--run-dir 2024-05-01" becomes a datetime.date and "--run-dir 42" an int, and

@@ -47,9 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     try:
         recipe, overrides = _split_recipe(ns.args)
-        if getattr(ns, "run_dir", None):
-            overrides.append(f"run_dir={ns.run_dir}")
         cfg = load_config(recipe, overrides)
+        if getattr(ns, "run_dir", None):
+            cfg.run_dir = ns.run_dir  # a path, never re-read as YAML (--run-dir 2024-05-01 stays a string)
     except ConfigError as e:
         console.print(f"[red]config error:[/red] {e}")
         return 2

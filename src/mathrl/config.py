@@ -77,6 +77,7 @@ class DataConfig:
     question_field: str = "problem"  # field mapping for jsonl files (a file named like a known preset uses it)
     answer_field: str | None = "answer"
     answer_from_solution: str | None = None  # take the gold answer from the last \boxed{} of this field
+    answer_after: str | None = None  # the gold answer is the text after this marker in the answer field (GSM8K: "####")
     template: str = "arith"  # prompt template: arith | zero | plain | chat | a string containing {question}
     max_prompt_tokens: int = 512  # longer prompts are dropped (counted), never truncated
     eval_size: int = 200  # problems per eval set (held-out arithmetic problems, or the first N rows)
@@ -277,6 +278,11 @@ class Config:
             errors.append("rollout.top_p must be in (0, 1]")
         if len(self.train.betas) != 2:
             errors.append("train.betas must have two values")
+        if self.model.path == "tiny-arith" and self.data.arith.heldout_permille > 50:
+            errors.append(
+                "data.arith.heldout_permille > 50 would hold out problems the tiny base model was pretrained on "
+                "(its pretraining excludes only the first 50 permille); use a value <= 50"
+            )
         if self.rollout.engine == "vllm":
             errors.append("rollout.engine=vllm is not available in this version; use rollout.engine=torch")
         if errors:
@@ -304,7 +310,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if value in typing.get_args(tp):
             return value
         choices = [str(a) for a in typing.get_args(tp)]
-        close = difflib.get_close_matches(str(value), choices, n=1)
+        lowered = {c.lower(): c for c in choices}
+        close = [lowered[str(value).lower()]] if str(value).lower() in lowered else difflib.get_close_matches(str(value), choices, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ConfigError(f"{where}: {value!r} is not one of {_type_name(tp)}{hint}")
     if origin in (typing.Union, types.UnionType):
@@ -357,12 +364,12 @@ def _all_keys(cls: type, prefix: str = "") -> list[str]:
 def _unknown_key_error(cls: type, key: str, prefix: str) -> ConfigError:
     local = [f.name for f in dataclasses.fields(cls)]
     close = difflib.get_close_matches(key, local, n=1, cutoff=0.5)
+    close = close or [k for k in local if len(k) > 1 and (key.startswith(k) or k.startswith(key))][:1]  # lr_rate -> lr
     if close:
         hint = f"did you mean {prefix + close[0]!r}?"
     else:  # maybe it lives under another section, e.g. `n` given at top level instead of rollout.n
-        matches = [k for k in _all_keys(Config) if k.rsplit(".", 1)[-1] == key]
-        close = matches or difflib.get_close_matches(prefix + key, _all_keys(Config), n=1, cutoff=0.6)
-        hint = f"did you mean {close[0]!r}?" if close else f"valid keys here: {', '.join(local)}"
+        elsewhere = [k for k in _all_keys(Config) if k.rsplit(".", 1)[-1] == key]
+        hint = f"did you mean {elsewhere[0]!r}?" if elsewhere else f"valid keys under {prefix.rstrip('.') or 'the top level'}: {', '.join(local)}"
     return ConfigError(f"unknown config key {prefix + key!r}; {hint}")
 
 

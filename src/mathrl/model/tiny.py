@@ -32,21 +32,42 @@ import torch
 
 from mathrl.tasks.arithmetic import ArithmeticTask
 
-BASE_FORMAT_VERSION = 1  # bump when the build code changes what a given recipe produces
+BASE_FORMAT_VERSION = 2  # bump when the build code changes what a given recipe produces
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 
 
 def build_char_tokenizer():
-    """A character-level tokenizer over printable ASCII (one token per character), built locally."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    """A character-level tokenizer over printable ASCII (one token per character), built locally.
+
+    Tokens are spelled in the byte-level alphabet (space is "Ġ", newline "Ċ") with a byte-level
+    pre-tokenizer and decoder: transformers 5 loads any `model_type: qwen2` directory with the
+    Qwen2 byte-level tokenizer class, which would silently drop whitespace from a vocabulary written
+    in plain characters. A BPE model with no merges then gives exactly one token per character.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
+    to_symbol = _byte_level_symbols()
     chars = list(string.printable[:95]) + ["\n"]  # digits, letters, punctuation, space, newline
-    vocab = {token: i for i, token in enumerate([PAD, EOS, UNK, *chars])}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # every char alone
-    tok.decoder = decoders.Fuse()  # join characters back without separators
+    vocab = {token: i for i, token in enumerate([PAD, EOS, UNK, *(to_symbol[ord(c)] for c in chars)])}
+    tok = Tokenizer(models.BPE(vocab, [], unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=UNK)
+
+
+def _byte_level_symbols() -> dict[int, str]:
+    """GPT-2's byte -> printable-symbol table used by byte-level tokenizers (its location inside
+    transformers moves between versions, so it is spelled out here)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
 
 
 def _default_cache_root() -> Path:

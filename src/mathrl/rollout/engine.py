@@ -137,29 +137,36 @@ class TorchEngine:
             use_cache=True,
             logits_to_keep=1,
         )
-        cache = out.past_key_values
-        next_position = position_ids[:, -1:] + 1  # [N, 1]
-        logits = out.logits[:, -1, :]
+        cache = _output_cache(out)
+        next_position = position_ids[:, -1:] + 1  # [A, 1]
+        logits = out.logits[:, -1, :]  # [A, V]
+        rows = torch.arange(n, device=device)  # [A]: the output row of each still-active cache row
         for t in range(max_new_tokens):
-            scaled = logits.float() / temperature  # [N, V]
-            token = sample_top_p(scaled, top_p, generator)  # [N]
-            token_logprob = torch.log_softmax(scaled, dim=-1).gather(-1, token[:, None]).squeeze(-1)
-            alive = ~finished
-            tokens[:, t] = torch.where(alive, token, self.pad_token_id)
-            logprobs[:, t] = torch.where(alive, token_logprob, 0.0)
-            mask[:, t] = alive.float()
-            finished = finished | (token == self.eos_token_id)
-            if bool(finished.all()) or t == max_new_tokens - 1:
+            scaled = logits.float() / temperature  # [A, V]
+            token = sample_top_p(scaled, top_p, generator)  # [A]
+            tokens[rows, t] = token
+            logprobs[rows, t] = torch.log_softmax(scaled, dim=-1).gather(-1, token[:, None]).squeeze(-1)
+            mask[rows, t] = 1.0
+            done = token == self.eos_token_id
+            finished[rows[done]] = True
+            if bool(done.all()) or t == max_new_tokens - 1:
                 break
-            attention_mask = torch.cat([attention_mask, torch.ones((n, 1), dtype=attention_mask.dtype, device=device)], dim=1)
+            if bool(done.any()):
+                # drop finished rows from the batch and the KV cache: a long tail of unfinished
+                # responses then costs only its own rows, not the whole batch's
+                keep = (~done).nonzero().squeeze(1)
+                cache.batch_select_indices(keep)
+                rows, token = rows[keep], token[keep]
+                attention_mask, next_position = attention_mask[keep], next_position[keep]
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(rows), 1))], dim=1)
             out = self.model(
-                input_ids=tokens[:, t : t + 1],
+                input_ids=token[:, None],
                 attention_mask=attention_mask,
                 position_ids=next_position,
                 use_cache=True,
                 **{self._cache_kwarg: cache},
             )
-            cache = out.past_key_values
+            cache = _output_cache(out)
             next_position = next_position + 1
             logits = out.logits[:, -1, :]
 
@@ -172,6 +179,12 @@ class TorchEngine:
             logprobs=logprobs[:, :width].cpu(),
             truncated=(~finished).cpu(),
         )
+
+
+def _output_cache(out):
+    """The KV cache of a forward's output (`cache` in transformers >= 5.2x, `past_key_values` before)."""
+    cache = out.get("cache") if hasattr(out, "get") else None
+    return cache if cache is not None else out.past_key_values
 
 
 def _concat(chunks: list[RolloutBatch], pad_id: int) -> RolloutBatch:

@@ -52,10 +52,11 @@ class ArithmeticTask:
         return rng.randint(low, 10**digits - 1)
 
     def _draw(self, rng: random.Random, *, heldout: bool) -> tuple[int, int]:
-        while True:
+        for _ in range(1_000_000):
             a, b = self._operand(rng), self._operand(rng)
             if self.is_heldout(a, b) == heldout:
                 return a, b
+        raise ValueError(f"no {'held-out' if heldout else 'training'} problem found in the configured problem space")
 
     def train_problems(self, n: int, *, seed: int) -> list[Problem]:
         """`n` training problems (never held out), reproducible from `seed`."""
@@ -66,10 +67,15 @@ class ArithmeticTask:
         """`n` distinct held-out problems. The default seed keeps the evaluation set fixed across runs."""
         rng = random.Random(f"heldout:{seed}")
         seen: dict[tuple[int, int], Problem] = {}
-        while len(seen) < n:
+        for _ in range(200 * n + 10_000):  # bounded: a small problem space may hold fewer than n
             a, b = self._draw(rng, heldout=True)
             seen.setdefault((a, b), self._problem(a, b))
-        return list(seen.values())
+            if len(seen) == n:
+                return list(seen.values())
+        raise ValueError(
+            f"could not find {n} distinct held-out problems with {self.min_digits}..{self.max_digits}-digit operands "
+            f"and heldout_permille={self.heldout_permille} (found {len(seen)}); lower data.eval_size or widen the task"
+        )
 
     def _problem(self, a: int, b: int) -> Problem:
         return Problem(id=f"{a}+{b}", question=self.question(a, b), answer=str(a + b), meta={"digits": max(len(str(a)), len(str(b)))})

@@ -40,13 +40,24 @@ def arithmetic_task(cfg: Config) -> ArithmeticTask:
 
 
 def field_map(cfg: Config, path: str) -> FieldMap:
-    """The preset for a known file name (e.g. math500.jsonl), else the configured field names."""
-    d = cfg.data
-    custom = FieldMap(question=d.question_field, answer=None if d.answer_from_solution else d.answer_field,
-                      answer_from_solution=d.answer_from_solution)
-    if custom == FieldMap() and Path(path).stem in PRESETS:
-        return PRESETS[Path(path).stem]
-    return custom
+    """The preset of a known file name (e.g. math500.jsonl) or the default mapping, with every field the
+    config sets to a non-default value applied on top."""
+    import dataclasses
+
+    from mathrl.config import DataConfig
+
+    d, default = cfg.data, DataConfig()
+    base = PRESETS.get(Path(path).stem, FieldMap())
+    changes = {}
+    if d.question_field != default.question_field:
+        changes["question"] = d.question_field
+    if d.answer_from_solution is not None:
+        changes.update(answer=None, answer_from_solution=d.answer_from_solution)
+    elif d.answer_field != default.answer_field:
+        changes.update(answer=d.answer_field, answer_from_solution=None)
+    if d.answer_after is not None:
+        changes["answer_after"] = d.answer_after
+    return dataclasses.replace(base, **changes)
 
 
 class PromptEncoder:

@@ -52,24 +52,29 @@ class TrainBatch:
         return TrainBatch(**out)
 
 
-def micro_batch_slices(lengths: list[int], token_budget: int) -> list[list[int]]:
-    """Group consecutive rows so that rows x longest row <= token_budget (at least one row per group)."""
+def micro_batch_slices(lengths: list[tuple[int, int]], token_budget: int) -> list[list[int]]:
+    """Group consecutive rows so that a trimmed micro-batch (rows x (longest prompt + longest response))
+    holds at most token_budget tokens; a row over budget on its own still gets a group.
+
+    lengths: (prompt length, response length) of each row.
+    """
     groups: list[list[int]] = []
     current: list[int] = []
-    longest = 0
-    for i, length in enumerate(lengths):
-        if current and (len(current) + 1) * max(longest, length) > token_budget:
+    longest_p = longest_r = 0
+    for i, (p, r) in enumerate(lengths):
+        width = max(longest_p, p) + max(longest_r, r)
+        if current and (len(current) + 1) * width > token_budget:
             groups.append(current)
-            current, longest = [], 0
+            current, longest_p, longest_r = [], 0, 0
         current.append(i)
-        longest = max(longest, length)
+        longest_p, longest_r = max(longest_p, p), max(longest_r, r)
     if current:
         groups.append(current)
     return groups
 
 
-def row_lengths(batch: TrainBatch) -> list[int]:
-    return (batch.prompt_mask.sum(-1) + batch.response_mask.sum(-1)).long().tolist()
+def row_lengths(batch: TrainBatch) -> list[tuple[int, int]]:
+    return list(zip(batch.prompt_mask.sum(-1).long().tolist(), batch.response_mask.sum(-1).long().tolist()))
 
 
 def micro_batches(batch: TrainBatch, token_budget: int) -> list[TrainBatch]:
