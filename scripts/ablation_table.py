@@ -1,0 +1,49 @@
+"""Summarise several runs side by side as a Markdown table (used for docs/ablations.md).
+
+    python scripts/ablation_table.py runs/clip_sym runs/clip_higher ...
+
+For each run: held-out pass@1 at the first and last evaluation, and the mean over the last
+`--last` training steps of the switch-family metrics (entropy, clip fractions, entropy coefficient
+and clip fraction, KL), each shown only when the run logged it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from mathrl.track.sinks import read_metrics
+
+COLUMNS = [
+    "actor/entropy", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/entropy_coef",
+    "actor/entropy_clipfrac", "actor/ref_kl", "actor/kl_loss", "rollout/response_length", "reward/mean",
+]
+
+
+def summarise(run_dir: Path, last: int) -> dict[str, float | str]:
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    evals = [r for r in rows if any(k.endswith("/pass@1") for k in r)]
+    train = [r for r in rows if "reward/mean" in r][-last:]
+    key = next(k for k in evals[0] if k.endswith("/pass@1"))
+    out: dict[str, float | str] = {"run": run_dir.name, "pass@1 base": evals[0][key], "pass@1 final": evals[-1][key]}
+    for col in COLUMNS:
+        values = [r[col] for r in train if isinstance(r.get(col), (int, float))]
+        out[col] = sum(values) / len(values) if values else "–"
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("--last", type=int, default=10, help="average the training metrics over the last N steps")
+    args = parser.parse_args()
+    table = [summarise(r, args.last) for r in args.runs]
+    header = list(table[0])
+    print("| " + " | ".join(header) + " |")
+    print("|" + " --- |" * len(header))
+    for row in table:
+        print("| " + " | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in (row[h] for h in header)) + " |")
+
+
+if __name__ == "__main__":
+    main()
