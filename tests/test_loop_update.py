@@ -74,3 +74,21 @@ def test_update_does_not_depend_on_micro_batch_split(agg):
     # the test batch really exercises the switches it is meant to
     assert 0 < m_whole["actor/entropy_clipfrac"] < 1
     assert m_whole["actor/pg_clipfrac"] > 0
+
+
+def test_non_finite_gradient_skips_the_optimizer_step():
+    # A NaN advantage (e.g. from a broken reward) makes the loss and gradient NaN: the optimizer step
+    # must be skipped, leaving every weight as it was, and counted in perf/skipped_updates.
+    cfg = load_config(None, ["rollout.prompts_per_step=2", "rollout.n=4", "train.mini_batch_size=8",
+                             "rollout.max_new_tokens=6"])
+    model = tiny_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    batch = random_batch()
+    batch.advantages = batch.advantages.clone()
+    batch.advantages[0, 0] = float("nan")
+    before = [p.detach().clone() for p in model.parameters()]
+    metrics = update_policy(model, optimizer, scheduler, batch, cfg, step=1, coefs={"entropy": 0.0, "kl": 0.0}, ptx=None)
+    assert metrics["perf/skipped_updates"] == 1.0 and metrics["actor/updates"] == 0.0
+    assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
+    assert scheduler.last_epoch == 0  # the schedule does not advance on a skipped step

@@ -39,7 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p_train = sub.add_parser("train", help="run an RL experiment (no arguments: the built-in arithmetic demo)")
     p_train.add_argument("args", nargs="*", help="an optional recipe .yaml, then key.path=value overrides")
-    p_train.add_argument("--run-dir", help="where to write the run (default: runs/<timestamp>)")
+    p_train.add_argument("--run-dir", help="where to write the run (default: runs/<timestamp>); an existing run there is resumed")
+    p_train.add_argument("--no-resume", action="store_true",
+                         help="start over even if --run-dir holds a run (the old run is moved aside, never deleted)")
     p_base = sub.add_parser("base", help="build (or find in the cache) the tiny base model")
     p_base.add_argument("args", nargs="*", help="base.key=value overrides")
     ns = parser.parse_args(argv)
@@ -61,11 +63,14 @@ def main(argv: list[str] | None = None) -> int:
         cfg.model.path = "tiny-arith"
         console.print(resolve_model_path(cfg, console))
         return 0
-    from mathrl.train.loop import train
+    from mathrl.train.loop import NonFiniteError, RunComplete, train
 
     try:
-        train(cfg, console=console)
-    except (FileExistsError, ValueError) as e:
+        train(cfg, console=console, resume=not ns.no_resume)
+    except RunComplete as e:
+        console.print(str(e))
+        return 0
+    except (FileExistsError, ValueError, NonFiniteError) as e:
         console.print(f"[red]error:[/red] {e}")
         return 1
     return 0

@@ -173,7 +173,10 @@ class TrainConfig:
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
     max_grad_norm: float = 1.0
-    save_every: int = 0  # checkpoint every N steps (0 = only the final model)
+    save_every: int = 10  # write a resumable checkpoint every N steps (0 = only the final model)
+    keep_last: int = 2  # complete checkpoints kept (older ones are deleted once a newer one is complete)
+    keep_every: int = 0  # also keep every checkpoint whose step is a multiple of this (0 = none)
+    max_skipped_steps: int = 5  # stop after this many consecutive steps with a non-finite loss or gradient
 
 
 @dataclass

@@ -119,6 +119,14 @@ class ProblemStream:
             out.append(self.pool[self._order.pop()])
         return out
 
+    def state_dict(self) -> dict:
+        """Position in the stream (checkpointed so a resumed run sees the same problems)."""
+        return {"draws": self.draws, "epoch": self._epoch, "order": list(self._order), "dropped": self.encoder.dropped}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.draws, self._epoch, self._order = state["draws"], state["epoch"], list(state["order"])
+        self.encoder.dropped = state["dropped"]
+
     def next_batch(self, count: int) -> tuple[list[Problem], list[list[int]], list[str]]:
         """`count` problems with their prompt ids and texts (over-long prompts replaced by further draws)."""
         problems, ids, texts = [], [], []
@@ -181,6 +189,14 @@ class PretrainText:
             self.task = ArithmeticTask(min_digits=cfg.base.min_digits, max_digits=cfg.base.max_digits)
         else:
             self.docs = _read_texts(Path(source))
+
+    def state_dict(self) -> dict:
+        version, internal, gauss = self.rng.getstate()
+        return {"rng": [version, list(internal), gauss]}
+
+    def load_state_dict(self, state: dict) -> None:
+        version, internal, gauss = state["rng"]
+        self.rng.setstate((version, tuple(internal), gauss))
 
     def _doc(self) -> str:
         if self.task is not None:

@@ -31,13 +31,13 @@ class BuildProgress:
 class StepProgress:
     """One bar for the RL steps; its text shows the latest reward, held-out pass@1, entropy and length."""
 
-    def __init__(self, console: Console, total: int):
+    def __init__(self, console: Console, total: int, completed: int = 0):
         self.console = console
         self._progress = Progress(
             TextColumn("[bold]RL"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
             TimeElapsedColumn(), TimeRemainingColumn(), console=console,
         )
-        self._task = self._progress.add_task("rl", total=total, info="")
+        self._task = self._progress.add_task("rl", total=total, completed=completed, info="")
 
     def __enter__(self):
         self._progress.__enter__()

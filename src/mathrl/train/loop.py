@@ -16,6 +16,7 @@ One call of `train(cfg)` runs a whole experiment and writes its run directory:
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ from mathrl.tasks.sources import (
 from mathrl.track.console import StepProgress, summary_table
 from mathrl.track.sinks import Tracker
 from mathrl.train.batching import TrainBatch, micro_batch_slices, micro_batches, row_lengths
+from mathrl.train.checkpoint import latest_checkpoint, save_checkpoint, set_rng_state, truncate_jsonl
 
 
 @dataclass
@@ -62,15 +64,42 @@ class TrainResult:
     wall_seconds: float
 
 
-def prepare_run_dir(cfg: Config) -> Path:
+def prepare_run_dir(cfg: Config, *, resume: bool, console: Console) -> tuple[Path, Path | None]:
+    """(run_dir, checkpoint to resume from or None). Never overwrites a run silently.
+
+    An existing run is resumed from its last complete checkpoint; with resume=False (`--no-resume`)
+    its files are moved aside to `<run_dir>.replaced-<timestamp>` and a new run starts.
+    """
     run_dir = Path(cfg.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
-    if (run_dir / "metrics.jsonl").exists():
-        raise FileExistsError(
-            f"run directory {run_dir} already holds a run (metrics.jsonl); choose another --run-dir"
-        )
+    has_run = (run_dir / "metrics.jsonl").exists()
+    if has_run and not resume:
+        aside = run_dir.with_name(f"{run_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+        run_dir.rename(aside)
+        console.print(f"--no-resume: the previous run was moved to {aside}")
+        has_run = False
+    checkpoint = None
+    if has_run:
+        if (run_dir / "summary.json").exists() and (run_dir / "final").exists():
+            raise RunComplete(f"run directory {run_dir} holds a finished run; use --no-resume to start over "
+                              "(the old run is kept aside) or choose another --run-dir")
+        checkpoint = latest_checkpoint(run_dir / "checkpoints")
+        if checkpoint is None:
+            raise FileExistsError(
+                f"run directory {run_dir} already holds a run, with no complete checkpoint to resume from; "
+                "use --no-resume to start over (the old run is kept aside) or choose another --run-dir"
+            )
+        old = (run_dir / "config.yaml").read_text() if (run_dir / "config.yaml").exists() else ""
+        if old and old != dump_yaml(cfg):
+            console.print(f"[yellow]warning:[/yellow] the config differs from the one {run_dir} was started with; "
+                          "resuming with the new one (the old one is kept as config.previous.yaml)")
+            (run_dir / "config.previous.yaml").write_text(old)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_yaml(cfg))
-    return run_dir
+    return run_dir, checkpoint
+
+
+class RunComplete(Exception):
+    """The run directory already holds a finished run."""
 
 
 def seed_everything(seed: int) -> None:
@@ -147,6 +176,7 @@ def update_policy(
     sums = {k: 0.0 for k in ("entropy", "clipped", "dual_clipped", "ppo_kl", "tokens", "ent_masked", "kl")}
     per_step = {k: [] for k in ("pg_loss", "entropy_loss", "kl_loss", "pos_lm_loss", "ptx_loss", "grad_norm")}
     order_gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+    skipped = 0
     for _epoch in range(cfg.train.epochs):
         order = torch.randperm(len(batch), generator=order_gen)
         for start in range(0, len(batch), cfg.train.mini_batch_size):
@@ -206,8 +236,11 @@ def update_policy(
                 per_step["ptx_loss"].append(ptx_loss.item())
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
             lr_used = optimizer.param_groups[0]["lr"]
-            optimizer.step()
-            scheduler.step()
+            if torch.isfinite(grad_norm) and all(math.isfinite(v) for v in totals.values()):
+                optimizer.step()
+                scheduler.step()
+            else:  # a non-finite loss or gradient: skip this optimizer step rather than corrupt the weights
+                skipped += 1
             optimizer.zero_grad(set_to_none=True)
             for k, v in totals.items():
                 per_step[k].append(v)
@@ -222,7 +255,8 @@ def update_policy(
         "actor/ppo_kl": sums["ppo_kl"] / tokens,
         "actor/grad_norm": mean(per_step["grad_norm"]),
         "actor/lr": lr_used,  # of the step's last update
-        "actor/updates": float(len(per_step["grad_norm"])),
+        "actor/updates": float(len(per_step["grad_norm"]) - skipped),
+        "perf/skipped_updates": float(skipped),
     }
     if algo.entropy.mode != "none":
         metrics["actor/entropy_loss"] = mean(per_step["entropy_loss"])
@@ -236,11 +270,27 @@ def update_policy(
     return metrics
 
 
-def save_checkpoint(out: Path, model, tokenizer, *, step: int, controllers: dict[str, CoefController]) -> None:
-    """A Hugging Face model directory plus trainer_state.json (step, coefficient controllers' state)."""
-    save_model(model, tokenizer, out)
-    state = {"step": step, "controllers": {k: c.state_dict() for k, c in controllers.items()}}
-    (out / "trainer_state.json").write_text(json.dumps(state, indent=2))
+class NonFiniteError(RuntimeError):
+    """Too many consecutive steps with a non-finite loss or gradient."""
+
+
+def _evals_from_log(run_dir: Path) -> tuple[dict[str, EvalResult], dict[str, EvalResult], dict[str, float]]:
+    """Base and latest evaluations of a resumed run, read back from evals.jsonl."""
+    rows = [json.loads(line) for line in (run_dir / "evals.jsonl").read_text().splitlines() if line.strip()]
+    fields = set(EvalResult.__dataclass_fields__) - {"samples"}
+
+    def result(row: dict) -> EvalResult:
+        r = EvalResult(**{k: v for k, v in row.items() if k in fields})
+        r.pass_at_k = {int(k): v for k, v in r.pass_at_k.items()}  # JSON object keys are strings
+        return r
+
+    base = {r["set"]: result(r) for r in rows if r["step"] == 0}
+    last_step = max(r["step"] for r in rows)
+    latest = {r["set"]: result(r) for r in rows if r["step"] == last_step}
+    metrics = {}
+    for name, r in latest.items():
+        metrics.update(r.metrics(f"eval/{name}"))
+    return base, latest, metrics
 
 
 def rollout_records(step, problems, prompts_text, texts, results, rollout: RolloutBatch, tokenizer, n: int, limit: int):
@@ -289,17 +339,17 @@ def _log_evals(step: int, results: dict[str, EvalResult], tracker: Tracker, run_
     return metrics
 
 
-def train(cfg: Config, *, console: Console | None = None) -> TrainResult:
+def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -> TrainResult:
     console = console or Console()
     t_start = time.time()
-    run_dir = prepare_run_dir(cfg)
+    run_dir, checkpoint = prepare_run_dir(cfg, resume=resume, console=console)
     console.print(f"[bold]run directory[/bold] {run_dir}")
     seed_everything(cfg.seed)
 
     # ---- model, data, engine, verifier -----------------------------------------------------------
     model_path = resolve_model_path(cfg, console)
     console.print(f"loading model from {model_path}")
-    model, tokenizer = load_model_and_tokenizer(model_path, dtype=cfg.model.dtype)
+    model, tokenizer = load_model_and_tokenizer(checkpoint or model_path, dtype=cfg.model.dtype)
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.train()
@@ -311,7 +361,6 @@ def train(cfg: Config, *, console: Console | None = None) -> TrainResult:
                                   weight_decay=cfg.train.weight_decay)
     warmup = max(1, cfg.train.warmup_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
-    tracker = Tracker(run_dir, tensorboard=cfg.log.tensorboard)
     controllers = build_controllers(cfg)
     ptx = PretrainText(cfg, tokenizer) if cfg.algo.ptx.coef > 0 else None
     ref_model = None
@@ -320,17 +369,48 @@ def train(cfg: Config, *, console: Console | None = None) -> TrainResult:
         ref_model, _ = load_model_and_tokenizer(model_path, dtype=cfg.model.dtype)
         ref_model.eval().requires_grad_(False)
     n = cfg.rollout.n
+    start_step, skipped_in_a_row, skipped_total = 1, 0, 0
+    if checkpoint is not None:
+        # ---- resume: everything the next step depends on comes back from the checkpoint ---------
+        done = int(json.loads((checkpoint / "trainer_state.json").read_text())["step"])
+        tensors = torch.load(checkpoint / "trainer_state.pt", weights_only=True)
+        state = json.loads((checkpoint / "trainer_state.json").read_text())
+        optimizer.load_state_dict(tensors["optimizer"])
+        scheduler.load_state_dict(tensors["scheduler"])
+        set_rng_state(tensors["rng"])
+        for name, ctl in controllers.items():
+            ctl.load_state_dict(state["controllers"][name])
+        train_stream.load_state_dict(state["data"])
+        if ptx is not None:
+            ptx.load_state_dict(state["ptx"])
+        skipped_total = int(state.get("skipped_steps", 0))
+        for name in ("metrics.jsonl", "rollouts.jsonl", "evals.jsonl"):
+            truncate_jsonl(run_dir / name, done)  # rows a killed run wrote after this checkpoint
+        start_step = done + 1
+        console.print(f"[bold]resuming[/bold] from {checkpoint} (step {done} of {cfg.train.steps})")
+    tracker = Tracker(run_dir, tensorboard=cfg.log.tensorboard)
+
+    def trainer_state() -> dict:
+        return {
+            "controllers": {k: c.state_dict() for k, c in controllers.items()},
+            "data": train_stream.state_dict(),
+            "ptx": ptx.state_dict() if ptx is not None else None,
+            "skipped_steps": skipped_total,
+        }
 
     with Verifier(num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s) as verifier:
         # ---- evaluate the starting point ---------------------------------------------------------
-        console.print(f"evaluating the base model on {', '.join(f'{e.name} ({len(e.problems)} problems)' for e in eval_sets)}, "
-                      f"{cfg.eval.n} samples each")
-        base_results = run_evals(eval_sets, engine=engine, tokenizer=tokenizer, verifier=verifier, cfg=cfg)
-        last_eval = _log_evals(0, base_results, tracker, run_dir)
-        latest = base_results
+        if checkpoint is None:
+            console.print(f"evaluating the base model on {', '.join(f'{e.name} ({len(e.problems)} problems)' for e in eval_sets)}, "
+                          f"{cfg.eval.n} samples each")
+            base_results = run_evals(eval_sets, engine=engine, tokenizer=tokenizer, verifier=verifier, cfg=cfg)
+            last_eval = _log_evals(0, base_results, tracker, run_dir)
+            latest = base_results
+        else:
+            base_results, latest, last_eval = _evals_from_log(run_dir)
 
-        with StepProgress(console, total=cfg.train.steps) as progress:
-            for step in range(1, cfg.train.steps + 1):
+        with StepProgress(console, total=cfg.train.steps, completed=start_step - 1) as progress:
+            for step in range(start_step, cfg.train.steps + 1):
                 t0 = time.time()
                 # ---- 1. problems ------------------------------------------------------------------
                 problems, prompt_ids, prompts_text = train_stream.next_batch(cfg.rollout.prompts_per_step)
@@ -376,6 +456,14 @@ def train(cfg: Config, *, console: Console | None = None) -> TrainResult:
                 batch.advantages = expand_to_tokens(compute_advantages(cfg, shaped, group_ids), batch.loss_mask)
                 # ---- 6. updates: mini-batches x epochs ---------------------------------------------
                 metrics.update(update_policy(model, optimizer, scheduler, batch, cfg, step=step, coefs=coefs, ptx=ptx))
+                if metrics["perf/skipped_updates"] > 0:
+                    skipped_total += int(metrics["perf/skipped_updates"])
+                    skipped_in_a_row += 1
+                    console.print(f"[yellow]warning:[/yellow] step {step}: {int(metrics['perf/skipped_updates'])} optimizer "
+                                  "step(s) skipped: non-finite loss or gradient")
+                else:
+                    skipped_in_a_row = 0
+                metrics["perf/skipped_steps"] = float(skipped_total)
                 metrics["actor/entropy_coef"] = coefs["entropy"]
                 metrics["actor/rollout_entropy"] = mean_entropy
                 if cfg.algo.kl.use != "none":
@@ -413,12 +501,21 @@ def train(cfg: Config, *, console: Console | None = None) -> TrainResult:
                     progress.note(f"step {step}: evaluating")
                     latest = run_evals(eval_sets, engine=engine, tokenizer=tokenizer, verifier=verifier, cfg=cfg)
                     last_eval = _log_evals(step, latest, tracker, run_dir)
-                if cfg.train.save_every and step % cfg.train.save_every == 0 and step != cfg.train.steps:
-                    save_checkpoint(run_dir / "checkpoints" / f"step_{step:06d}", model, tokenizer, step=step, controllers=controllers)
+                # no checkpoint while updates are being skipped: the last one stays the last good one
+                if cfg.train.save_every and step % cfg.train.save_every == 0 and step != cfg.train.steps and not skipped_in_a_row:
+                    save_checkpoint(run_dir / "checkpoints", step, model=model, tokenizer=tokenizer, optimizer=optimizer,
+                                    scheduler=scheduler, state=trainer_state(), keep_last=cfg.train.keep_last,
+                                    keep_every=cfg.train.keep_every)
+                if skipped_in_a_row >= cfg.train.max_skipped_steps:
+                    last = latest_checkpoint(run_dir / "checkpoints")
+                    where = f"the last good checkpoint is {last}" if last else "no checkpoint had been written yet"
+                    raise NonFiniteError(f"{skipped_in_a_row} consecutive steps had a non-finite loss or gradient; "
+                                         f"stopping ({where})")
                 progress.advance(metrics, last_eval)
 
     console.print("saving the final model")
-    save_checkpoint(run_dir / "final", model, tokenizer, step=cfg.train.steps, controllers=controllers)
+    save_model(model, tokenizer, run_dir / "final")
+    (run_dir / "final" / "trainer_state.json").write_text(json.dumps({"step": cfg.train.steps, **trainer_state()}, indent=2))
     tracker.close()
     wall = time.time() - t_start
     summary = {

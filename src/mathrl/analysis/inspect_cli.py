@@ -1,0 +1,321 @@
+"""`mathrl inspect`: token-level views of what RL changed in one response (guide: docs/inspect.md).
+
+    mathrl inspect --base BASE_DIR --model runs/X/final --run runs/X --step 50 --index 0 --out inspect.html
+    mathrl inspect --base BASE_DIR --model runs/X/final --prompt "25+213=" --response "5+3+0=08,..."
+    mathrl inspect --run runs/X --step 50 --checkpoints runs/X/checkpoints/step_* --position 12
+
+Loads the base and RL models (and any `--checkpoints`, one at a time), scores the response with each,
+prints the summary tables and writes one self-contained HTML page. `cli.py` registers the subcommand
+with `add_arguments(parser)` and calls `run(ns, console)`; the computation is in `analysis/tokens.py`
+and the page in `analysis/token_html.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from mathrl.analysis.token_html import visible, write_html
+from mathrl.analysis.tokens import (
+    EXPLORATION_NS,
+    EXPLORATION_PS,
+    TOKEN_CLASSES,
+    InspectReport,
+    TokenizerMismatchError,
+    check_same_tokenizer,
+    compare,
+    context_text,
+    exploration_table,
+    probe_checkpoint,
+    token_probs,
+)
+from mathrl.model.io import ModelLoadError, load_model_and_tokenizer
+
+
+class InspectError(ValueError):
+    """A problem with the inspect command's inputs, worded for the user."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `mathrl inspect` options (the parser is the subcommand's)."""
+    src = parser.add_argument_group("the response: --prompt and --response, or a rollouts.jsonl record")
+    src.add_argument("--prompt", help="prompt text (tokenized with the tokenizer's special tokens, as in training)")
+    src.add_argument("--response", help="response text (tokenized without special tokens)")
+    src.add_argument("--rollouts", metavar="FILE", help="a rollouts.jsonl file; the record is picked by --index (and --step)")
+    src.add_argument("--run", metavar="DIR", help="a run directory: reads DIR/rollouts.jsonl, and defaults --model to "
+                     "DIR/final and --base to the run's starting model (config.yaml model.path)")
+    src.add_argument("--step", type=int, help="only records of this RL step count for --index")
+    src.add_argument("--index", type=int, default=0, help="which record (0-based; within --step if given) [0]")
+    src.add_argument("--chat-prompt", action="store_true", help="the prompt is a rendered chat template that already "
+                     "holds its special tokens (automatic for runs with data.template: chat)")
+
+    mod = parser.add_argument_group("models (Hugging Face directories with the same tokenizer)")
+    mod.add_argument("--base", metavar="PATH", help="the model before RL")
+    mod.add_argument("--model", metavar="PATH", help="the model after RL")
+    mod.add_argument("--checkpoints", metavar="PATH", nargs="+", default=[],
+                     help="more checkpoints for the entropy probe, shown between base and model in the given order")
+    mod.add_argument("--device", default=None, help="torch device [cuda if available, else cpu]")
+    mod.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="[float32]")
+
+    view = parser.add_argument_group("views")
+    view.add_argument("--out", default="inspect.html", help="the HTML file to write [inspect.html]")
+    view.add_argument("--threshold", type=float, default=0.1, help="a token 'moved' when |p_rl - p_base| exceeds this [0.1]")
+    view.add_argument("--confident", type=float, default=0.9,
+                      help="over-confident: p_base >= this, p_rl > p_base and p_rl >= --saturated [0.9]")
+    view.add_argument("--saturated", type=float, default=0.99, help="see --confident [0.99]")
+    view.add_argument("--top-k", type=int, default=10, help="how many most-moved tokens to list [10]")
+    view.add_argument("--entropy-k", type=int, default=5, help="highest-entropy positions per checkpoint [5]")
+    view.add_argument("--position", type=int, default=None,
+                      help="response token index for the next-token distribution [the most-moved token]")
+    view.add_argument("--dist-k", type=int, default=5, help="tokens shown of that distribution [5]")
+
+
+# ---------------------------------------------------------------------------- inputs
+
+
+def read_rollout(path: str | Path, *, index: int, step: int | None = None) -> dict:
+    """The `index`-th record of a rollouts.jsonl file (counting only records of `step` if given)."""
+    path = Path(path)
+    if not path.is_file():
+        raise InspectError(f"{path} does not exist; give a rollouts.jsonl file (or --run with a run directory)")
+    if index < 0:
+        raise InspectError(f"--index must be >= 0, got {index}")
+    seen, steps = 0, set()
+    with path.open() as f:
+        for line in f:
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            steps.add(rec.get("step"))
+            if step is not None and rec.get("step") != step:
+                continue
+            if seen == index:
+                return rec
+            seen += 1
+    where = f"step {step} of {path}" if step is not None else str(path)
+    if seen == 0:
+        known = sorted(s for s in steps if s is not None)
+        span = f"; steps present: {known[0]} .. {known[-1]}" if known else ""
+        raise InspectError(f"no records for {where}{span}")
+    raise InspectError(f"--index {index} is out of range: {where} holds {seen} records (0 .. {seen - 1})")
+
+
+def _run_config(run_dir: Path | None):
+    """The run's resolved config (config.yaml), or None."""
+    if run_dir is None or not (run_dir / "config.yaml").is_file():
+        return None
+    from mathrl.config import load_config
+
+    return load_config(run_dir / "config.yaml")
+
+
+def _response_source(ns) -> tuple[str, str, str | list[int], str, Path | None]:
+    """(source label, prompt, response (text or ids), response text, run directory or None)."""
+    from_text = ns.prompt is not None or ns.response is not None
+    from_file = ns.rollouts is not None or ns.run is not None
+    if from_text and from_file:
+        raise InspectError("give either --prompt/--response or --rollouts/--run, not both")
+    if from_text:
+        if ns.prompt is None or ns.response is None:
+            raise InspectError("--prompt and --response go together")
+        return "--prompt/--response", ns.prompt, ns.response, ns.response, None
+    if not from_file:
+        raise InspectError("no response to inspect: give --prompt and --response, or --run DIR (or --rollouts FILE) "
+                           "with --step and --index")
+    path = Path(ns.rollouts) if ns.rollouts else Path(ns.run) / "rollouts.jsonl"
+    rec = read_rollout(path, index=ns.index, step=ns.step)
+    for key in ("prompt", "token_ids"):
+        if key not in rec:
+            raise InspectError(f"the record in {path} has no {key!r} field; is it a mathrl rollouts.jsonl?")
+    label = (f"{path} step {rec.get('step')} #{ns.index} (problem {rec.get('problem_id')}, "
+             f"reward {rec.get('reward')}, {rec.get('reason')})")
+    run_dir = Path(ns.run) if ns.run else path.parent
+    # the recorded token ids are exactly what was sampled (EOS included); re-encoding the text might not be
+    return label, rec["prompt"], [int(i) for i in rec["token_ids"]], rec.get("response", ""), run_dir
+
+
+# ---------------------------------------------------------------------------- the command
+
+
+def run(ns: argparse.Namespace, console: Console) -> int:
+    """Run `mathrl inspect`; 0 on success, 1 on an input or model error (printed in red)."""
+    try:
+        report = build_report(ns, console)
+    except (InspectError, TokenizerMismatchError, ModelLoadError, ValueError, FileNotFoundError) as e:
+        console.print(f"[red]error:[/red] {e}")
+        return 1
+    print_report(report, console)
+    out = write_html(report, ns.out)
+    console.print(f"[bold]wrote[/bold] {out}")
+    return 0
+
+
+def build_report(ns: argparse.Namespace, console: Console) -> InspectReport:
+    for name in ("top_k", "entropy_k", "dist_k"):
+        if getattr(ns, name) < 1:
+            raise InspectError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(ns, name)}")
+    if not 0 < ns.confident <= ns.saturated <= 1:
+        raise InspectError(f"need 0 < --confident <= --saturated <= 1, got {ns.confident} and {ns.saturated}")
+    source, prompt, response, response_text, run_dir = _response_source(ns)
+    cfg = _run_config(run_dir)
+    add_special = not (ns.chat_prompt or (cfg is not None and cfg.data.template == "chat"))
+
+    model_path = ns.model or (str(Path(ns.run) / "final") if ns.run else None)
+    if model_path is None:
+        raise InspectError("--model is required (or --run DIR, whose final/ model is used)")
+    base_path = ns.base
+    if base_path is None:
+        if cfg is None:
+            raise InspectError("--base is required (or --run DIR with a config.yaml naming the starting model)")
+        from mathrl.tasks.sources import resolve_model_path
+
+        base_path = resolve_model_path(cfg, console)
+    device = ns.device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+    def load(path: str):
+        model, tok = load_model_and_tokenizer(path, dtype=ns.dtype, device=device)
+        return model.eval(), tok
+
+    texts = [prompt] + ([response_text] if response_text else [])
+    console.print(f"loading base {base_path} and model {model_path}")
+    base_model, tokenizer = load(base_path)
+    rl_model, rl_tok = load(model_path)
+    check_same_tokenizer(tokenizer, rl_tok, texts, names=("base", "model"))
+
+    base_scores = token_probs(base_model, tokenizer, prompt, response, add_special_tokens=add_special)
+    rl_scores = token_probs(rl_model, tokenizer, prompt, response, add_special_tokens=add_special)
+    comparison = compare(base_scores, rl_scores, threshold=ns.threshold, confident=ns.confident,
+                         saturated=ns.saturated, top_k=ns.top_k)
+    position = ns.position if ns.position is not None else comparison.top_moved[0]
+    if not 0 <= position < len(comparison):
+        raise InspectError(f"--position {position} is outside the response (0 .. {len(comparison) - 1})")
+
+    def probe(model, name: str, path: str, scores=None):
+        return probe_checkpoint(model, tokenizer, prompt, base_scores.token_ids, name=name, path=str(path),
+                                entropy_k=ns.entropy_k, position=position, dist_k=ns.dist_k, scores=scores,
+                                add_special_tokens=add_special)
+
+    probes = [probe(base_model, "base", base_path, base_scores)]
+    del base_model
+    skip = {_resolved(base_path), _resolved(model_path)}
+    for path, name in zip(ns.checkpoints, _checkpoint_names(ns.checkpoints)):
+        if _resolved(path) in skip:
+            continue
+        skip.add(_resolved(path))
+        console.print(f"probing checkpoint {path}")
+        model, tok = load(path)
+        check_same_tokenizer(tokenizer, tok, texts, names=("base", name))
+        probes.append(probe(model, name, path))
+        del model
+    probes.append(probe(rl_model, "rl", model_path, rl_scores))
+
+    notes = []
+    if not add_special:
+        notes.append("prompt tokenized without special tokens (a rendered chat template)")
+    return InspectReport(
+        source=source, prompt=prompt, base_path=str(base_path), model_path=str(model_path), comparison=comparison,
+        exploration=exploration_table(EXPLORATION_PS, EXPLORATION_NS, comparison=comparison), probes=probes,
+        position=position, notes=notes,
+    )
+
+
+def _resolved(path: str | Path) -> str:
+    return str(Path(path).expanduser().resolve())
+
+
+def _checkpoint_names(paths: Sequence[str]) -> list[str]:
+    """Directory names (step_000010), or parent/name where two names would clash (runA/final, runB/final)."""
+    names = [Path(p).name for p in paths]
+    return [f"{Path(p).parent.name}/{n}" if names.count(n) > 1 or n in ("base", "rl") else n
+            for p, n in zip(paths, names)]
+
+
+# ---------------------------------------------------------------------------- console
+
+
+def _fmt_pct(x: float) -> str:
+    return "–" if x != x else f"{100 * x:.1f}%"
+
+
+def print_report(report: InspectReport, console: Console) -> None:
+    """The summary tables (the token maps themselves are in the HTML page)."""
+    c = report.comparison
+    console.print(f"[bold]response[/bold] {report.source}: {len(c)} tokens; "
+                  f"Σ Δlogp = {float(c.delta_logp.sum()):+.3f} nats; mean entropy base "
+                  f"{float(c.entropy_base.mean()):.3f} → rl {float(c.entropy_rl.mean()):.3f}")
+
+    t = Table(title=f"tokens moved by more than {c.threshold:g} in probability (RL − base)")
+    for col in ("class", "tokens", "moved", "share", "up", "down", "over-confident"):
+        t.add_column(col, justify="left" if col == "class" else "right")
+    for name in (*TOKEN_CLASSES, "all"):
+        s = c.summary[name]
+        t.add_row(name, str(s.n_tokens), str(s.n_moved), _fmt_pct(s.share_moved), str(s.n_up), str(s.n_down),
+                  str(s.n_overconfident))
+    console.print(t)
+
+    t = Table(title=f"top {len(c.top_moved)} moved tokens")
+    for col in ("pos", "context \\[token]", "class", "p_base", "p_rl", "Δp", "Δlogp"):
+        t.add_column(col, justify="left" if col in ("context \\[token]", "class") else "right")
+    for i in c.top_moved:
+        t.add_row(str(i), _in_context(context_text(report.prompt, c.tokens, i), c.tokens[i]), c.classes[i], f"{float(c.p_base[i]):.4f}", f"{float(c.p_rl[i]):.4f}", f"{float(c.delta_p[i]):+.4f}",
+                  f"{float(c.delta_logp[i]):+.3f}")
+    console.print(t)
+    console.print(f"over-confident tokens (p_base ≥ {c.confident:g}, p_rl > p_base, p_rl ≥ {c.saturated:g}): "
+                  f"{int(c.overconfident.sum())} of {len(c)}")
+
+    ns = list(report.exploration[0].chance) if report.exploration else []
+    t = Table(title="exploration: chance that n rollouts sample a non-top token at least once, 1 − p^n")
+    t.add_column("top-token p", justify="right")
+    for n in ns:
+        t.add_column(f"n={n}", justify="right")
+    t.add_column("tokens ≥ p base / rl", justify="right")
+    for row in report.exploration:
+        t.add_row(f"{row.p:g}", *(_fmt_pct(row.chance[n]) for n in ns), f"{row.n_base} / {row.n_rl}")
+    console.print(t)
+
+    if not report.probes:
+        return
+    t = Table(title="entropy probe: highest-entropy positions (nats)")
+    t.add_column("rank", justify="right")
+    for p in report.probes:
+        t.add_column(f"{p.name} (mean {p.mean_entropy:.3f})")
+    k = max(len(p.top_positions) for p in report.probes)
+    for rank in range(k):
+        cells = []
+        for p in report.probes:
+            if rank < len(p.top_positions):
+                e = p.top_positions[rank]
+                cells.append(Text.assemble(f"{e.position}: ", _in_context(e.context, e.token), f" {e.entropy:.3f}"))
+            else:
+                cells.append("")
+        t.add_row(str(rank + 1), *cells)
+    console.print(t)
+
+    dists = [p for p in report.probes if p.distribution is not None]
+    if dists:
+        d0 = dists[0].distribution
+        t = Table(title=Text.assemble(f"next-token distribution at position {d0.position}: ",
+                                      _in_context(d0.context, d0.actual_token)))
+        t.add_column("rank", justify="right")
+        for p in dists:
+            t.add_column(p.name)
+        for rank in range(max(len(p.distribution.top) for p in dists)):
+            t.add_row(str(rank + 1), *(
+                Text(f"{visible(p.distribution.top[rank][0]):<6} {p.distribution.top[rank][2]:.4f}")
+                if rank < len(p.distribution.top) else "" for p in dists))
+        t.add_row("actual", *(Text(f"{visible(p.distribution.actual_token)} {p.distribution.actual_prob:.4f} "
+                                   f"(rank {p.distribution.actual_rank})") for p in dists))
+        t.add_row("entropy", *(f"{p.distribution.entropy:.3f}" for p in dists))
+        console.print(t)
+
+
+def _in_context(context: str, token: str) -> Text:
+    """'…context[token]' with the token in bold; Text, not markup, so '[' in math needs no escaping."""
+    return Text.assemble("…" + visible(context), ("[" + visible(token) + "]", "bold"))

@@ -1,0 +1,584 @@
+"""`mathrl eval`: evaluate checkpoints honestly, across seeds, with confidence intervals.
+
+    mathrl eval runs/20250101-120000                      # every checkpoint of a run, held-out arithmetic
+    mathrl eval runs/x --step 30 --neighbours 1           # + pass@1 averaged over steps 20, 30, 40
+    mathrl eval /models/Qwen2.5-Math-1.5B --data math500.jsonl aime24.jsonl --template zero \\
+        --n 16 --seeds 0 1 2 --max-new-tokens 3000
+    mathrl eval tiny-arith runs/x/final --limit 50 reward.num_workers=4
+
+TARGETs and key.path=value overrides come first, options after (argparse reads `--seeds 0 1 2` and
+`--data a b` greedily). A TARGET is a Hugging Face model directory, a run directory (its config.yaml
+gives the defaults; every checkpoint in checkpoints/step_*/ and final/ is evaluated, ordered by the
+step in its trainer_state.json) or `tiny-arith` (the cached tiny base model).
+
+For every checkpoint x dataset x seed this calls `evaluation.evaluate.evaluate` (the engine and
+verifier training uses, one Verifier for the whole sweep, the seed as the sampling seed), then
+reports per checkpoint x dataset: every metric's mean, sample std and Student-t 95% CI across seeds
+(`metrics.mean_std_ci95`), and the collapse rates (`analysis.collapse`). Every checkpoint sees the
+same seeds, so checkpoints are compared on equal random draws. Results go to `--out` (default
+`<run>/eval` for a single run target, else `eval_<timestamp>`): results.json (everything, per seed
+too; rewritten after each checkpoint so a long sweep leaves partial results) and results.md.
+docs/evaluation.md explains the choices.
+
+Library use:
+
+    report = sweep(["runs/x"], SweepSettings(n=4, seeds=[0, 1]), out=Path("runs/x/eval"))
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from mathrl.analysis.collapse import is_garbled, is_repetitive
+from mathrl.config import Config, ConfigError, load_config, parse_override
+from mathrl.evaluation.evaluate import evaluate
+from mathrl.evaluation.metrics import default_ks, mean_std_ci95
+from mathrl.tasks.sources import TINY_BASE, EvalSet, PromptEncoder, arithmetic_task, field_map
+
+__all__ = [
+    "Checkpoint",
+    "SweepSettings",
+    "TargetError",
+    "add_arguments",
+    "run",
+    "sweep",
+    "resolve_targets",
+    "run_checkpoints",
+    "neighbourhood_average",
+    "results_markdown",
+    "results_table",
+]
+
+# Overrides that would silently do nothing here: sampling settings come from the flags, the model from TARGET.
+_FLAG_KEYS = {"eval.n": "--n", "eval.temperature": "--temperature", "eval.top_p": "--top-p",
+              "eval.seed": "--seeds", "model.path": "a TARGET"}
+_OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")
+_STEP_DIR = re.compile(r"step_\d+")
+_EXAMPLES = 3  # example responses kept per row (first sample of the first problems, and collapsed ones)
+_EXAMPLE_CHARS = 400
+
+
+class TargetError(ValueError):
+    """A TARGET that is not a model directory, a run directory or tiny-arith."""
+
+
+@dataclass
+class SweepSettings:
+    """What `mathrl eval` samples, and from which data. None means "from the target's config"."""
+
+    n: int = 8  # samples per problem: pass@1 is their mean (avg@n); pass@k for k in default_ks(n)
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # sampling seeds: mean, std and 95% CI across them
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int | None = None  # default: eval.max_new_tokens, else rollout.max_new_tokens of the config
+    limit: int | None = None  # problems per dataset; default: all rows of a file, data.eval_size arithmetic problems
+    template: str | None = None  # default: data.template of the config
+    data: list[str] | None = None  # "arith" and/or .jsonl files; default: data.eval of the config
+    device: str = "auto"  # auto = cuda when available, else cpu
+    step: int | None = None  # neighbourhood averaging around this training step
+    neighbours: int = 1  # checkpoints on each side of `step` that join its average
+
+    def validate(self) -> None:
+        errors = []
+        if self.n < 1:
+            errors.append(f"--n must be >= 1, got {self.n}")
+        if not self.seeds:
+            errors.append("--seeds needs at least one seed")
+        elif len(set(self.seeds)) != len(self.seeds):
+            errors.append(f"--seeds has duplicates {self.seeds}: a repeated seed repeats the same draws and shrinks the CI falsely")
+        if not self.temperature > 0:
+            errors.append(f"--temperature must be > 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            errors.append(f"--top-p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            errors.append(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        if self.limit is not None and self.limit < 1:
+            errors.append(f"--limit must be >= 1, got {self.limit}")
+        if self.neighbours < 0:
+            errors.append(f"--neighbours must be >= 0, got {self.neighbours}")
+        if errors:
+            raise ConfigError("invalid eval settings:\n  - " + "\n  - ".join(errors))
+
+
+@dataclass
+class Checkpoint:
+    """One model to evaluate and the config it is evaluated with."""
+
+    label: str  # "<run name>/step_000010", "<run name>/final", or the model directory as given
+    path: str  # the Hugging Face model directory
+    step: int | None  # training step from trainer_state.json; None for a plain model directory
+    run: str | None  # the run directory it belongs to; None for a plain model directory
+    cfg: Config = field(repr=False)  # run config.yaml (or defaults) <- overrides <- flags
+
+
+# ----------------------------------------------------------------------------------------------------
+# command line
+# ----------------------------------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `mathrl eval` arguments (cli.py: `sweep.add_arguments(sub.add_parser("eval"))`)."""
+    parser.description = "Evaluate checkpoints: avg@n pass@1 over several seeds with 95% CIs, pass@k, maj@n, collapse rates."
+    parser.add_argument("args", nargs="+", metavar="TARGET|key.path=value",
+                        help="model directories, run directories (every checkpoint), or tiny-arith; then config overrides")
+    parser.add_argument("--data", nargs="+", help="arith and/or .jsonl files (default: data.eval of the config, i.e. arith)")
+    parser.add_argument("--n", type=int, default=8, help="samples per problem (default 8)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="sampling seeds (default 0 1 2)")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--max-new-tokens", type=int, help="default: eval.max_new_tokens, else rollout.max_new_tokens")
+    parser.add_argument("--limit", type=int, help="problems per dataset (default: all rows of a file; data.eval_size for arith)")
+    parser.add_argument("--template", help="prompt template (default: data.template of the config)")
+    parser.add_argument("--step", type=int, help="also report pass@1 averaged over this step and its neighbours")
+    parser.add_argument("--neighbours", type=int, help="checkpoints on each side of --step to average (default 1)")
+    parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
+    parser.add_argument("--out", help="output directory (default: <run>/eval for one run target, else eval_<timestamp>)")
+
+
+def split_args(args: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(targets, overrides): `key.path=value` words are overrides unless they name an existing path."""
+    targets, overrides = [], []
+    for a in args:
+        (overrides if _OVERRIDE.match(a) and not Path(a).exists() else targets).append(a)
+    return targets, overrides
+
+
+def settings_from_namespace(ns: argparse.Namespace) -> SweepSettings:
+    return SweepSettings(
+        n=ns.n, seeds=list(ns.seeds), temperature=ns.temperature, top_p=ns.top_p, max_new_tokens=ns.max_new_tokens,
+        limit=ns.limit, template=ns.template, data=ns.data, device=ns.device, step=ns.step,
+        neighbours=1 if ns.neighbours is None else ns.neighbours,
+    )
+
+
+def run(ns: argparse.Namespace, console: Console) -> int:
+    """`mathrl eval`: 0 on success, 2 for a config or settings error, 1 for any other error."""
+    from mathrl.model.io import ModelLoadError
+
+    try:
+        targets, overrides = split_args(ns.args)
+        if not targets:
+            raise TargetError("no TARGET given: pass a model directory, a run directory or tiny-arith")
+        if ns.step is None and ns.neighbours is not None:
+            raise ConfigError("--neighbours needs --step (the checkpoint to average around)")
+        settings = settings_from_namespace(ns)
+        sweep(targets, settings, overrides=overrides, console=console, out=Path(ns.out) if ns.out else None)
+    except ConfigError as e:
+        console.print(f"[red]config error:[/red] {e}")
+        return 2
+    except (TargetError, ModelLoadError, ValueError, OSError) as e:
+        console.print(f"[red]error:[/red] {e}")
+        return 1
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------
+# targets -> checkpoints
+# ----------------------------------------------------------------------------------------------------
+def check_overrides(overrides: Sequence[str]) -> None:
+    for text in overrides:
+        key, _ = parse_override(text)
+        if key in _FLAG_KEYS:
+            raise ConfigError(f"override {text!r} has no effect in `mathrl eval`; use {_FLAG_KEYS[key]} instead")
+
+
+def eval_config(run_dir: Path | None, overrides: Sequence[str], settings: SweepSettings) -> Config:
+    """The run's config.yaml (or the defaults) <- overrides <- the --template / --data flags."""
+    cfg = load_config(run_dir / "config.yaml" if run_dir else None, list(overrides))
+    if settings.template is not None:
+        cfg.data.template = settings.template
+    if settings.data is not None:
+        cfg.data.eval = list(settings.data)
+    return cfg
+
+
+def run_checkpoints(run_dir: Path, cfg: Config) -> list[tuple[str, Path, int]]:
+    """(label, path, step) of every checkpoint of a run, ordered by step.
+
+    The step is trainer_state.json's "step"; without that file, the number in step_<N>, or
+    train.steps for final/. Two directories with the same step (final/ and a step_<N> saved at the
+    last step) are one checkpoint: the step_<N> one is kept.
+    """
+    found = []
+    # step_<N> only: a checkpoint being written lives in step_<N>.tmp-* until it is complete
+    candidates = [d for d in sorted((run_dir / "checkpoints").glob("step_*")) if _STEP_DIR.fullmatch(d.name)]
+    for d in candidates + [run_dir / "final"]:
+        if not (d / "config.json").exists():
+            continue
+        state = d / "trainer_state.json"
+        recorded = json.loads(state.read_text()).get("step") if state.exists() else None
+        if recorded is not None:
+            step = int(recorded)
+        elif d.name != "final":
+            step = int(d.name[5:])
+        else:
+            step = cfg.train.steps
+        found.append((f"{run_dir.name}/{d.name}", d, step, d.name == "final"))
+    found.sort(key=lambda x: (x[2], x[3]))
+    out, seen = [], set()
+    for label, d, step, _ in found:
+        if step not in seen:
+            seen.add(step)
+            out.append((label, d, step))
+    return out
+
+
+def resolve_targets(targets: Sequence[str], *, overrides: Sequence[str], settings: SweepSettings, console: Console) -> list[Checkpoint]:
+    """Every checkpoint the TARGETs stand for, in the order given (a run's checkpoints by step)."""
+    check_overrides(overrides)
+    checkpoints: list[Checkpoint] = []
+    for target in targets:
+        path = Path(target).expanduser()
+        if target == TINY_BASE and not path.exists():
+            from mathrl.tasks.sources import resolve_model_path
+
+            cfg = eval_config(None, overrides, settings)
+            cfg.model.path = TINY_BASE
+            checkpoints.append(Checkpoint(TINY_BASE, resolve_model_path(cfg, console), None, None, cfg))
+        elif not path.exists():
+            raise TargetError(f"target {target!r} does not exist; give a model directory, a run directory "
+                              f"(with config.yaml) or {TINY_BASE}")
+        elif (path / "config.yaml").exists():
+            cfg = eval_config(path, overrides, settings)
+            found = run_checkpoints(path, cfg)
+            if not found:
+                raise TargetError(f"run directory {target!r} holds no checkpoint (checkpoints/step_*/ or final/ with "
+                                  "config.json); is the run still in its first steps?")
+            checkpoints += [Checkpoint(label, str(d), step, str(path), cfg) for label, d, step in found]
+        elif (path / "config.json").exists():
+            checkpoints.append(Checkpoint(target, str(path), None, None, eval_config(None, overrides, settings)))
+        else:
+            raise TargetError(f"target {target!r} is neither a run directory (no config.yaml) nor a Hugging Face "
+                              "model directory (no config.json)")
+    return checkpoints
+
+
+def default_out_dir(targets: Sequence[str], checkpoints: Sequence[Checkpoint]) -> Path:
+    runs = {c.run for c in checkpoints}
+    if len(targets) == 1 and len(runs) == 1 and None not in runs:
+        return Path(next(iter(runs))) / "eval"
+    return Path(f"eval_{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+# ----------------------------------------------------------------------------------------------------
+# data
+# ----------------------------------------------------------------------------------------------------
+def build_sets(cfg: Config, tokenizer, *, limit: int | None) -> list[tuple[str, EvalSet, int]]:
+    """(source, eval set, prompts dropped for length) for every source in cfg.data.eval.
+
+    Like `tasks.sources.build_eval_sets` (same arithmetic split, field maps and prompt encoder), with
+    two differences an honest sweep needs: a file is read whole unless --limit is given (the training
+    loop's data.eval_size cut would score a benchmark on its first rows), and prompts dropped for
+    exceeding data.max_prompt_tokens are counted and reported instead of silently shrinking the set.
+    """
+    from mathrl.tasks.jsonl import load_problems
+
+    encoder = PromptEncoder(cfg, tokenizer)
+    sets = []
+    for source in cfg.data.eval:
+        if source == "arith":
+            problems = arithmetic_task(cfg).heldout_problems(limit or cfg.data.eval_size)
+            name = "arith_heldout"
+        else:
+            if not Path(source).exists():
+                raise FileNotFoundError(f"--data {source!r}: no such file (give 'arith' or a .jsonl file)")
+            problems = load_problems(source, field_map(cfg, source), limit=limit).problems
+            name = Path(source).stem
+        if any(es.name == name for _, es, _ in sets):  # a/test.jsonl and b/test.jsonl must not share a row key
+            name = f"{name}_{len(sets)}"
+        before = encoder.dropped
+        kept, ids, _ = encoder.encode(problems)
+        if not kept:
+            raise ValueError(f"eval set {name!r} has no problems left (loaded {len(problems)}; prompts over "
+                             f"data.max_prompt_tokens={cfg.data.max_prompt_tokens} are dropped)")
+        sets.append((source, EvalSet(name=name, problems=kept, prompt_ids=ids), encoder.dropped - before))
+    return sets
+
+
+# ----------------------------------------------------------------------------------------------------
+# the sweep
+# ----------------------------------------------------------------------------------------------------
+class _RecordingEngine:
+    """Passes `generate` through to the engine and keeps its last RolloutBatch.
+
+    `evaluate` returns the first response per problem only; the collapse rates need every response
+    and its token logprobs. Recording the batch evaluate scored (rather than sampling again) means the
+    collapse rates describe exactly the samples behind pass@1, at no extra cost.
+    """
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.last = None
+
+    def generate(self, prompts, **kwargs):
+        self.last = self.engine.generate(prompts, **kwargs)
+        return self.last
+
+
+def _device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def _summary(values: Sequence[float]) -> dict[str, float | None]:
+    mean, std, half = mean_std_ci95(values)
+    return {"mean": mean, "std": std, "ci95": None if math.isnan(half) else half}
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _EXAMPLE_CHARS else text[:_EXAMPLE_CHARS] + f"... [{len(text)} chars]"
+
+
+def _seed_record(seed: int, result, texts: list[str], repetitive: list[bool], garbled: list[bool]) -> dict:
+    record: dict = {"seed": seed}
+    record.update({f"pass@{k}": v for k, v in result.pass_at_k.items()})
+    record[f"maj@{result.n}"] = result.maj_at_n
+    record["no_answer_rate"] = result.no_answer_rate
+    record["truncated_rate"] = result.truncated_rate
+    record["response_length"] = result.mean_response_length
+    record["repetitive_rate"] = sum(repetitive) / len(texts)
+    record["garbled_rate"] = sum(garbled) / len(texts)
+    record["samples"] = [{**s, "response": _clip(s["response"])} for s in result.samples[:_EXAMPLES]]
+    return record
+
+
+def _evaluate_checkpoint(ckpt: Checkpoint, settings: SweepSettings, *, verifier, device: str, progress, task) -> list[dict]:
+    """One row per dataset: per-seed records and their summaries."""
+    import torch
+
+    from mathrl.model.io import load_model_and_tokenizer
+    from mathrl.rollout.engine import TorchEngine
+
+    cfg = ckpt.cfg
+    max_new_tokens = settings.max_new_tokens or cfg.eval_max_new_tokens
+    model, tokenizer = load_model_and_tokenizer(ckpt.path, dtype=cfg.model.dtype, device=device)
+    model.eval()
+    engine = _RecordingEngine(TorchEngine(model, eos_token_id=tokenizer.eos_token_id,
+                                          pad_token_id=tokenizer.pad_token_id, batch_size=cfg.rollout.batch_size))
+    rows = []
+    for source, es, dropped in build_sets(cfg, tokenizer, limit=settings.limit):
+        per_seed, examples = [], {"repetitive": [], "garbled": []}
+        for seed in settings.seeds:
+            progress.update(task, info=f"{ckpt.label} | {es.name} | seed {seed}")
+            result = evaluate(
+                es.name, es.problems, es.prompt_ids, engine=engine, tokenizer=tokenizer, verifier=verifier,
+                n=settings.n, max_new_tokens=max_new_tokens, temperature=settings.temperature,
+                top_p=settings.top_p, seed=seed,
+            )
+            rollout = engine.last
+            # the same decode evaluate() scored, for every sample (problem-major: n per problem)
+            texts = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
+            mask = rollout.response_mask > 0  # [N, T]
+            repetitive = [is_repetitive(t) for t in texts]
+            garbled = [is_garbled(t, rollout.logprobs[i][mask[i]].tolist()) for i, t in enumerate(texts)]
+            for kind, flags in (("repetitive", repetitive), ("garbled", garbled)):
+                for i, flagged in enumerate(flags):
+                    if flagged and len(examples[kind]) < _EXAMPLES:
+                        examples[kind].append({"seed": seed, "problem_id": es.problems[i // settings.n].id,
+                                               "response": _clip(texts[i])})
+            per_seed.append(_seed_record(seed, result, texts, repetitive, garbled))
+            progress.advance(task)
+        metric_keys = [k for k in per_seed[0] if k not in ("seed", "samples")]
+        rows.append({
+            "checkpoint": ckpt.label, "step": ckpt.step, "run": ckpt.run, "path": ckpt.path,
+            "dataset": es.name, "source": source, "num_problems": len(es.problems), "dropped_prompts": dropped,
+            "n": settings.n, "seeds": list(settings.seeds), "template": cfg.data.template,
+            "max_new_tokens": max_new_tokens, "temperature": settings.temperature, "top_p": settings.top_p,
+            "metrics": {k: _summary([r[k] for r in per_seed]) for k in metric_keys},
+            "per_seed": per_seed,
+            "examples": examples,
+        })
+    del model, engine
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return rows
+
+
+def neighbourhood_average(rows: Sequence[dict], *, step: int, neighbours: int) -> list[dict]:
+    """pass@1 averaged over the checkpoint at `step` and up to `neighbours` checkpoints on each side.
+
+    For every (run, dataset) whose checkpoints include `step`: take the run's checkpoint steps in
+    order, the window [i - neighbours, i + neighbours] around `step` clipped to those that exist, and
+    average the seed-mean pass@1 of those checkpoints (each checkpoint weighs the same). A single
+    checkpoint's score is one draw from a noisy training trajectory; the window average is what a
+    claim about "the model at step S" should rest on.
+    """
+    groups: dict[tuple[str, str], dict[int, float]] = {}
+    for r in rows:
+        if r["run"] is not None and r["step"] is not None:
+            groups.setdefault((r["run"], r["dataset"]), {})[r["step"]] = r["metrics"]["pass@1"]["mean"]
+    out = []
+    for (run_dir, dataset), by_step in groups.items():
+        steps = sorted(by_step)
+        if step not in by_step:
+            continue
+        i = steps.index(step)
+        window = steps[max(0, i - neighbours) : i + neighbours + 1]
+        values = [by_step[s] for s in window]
+        out.append({"run": run_dir, "dataset": dataset, "step": step, "neighbours": neighbours, "steps": window,
+                    "pass@1_per_step": values, "pass@1": math.fsum(values) / len(values)})
+    return out
+
+
+def sweep(
+    targets: Sequence[str],
+    settings: SweepSettings,
+    *,
+    overrides: Sequence[str] = (),
+    console: Console | None = None,
+    out: Path | None = None,
+    verifier=None,
+) -> dict:
+    """Evaluate every checkpoint of `targets` on every dataset with every seed; returns the report.
+
+    Writes results.json and results.md to `out` (default: see `default_out_dir`), and prints a
+    progress bar and the results table to `console`. `verifier` (anything with
+    `score(completions, references)`) defaults to a `reward.verify.Verifier` built from the first
+    target's `reward.*` config and closed at the end.
+    """
+    from mathrl.reward.verify import Verifier
+
+    console = console or Console()
+    settings.validate()
+    checkpoints = resolve_targets(targets, overrides=overrides, settings=settings, console=console)
+    if settings.step is not None and not any(c.step == settings.step for c in checkpoints):
+        steps = sorted({c.step for c in checkpoints if c.step is not None})
+        raise ConfigError(f"--step {settings.step} is not a checkpoint step of the targets; "
+                          f"their steps: {steps or 'none (no run directory given)'}")
+    out = out or default_out_dir(targets, checkpoints)
+    if (out / "results.json").exists():
+        console.print(f"[yellow]note:[/yellow] replacing the results already in {out}")
+    out.mkdir(parents=True, exist_ok=True)
+    device = _device(settings.device)
+    report = {
+        "settings": {**asdict(settings), "device": device, "ks": default_ks(settings.n), "targets": list(targets),
+                     "overrides": list(overrides)},
+        "checkpoints": [{"label": c.label, "path": c.path, "step": c.step, "run": c.run} for c in checkpoints],
+        "results": [],
+        "neighbourhood": [],
+        "complete": False,
+    }
+    console.print(f"evaluating {len(checkpoints)} checkpoint(s), n={settings.n} samples per problem, "
+                  f"seeds {settings.seeds}; writing to {out}")
+    own_verifier = verifier is None
+    if own_verifier:
+        reward = checkpoints[0].cfg.reward
+        verifier = Verifier(num_workers=reward.num_workers, timeout_s=reward.timeout_s)
+    total = sum(len(c.cfg.data.eval) for c in checkpoints) * len(settings.seeds)
+    progress = Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                        TimeElapsedColumn(), TimeRemainingColumn(), console=console)
+    try:
+        with progress:
+            task = progress.add_task("eval", total=total, info="")
+            for ckpt in checkpoints:
+                report["results"] += _evaluate_checkpoint(ckpt, settings, verifier=verifier, device=device,
+                                                          progress=progress, task=task)
+                _write(out, report)  # partial results survive an interrupted sweep
+    finally:
+        if own_verifier:
+            verifier.close()
+    if settings.step is not None:
+        report["neighbourhood"] = neighbourhood_average(report["results"], step=settings.step,
+                                                        neighbours=settings.neighbours)
+    report["complete"] = True
+    _write(out, report)
+    console.print(results_table(report))
+    for r in report["results"]:
+        if r["dropped_prompts"]:
+            console.print(f"[yellow]note:[/yellow] {r['checkpoint']} {r['dataset']}: {r['dropped_prompts']} prompts over "
+                          "data.max_prompt_tokens were dropped; raise it to score the whole set")
+    console.print(f"[bold]results[/bold] {out / 'results.json'}, {out / 'results.md'}")
+    return report
+
+
+# ----------------------------------------------------------------------------------------------------
+# output
+# ----------------------------------------------------------------------------------------------------
+def _json_safe(x):
+    """NaN/inf become null: strict JSON has neither, and a reader should see "unknown", not a crash."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    return x
+
+
+def _write(out: Path, report: dict) -> None:
+    (out / "results.json").write_text(json.dumps(_json_safe(report), indent=2) + "\n")
+    (out / "results.md").write_text(results_markdown(report))
+
+
+def _pass1_cell(m: dict) -> str:
+    if m["ci95"] is None:
+        return f"{m['mean']:.3f} ± {m['std']:.3f} [one seed: no CI]"
+    return f"{m['mean']:.3f} ± {m['std']:.3f} [{m['mean'] - m['ci95']:.3f}, {m['mean'] + m['ci95']:.3f}]"
+
+
+def _columns(report: dict) -> tuple[list[str], list]:
+    n = report["settings"]["n"]
+    ks = [k for k in report["settings"]["ks"] if k > 1]
+    headers = ["checkpoint", "step", "dataset", "pass@1 mean ± std [95% CI]", *(f"pass@{k}" for k in ks), f"maj@{n}",
+               "no-answer", "repetitive", "garbled", "length"]
+
+    def cells(r: dict) -> list[str]:
+        m = r["metrics"]
+        return [r["checkpoint"], "" if r["step"] is None else str(r["step"]), r["dataset"], _pass1_cell(m["pass@1"]),
+                *(f"{m[f'pass@{k}']['mean']:.3f}" for k in ks), f"{m[f'maj@{n}']['mean']:.3f}",
+                f"{m['no_answer_rate']['mean']:.3f}", f"{m['repetitive_rate']['mean']:.3f}",
+                f"{m['garbled_rate']['mean']:.3f}", f"{m['response_length']['mean']:.1f}"]
+
+    return headers, cells
+
+
+def results_markdown(report: dict) -> str:
+    s = report["settings"]
+    headers, cells = _columns(report)
+    lines = [
+        "# mathrl eval",
+        "",
+        f"n={s['n']} samples per problem, seeds {s['seeds']}, temperature {s['temperature']}, top-p {s['top_p']}. "
+        f"pass@1 is avg@{s['n']}: its mean ± sample std across seeds and the Student-t 95% CI of the mean; "
+        "pass@k (unbiased estimator), maj@n and the rates are means across seeds. "
+        "no-answer / repetitive / garbled are shares of samples; length is in tokens.",
+        "",
+        "| " + " | ".join(headers) + " |",
+        "| " + " | ".join("---" for _ in headers) + " |",
+    ]
+    lines += ["| " + " | ".join(cells(r)) + " |" for r in report["results"]]
+    if report["neighbourhood"]:
+        lines += ["", "## Neighbourhood averages", "",
+                  "| run | dataset | step | steps averaged | pass@1 per step | mean pass@1 |", "| --- | --- | --- | --- | --- | --- |"]
+        for a in report["neighbourhood"]:
+            per = ", ".join(f"{v:.3f}" for v in a["pass@1_per_step"])
+            lines.append(f"| {a['run']} | {a['dataset']} | {a['step']} | {a['steps']} | {per} | {a['pass@1']:.3f} |")
+    if not report["complete"]:
+        lines += ["", "_Partial results: the sweep has not finished._"]
+    return "\n".join(lines) + "\n"
+
+
+def results_table(report: dict) -> Table:
+    s = report["settings"]
+    headers, cells = _columns(report)
+    table = Table(title=f"n={s['n']} samples per problem, seeds {s['seeds']}, temperature {s['temperature']}")
+    for i, h in enumerate(headers):
+        table.add_column(h, justify="left" if i in (0, 2) else "right")
+    for r in report["results"]:
+        table.add_row(*cells(r))
+    if report["neighbourhood"]:
+        table.caption = "; ".join(f"{a['dataset']} step {a['step']} ± {a['neighbours']}: mean pass@1 {a['pass@1']:.3f} "
+                                  f"over steps {a['steps']}" for a in report["neighbourhood"])
+    return table

@@ -1,0 +1,186 @@
+"""Length-dependent reward terms, added to the correctness reward before advantages.
+
+Every function is a pure tensor function over [N] response lengths (in tokens) and returns an [N]
+float term; the loop sums the enabled terms into the sequence reward:
+
+    r = correctness
+    r = r + soft_overlong_punishment(lengths, max_len=L, cache_len=C)    # reward.overlong.soft_punishment
+    r = r + kimi_length_penalty(lengths, correct, group_ids, coef=c)     # reward.length_penalty.kimi_coef
+    r = r + length_bonus(lengths, coef=c, max_len=L)                     # reward.length_bonus.coef
+    r = r + length_schedule_reward(lengths, correct, step=s,
+                                   schedule=sched, coef=c)               # reward.length_schedule
+
+Only the first two come from papers. ``length_bonus`` and ``length_schedule_reward`` exist to
+reproduce a negative result: a practitioners' field report found that rewarding length directly,
+or steering it towards a scheduled target length, was useless. They are ablation switches, off by
+default, not recommendations.
+
+Run the tests with ``python -m pytest tests/test_shaping.py -q``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "soft_overlong_punishment",
+    "kimi_length_penalty",
+    "length_bonus",
+    "scheduled_target",
+    "length_schedule_reward",
+]
+
+
+def _lengths(lengths: Tensor) -> Tensor:
+    if lengths.dim() != 1:
+        raise ValueError(f"lengths must be 1-D [N], got shape {tuple(lengths.shape)}")
+    return lengths.to(torch.get_default_dtype()) if not lengths.is_floating_point() else lengths
+
+
+def soft_overlong_punishment(lengths: Tensor, *, max_len: int, cache_len: int) -> Tensor:
+    """DAPO soft overlong punishment (Yu et al. 2025, §3.4, eq. 13). With L = max_len, C = cache_len:
+
+        R(len) = 0                      if len <= L - C
+               = ((L - C) - len) / C    if L - C < len <= L      (falls linearly from 0 to -1)
+               = -1                     if len > L
+
+    A length-aware penalty that grows over the last C tokens before the limit, so long responses
+    are discouraged smoothly instead of by one cliff. DAPO uses L = 20480, C = 4096 with a response
+    limit of L tokens, so len > L does not occur there; it is defined for completeness.
+
+    Args:
+        lengths: [N] response lengths in tokens.
+        max_len: L, the length at which the penalty reaches -1 (usually rollout.max_new_tokens).
+        cache_len: C, the width of the soft ramp, 0 < C <= L. Config ``reward.overlong.cache_len``.
+
+    Returns:
+        [N] penalties in [-1, 0].
+    """
+    if not 0 < cache_len <= max_len:
+        raise ValueError(f"need 0 < cache_len <= max_len, got cache_len={cache_len}, max_len={max_len}")
+    length = _lengths(lengths)  # [N]
+    expected = max_len - cache_len
+    ramp = (expected - length) / cache_len  # [N] 0 at len = L - C, -1 at len = L
+    # clamp(-1, 0) is exactly eq. 13: the ramp is > 0 below L - C and < -1 above L.
+    return ramp.clamp(min=-1.0, max=0.0)
+
+
+def kimi_length_penalty(lengths: Tensor, correct: Tensor, group_ids: Tensor, *, coef: float = 1.0) -> Tensor:
+    """Kimi k1.5 length penalty (Kimi Team 2025, "Kimi k1.5: Scaling Reinforcement Learning with
+    LLMs", §2.3.3). Within each group (the k responses to one problem):
+
+        lambda_i = 0.5 - (len_i - min_len) / (max_len - min_len)
+        reward_i = lambda_i            if response i is correct
+                 = min(0, lambda_i)    if it is wrong
+
+    so the shortest response gets +0.5 and the longest -0.5; wrong answers are never rewarded for
+    being short, only penalised for being long. min_len / max_len are over all responses of the
+    group, correct or not. A group whose lengths are all equal (a single-sample group included)
+    gets 0. The result is multiplied by ``coef``; Kimi warms the penalty up because it slows early
+    training, which the caller does by ramping ``coef``.
+
+    Args:
+        lengths: [N] response lengths in tokens.
+        correct: [N] correctness (bool or 0/1); entries > 0 count as correct.
+        group_ids: [N] integer prompt id per response.
+        coef: scale of the term. Config ``reward.length_penalty.kimi_coef``.
+
+    Returns:
+        [N] float, in [-0.5 coef, 0.5 coef].
+    """
+    length = _lengths(lengths)  # [N]
+    if group_ids.shape != length.shape or correct.shape != length.shape:
+        raise ValueError(
+            f"lengths, correct and group_ids must have the same shape, got {tuple(length.shape)}, "
+            f"{tuple(correct.shape)} and {tuple(group_ids.shape)}"
+        )
+    if group_ids.is_floating_point():
+        raise ValueError("group_ids must be an integer tensor (one id per prompt)")
+    if length.numel() == 0:
+        return length.clone()
+    _, index = torch.unique(group_ids, return_inverse=True)  # [N] in [0, G)
+    num_groups = int(index.max()) + 1
+    zeros = torch.zeros(num_groups, dtype=length.dtype, device=length.device)
+    gmin = zeros.scatter_reduce(0, index, length, reduce="amin", include_self=False)[index]  # [N]
+    gmax = zeros.scatter_reduce(0, index, length, reduce="amax", include_self=False)[index]  # [N]
+    span = gmax - gmin  # [N]
+    lam = 0.5 - (length - gmin) / span.clamp_min(1e-12)  # [N]; span 0 handled below
+    reward = torch.where(correct > 0, lam, lam.clamp(max=0.0))
+    reward = torch.where(span > 0, reward, torch.zeros_like(reward))
+    return coef * reward
+
+
+def length_bonus(lengths: Tensor, *, coef: float, max_len: int) -> Tensor:
+    """coef * len / max_len: a reward for length itself, for ablations only (see the module
+    docstring: the field report found it useless).
+
+    Args:
+        lengths: [N] response lengths in tokens.
+        coef: scale. Config ``reward.length_bonus.coef``.
+        max_len: normaliser, usually rollout.max_new_tokens (so the bonus is in [0, coef]).
+
+    Returns:
+        [N] float.
+    """
+    if max_len <= 0:
+        raise ValueError(f"max_len must be > 0, got {max_len}")
+    return coef * _lengths(lengths) / max_len
+
+
+def scheduled_target(schedule: Sequence[tuple[int, int]], step: int) -> int:
+    """The target length at ``step`` of a piecewise-constant schedule [(start_step, target), ...]:
+    the target of the last entry whose start_step <= step. Steps before the first entry use the
+    first target. Start steps must be strictly increasing and targets > 0 (config validation can
+    call this function with step 0 to check a schedule up front).
+    """
+    if not schedule:
+        raise ValueError("the length schedule is empty; give at least one (start_step, target) pair")
+    starts = [s for s, _ in schedule]
+    if any(b <= a for a, b in zip(starts, starts[1:])):
+        raise ValueError(f"length schedule start steps must be strictly increasing, got {starts}")
+    if any(t <= 0 for _, t in schedule):
+        raise ValueError(f"length schedule targets must be > 0, got {[t for _, t in schedule]}")
+    target = schedule[0][1]
+    for start, t in schedule:
+        if start <= step:
+            target = t
+    return target
+
+
+def length_schedule_reward(
+    lengths: Tensor,
+    correct: Tensor,
+    *,
+    step: int,
+    schedule: Sequence[tuple[int, int]],
+    coef: float,
+) -> Tensor:
+    """Reward for being near a scheduled target length, for ablations only (see the module
+    docstring: the field report found length schedules useless). With target = the schedule's
+    length at ``step`` (``scheduled_target``):
+
+        reward_i = -coef * |len_i - target| / target    if response i is correct
+                 = 0                                     if it is wrong
+
+    Only correct responses are steered, as in Kimi's length penalty, so a wrong answer can never
+    gain from its length.
+
+    Args:
+        lengths: [N] response lengths in tokens.
+        correct: [N] correctness; entries > 0 count as correct.
+        step: the current RL step.
+        schedule: [(start_step, target_length), ...]. Config ``reward.length_schedule``.
+        coef: scale.
+
+    Returns:
+        [N] float, <= 0.
+    """
+    length = _lengths(lengths)  # [N]
+    if correct.shape != length.shape:
+        raise ValueError(f"correct must have shape {tuple(length.shape)}, got {tuple(correct.shape)}")
+    target = scheduled_target(schedule, step)
+    penalty = -coef * (length - target).abs() / target  # [N]
+    return torch.where(correct > 0, penalty, torch.zeros_like(penalty))

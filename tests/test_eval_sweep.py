@@ -1,0 +1,240 @@
+"""Tests of `mathrl eval` (mathrl.evaluation.sweep) on a fake run directory of tiny random Qwen2 models.
+
+The run directory holds three checkpoints (steps 5, 10 and 30, the step_5 directory sorting AFTER
+step_000010 by name, so ordering must come from trainer_state.json) and a config.yaml with small
+arithmetic settings. A random model never writes a correct \\boxed{} answer, so the library-level sweep
+uses a deterministic stub verifier that marks a hash-chosen third of the responses correct: the
+pass@1 values then differ between seeds and checkpoints, and the aggregate checks below compare
+non-trivial numbers. The CLI-level tests use the real Verifier in-process (reward.num_workers=0).
+
+Run: python -m pytest tests/test_eval_sweep.py -q
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import zlib
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from mathrl.config import dump_yaml, load_config
+from mathrl.evaluation.metrics import default_ks, mean_std_ci95
+from mathrl.evaluation.sweep import (
+    SweepSettings,
+    add_arguments,
+    neighbourhood_average,
+    resolve_targets,
+    run,
+    sweep,
+)
+from mathrl.model.io import save_model
+from mathrl.reward.verify import RewardResult
+
+RUN_CONFIG = ["data.arith.max_digits=2", "data.eval_size=4", "rollout.max_new_tokens=10", "reward.num_workers=0"]
+CHECKPOINTS = {"checkpoints/step_000010": 10, "checkpoints/step_5": 5, "final": 30}
+
+
+def quiet_console() -> Console:
+    return Console(file=io.StringIO(), width=200)
+
+
+class HashVerifier:
+    """Deterministic stand-in for reward.verify.Verifier: the verdict is a function of the text."""
+
+    def score(self, completions, references):
+        out = []
+        for text, ref in zip(completions, references):
+            h = zlib.crc32(text.encode()) % 3
+            if h == 0:
+                out.append(RewardResult(1.0, ref, "correct"))
+            elif h == 1:
+                out.append(RewardResult(0.0, "wrong", "wrong"))
+            else:
+                out.append(RewardResult(0.0, None, "no_answer"))
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, make_tiny_qwen2, char_tokenizer) -> Path:
+    root = tmp_path_factory.mktemp("sweep") / "myrun"
+    root.mkdir()
+    (root / "config.yaml").write_text(dump_yaml(load_config(None, RUN_CONFIG)))
+    for i, (sub, step) in enumerate(CHECKPOINTS.items()):
+        out = save_model(make_tiny_qwen2(seed=i, num_layers=1), char_tokenizer, root / sub)
+        (out / "trainer_state.json").write_text(json.dumps({"step": step}))
+    # a checkpoint still being written (train/checkpoint.py renames it to step_<N> once complete): never evaluated
+    partial = root / "checkpoints" / "step_000040.tmp-abc123"
+    partial.mkdir()
+    (partial / "config.json").write_text((root / "final" / "config.json").read_text())
+    return root
+
+
+@pytest.fixture(scope="module")
+def report(run_dir: Path) -> dict:
+    settings = SweepSettings(n=2, seeds=[0, 1], limit=4, step=10, neighbours=1, device="cpu")
+    return sweep([str(run_dir)], settings, console=quiet_console(), verifier=HashVerifier())
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------------------------------
+# a run directory
+# ----------------------------------------------------------------------------------------------------
+def test_sweep_writes_results_ordered_by_step(report: dict, run_dir: Path) -> None:
+    out = run_dir / "eval"  # the default output directory of a single run target
+    on_disk = json.loads((out / "results.json").read_text())
+    assert on_disk["complete"] is True
+    assert [c["step"] for c in on_disk["checkpoints"]] == [5, 10, 30]
+    assert [c["label"] for c in on_disk["checkpoints"]] == ["myrun/step_5", "myrun/step_000010", "myrun/final"]
+    assert [r["step"] for r in on_disk["results"]] == [5, 10, 30]
+    assert on_disk["settings"]["ks"] == default_ks(2) == [1, 2]
+    for row in on_disk["results"]:
+        assert row["dataset"] == "arith_heldout" and row["num_problems"] == 4 and row["dropped_prompts"] == 0
+        # the run's config.yaml supplied the template and the length limit
+        assert row["template"] == "arith" and row["max_new_tokens"] == 10
+        assert [r["seed"] for r in row["per_seed"]] == [0, 1]
+        expected = {"pass@1", "pass@2", "maj@2", "no_answer_rate", "truncated_rate", "response_length",
+                    "repetitive_rate", "garbled_rate"}
+        assert set(row["metrics"]) == expected
+        for rec in row["per_seed"]:
+            assert expected <= set(rec)
+            assert all(0.0 <= rec[k] <= 1.0 for k in expected - {"response_length"})
+            assert 0 < rec["response_length"] <= 10
+    md = (out / "results.md").read_text()
+    assert "pass@1 mean ± std [95% CI]" in md and "| myrun/final | 30 | arith_heldout |" in md
+    assert "Neighbourhood averages" in md
+
+
+def test_seed_statistics_match_mean_std_ci95(report: dict) -> None:
+    values_seen = set()
+    for row in report["results"]:
+        for key, summary in row["metrics"].items():
+            per_seed = [r[key] for r in row["per_seed"]]
+            mean, std, half = mean_std_ci95(per_seed)
+            assert summary["mean"] == pytest.approx(mean)
+            assert summary["std"] == pytest.approx(std)
+            assert summary["ci95"] == pytest.approx(half)
+        values_seen.update(r["pass@1"] for r in row["per_seed"])
+    # the stub verifier makes pass@1 vary, so the checks above compared non-trivial numbers
+    assert len(values_seen) > 1
+
+
+def test_pass_at_1_and_no_answer_follow_the_verdicts(report: dict) -> None:
+    # the per-seed pass@1 is avg@n of the stub's verdicts on the recorded texts: between 0 and 1, a multiple of 1/8
+    for row in report["results"]:
+        for rec in row["per_seed"]:
+            assert rec["pass@1"] * 8 == pytest.approx(round(rec["pass@1"] * 8))
+            assert rec["pass@1"] <= rec["pass@2"]
+
+
+def test_neighbourhood_average_is_the_mean_of_per_step_pass_at_1(report: dict) -> None:
+    (avg,) = report["neighbourhood"]
+    assert avg["step"] == 10 and avg["steps"] == [5, 10, 30]
+    by_step = {r["step"]: r["metrics"]["pass@1"]["mean"] for r in report["results"]}
+    hand = (by_step[5] + by_step[10] + by_step[30]) / 3
+    assert avg["pass@1"] == pytest.approx(hand)
+    assert avg["pass@1_per_step"] == pytest.approx([by_step[5], by_step[10], by_step[30]])
+
+
+def test_neighbourhood_window_is_clipped_at_the_ends() -> None:
+    def row(step, value, run="r", dataset="d"):
+        return {"run": run, "step": step, "dataset": dataset, "metrics": {"pass@1": {"mean": value}}}
+
+    rows = [row(10, 0.1), row(20, 0.2), row(30, 0.6), row(40, 0.4), row(20, 0.9, dataset="other"),
+            {"run": None, "step": None, "dataset": "d", "metrics": {"pass@1": {"mean": 1.0}}}]
+    (first,) = [a for a in neighbourhood_average(rows, step=10, neighbours=1) if a["dataset"] == "d"]
+    assert first["steps"] == [10, 20] and first["pass@1"] == pytest.approx(0.15)
+    (wide,) = neighbourhood_average(rows, step=30, neighbours=2)
+    assert wide["steps"] == [10, 20, 30, 40] and wide["pass@1"] == pytest.approx(1.3 / 4)
+    (alone,) = [a for a in neighbourhood_average(rows, step=20, neighbours=1) if a["dataset"] == "other"]
+    assert alone["steps"] == [20] and alone["pass@1"] == pytest.approx(0.9)
+    (zero,) = neighbourhood_average(rows, step=40, neighbours=0)
+    assert zero["steps"] == [40] and zero["pass@1"] == pytest.approx(0.4)
+
+
+def test_a_step_that_is_not_a_checkpoint_is_a_clear_error(run_dir: Path, tmp_path: Path) -> None:
+    console = quiet_console()
+    code = run(parse([str(run_dir), "--step", "7", "--out", str(tmp_path / "o")]), console)
+    text = console.file.getvalue()
+    assert code == 2 and "--step 7" in text and "[5, 10, 30]" in text
+
+
+# ----------------------------------------------------------------------------------------------------
+# other targets, through the command-line entry point
+# ----------------------------------------------------------------------------------------------------
+def test_cli_on_a_plain_model_directory(run_dir: Path, tmp_path: Path) -> None:
+    console = quiet_console()
+    model_dir = run_dir / "checkpoints" / "step_000010"
+    out = tmp_path / "out"
+    argv = [str(model_dir), "reward.num_workers=0", "data.arith.max_digits=2",
+            "--n", "2", "--seeds", "3", "--limit", "2", "--max-new-tokens", "6", "--out", str(out)]
+    assert run(parse(argv), console) == 0, console.file.getvalue()
+    result = json.loads((out / "results.json").read_text())
+    (row,) = result["results"]
+    assert row["step"] is None and row["run"] is None and row["checkpoint"] == str(model_dir)
+    assert row["num_problems"] == 2 and row["max_new_tokens"] == 6
+    # one seed: the spread is unknown, not zero, so the CI is null and the table says so
+    assert row["metrics"]["pass@1"]["ci95"] is None
+    assert "one seed: no CI" in (out / "results.md").read_text()
+
+
+def test_nonexistent_target_is_a_clear_error(tmp_path: Path) -> None:
+    console = quiet_console()
+    missing = tmp_path / "no_such_run"
+    assert run(parse([str(missing)]), console) == 1
+    text = console.file.getvalue()
+    assert "does not exist" in text and "no_such_run" in text
+
+
+def test_directory_that_is_neither_run_nor_model_is_a_clear_error(tmp_path: Path) -> None:
+    console = quiet_console()
+    assert run(parse([str(tmp_path)]), console) == 1
+    assert "neither a run directory" in console.file.getvalue()
+
+
+def test_overrides_that_the_flags_own_are_rejected(run_dir: Path) -> None:
+    console = quiet_console()
+    assert run(parse([str(run_dir), "eval.n=4"]), console) == 2
+    assert "--n" in console.file.getvalue()
+
+
+def test_neighbours_without_step_is_rejected(run_dir: Path) -> None:
+    console = quiet_console()
+    assert run(parse([str(run_dir), "--neighbours", "2"]), console) == 2
+    assert "--step" in console.file.getvalue()
+
+
+def test_tiny_arith_target_resolves_to_the_cached_base_model(monkeypatch, run_dir: Path) -> None:
+    import mathrl.tasks.sources as sources
+
+    seen = {}
+
+    def fake_resolve(cfg, console):
+        seen["path"], seen["steps"] = cfg.model.path, cfg.base.steps
+        return str(run_dir / "final")
+
+    monkeypatch.setattr(sources, "resolve_model_path", fake_resolve)
+    (ckpt,) = resolve_targets(["tiny-arith"], overrides=["base.steps=7"], settings=SweepSettings(), console=quiet_console())
+    assert ckpt.label == "tiny-arith" and ckpt.path == str(run_dir / "final") and ckpt.step is None
+    assert seen == {"path": "tiny-arith", "steps": 7}  # base.* overrides choose which cached model
+
+
+def test_run_config_provides_defaults_and_flags_win(run_dir: Path) -> None:
+    settings = SweepSettings(template="Q: {question}\nA:", data=["arith", "arith"])
+    ckpts = resolve_targets([str(run_dir)], overrides=["rollout.max_new_tokens=7"], settings=settings,
+                            console=quiet_console())
+    cfg = ckpts[0].cfg
+    assert cfg.data.arith.max_digits == 2 and cfg.data.eval_size == 4  # from config.yaml
+    assert cfg.eval_max_new_tokens == 7  # override
+    assert cfg.data.template == "Q: {question}\nA:" and cfg.data.eval == ["arith", "arith"]  # flags

@@ -1,0 +1,218 @@
+"""Tests of `mathrl report` (src/mathrl/analysis/report.py) on two fake run directories.
+
+The runs are written by hand in the layout of src/mathrl/train/loop.py: metrics.jsonl with training
+and evaluation rows, evals.jsonl, summary.json and config.yaml, the two configs differing in
+algo.clip.eps_high (and run_dir, which the report must not list). The HTML is checked as text: one
+<svg class="chart"> per logged metric with a line per run, the config-difference table, the eval
+table, no external reference; and the PNGs beside it. tests/test_report_browser.py renders it.
+
+Run: python -m pytest tests/test_report.py -q
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from rich.console import Console
+
+from mathrl.analysis.report import build_report, flatten, nice_ticks, run, run_labels, add_arguments
+
+STEPS = 6
+EVAL_EVERY = 3
+SET = "arith_heldout"
+
+# Charted keys both fake runs log; run "clip_higher" also logs actor/ref_kl. Keys not listed in
+# report.SECTIONS (actor/grad_norm, perf/*) are logged too and must not be charted.
+SHARED_CHARTS = [
+    "reward/mean",
+    f"eval/{SET}/pass@1", f"eval/{SET}/pass@2", f"eval/{SET}/pass@4", f"eval/{SET}/maj@4",
+    "actor/entropy", "actor/rollout_entropy", "actor/entropy_coef",
+    "actor/pg_clipfrac", "actor/pg_clipfrac_lower",
+    "rollout/response_length", "rollout/truncated_frac",
+    "reward/no_answer_rate",
+]
+
+
+def _eval(step: int, p1: float) -> dict:
+    return {"pass_at_1": p1, "pass_at_k": {"1": p1, "2": min(1.0, p1 + 0.1), "4": min(1.0, p1 + 0.15)},
+            "maj_at_n": min(1.0, p1 + 0.05)}
+
+
+def write_run(run_dir: Path, *, eps_high: float, lift: float, ref_kl: bool = False,
+              entropy_nan_at: int | None = None) -> Path:
+    """A finished run of STEPS steps with evaluations at steps 0, 3 and 6; pass@1 rises 0.3 -> 0.3 + lift."""
+    run_dir.mkdir(parents=True)
+    rows, evals = [], []
+    for step in range(STEPS + 1):
+        if step > 0:
+            row = {
+                "step": step,
+                "reward/mean": 0.3 + lift * step / STEPS,
+                "reward/no_answer_rate": 0.2 / step,
+                "actor/entropy": "nan" if step == entropy_nan_at else 0.9 - 0.05 * step,
+                "actor/rollout_entropy": 0.92 - 0.05 * step,
+                "actor/entropy_coef": 0.0,
+                "actor/pg_clipfrac": 0.01 * step,
+                "actor/pg_clipfrac_lower": 0.0,
+                "actor/grad_norm": 1.0,
+                "rollout/response_length": 30.0 + step,
+                "rollout/truncated_frac": 0.05,
+                "perf/step_seconds": 1.5,
+            }
+            if ref_kl:
+                row["actor/ref_kl"] = 0.002 * step
+            rows.append(row)
+        if step % EVAL_EVERY == 0:
+            e = _eval(step, 0.3 + lift * step / STEPS)
+            rows.append({"step": step, f"eval/{SET}/pass@1": e["pass_at_1"], f"eval/{SET}/maj@4": e["maj_at_n"],
+                         **{f"eval/{SET}/pass@{k}": v for k, v in e["pass_at_k"].items() if k != "1"},
+                         f"eval/{SET}/no_answer_rate": 0.1})
+            evals.append({"step": step, "set": SET, "name": SET, "n": 4, "num_problems": 20, **e,
+                          "no_answer_rate": 0.1, "truncated_rate": 0.0, "mean_response_length": 30.0,
+                          "samples": [{"problem_id": "p0", "response": "\\boxed{3}", "reason": "correct"}]})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run_dir / "evals.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evals))
+    base, final = evals[0], evals[-1]
+    (run_dir / "summary.json").write_text(json.dumps({
+        "wall_seconds": 90.0, "steps": STEPS,
+        "base": {SET: {"pass@1": base["pass_at_1"], "pass@k": base["pass_at_k"], "maj@n": base["maj_at_n"]}},
+        "final": {SET: {"pass@1": final["pass_at_1"], "pass@k": final["pass_at_k"], "maj@n": final["maj_at_n"]}},
+    }))
+    config = {"seed": 0, "run_dir": str(run_dir), "rollout": {"n": 8, "temperature": 1.0},
+              "algo": {"clip": {"eps_low": 0.2, "eps_high": eps_high, "dual_clip_c": None}},
+              "data": {"eval": ["arith"]}}
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    """Two runs and their report, built once for the module (the PNGs take most of the time)."""
+    root = tmp_path_factory.mktemp("report")
+    a = write_run(root / "runs" / "clip_sym", eps_high=0.2, lift=0.2, entropy_nan_at=4)
+    b = write_run(root / "runs" / "clip_higher", eps_high=0.28, lift=0.3, ref_kl=True)
+    (b / "inspect_step6.html").write_text("<!DOCTYPE html><p class='tok'>token map of step 6</p>")
+    out = build_report([a, b], root / "out" / "report.html", title="clip ablation")
+    return out, out.read_text()
+
+
+def charts(page: str) -> dict[str, str]:
+    """data-metric -> the whole <svg class="chart"> element."""
+    return {m[1]: m[0] for m in re.finditer(r'<svg class="chart" data-metric="([^"]+)".*?</svg>', page, re.S)}
+
+
+def runs_drawn(svg: str) -> set[str]:
+    return set(re.findall(r'<polyline class="series" data-run="([^"]+)"', svg))
+
+
+def test_one_chart_per_logged_metric_with_a_line_per_run(report):
+    _, page = report
+    found = charts(page)
+    assert set(found) == set(SHARED_CHARTS) | {"actor/ref_kl"}  # nothing unlogged, nothing outside SECTIONS
+    for metric in SHARED_CHARTS:
+        assert runs_drawn(found[metric]) == {"clip_sym", "clip_higher"}, metric
+        assert "clip_sym" in found[metric] and "clip_higher" in found[metric]  # the legend
+    assert runs_drawn(found["actor/ref_kl"]) == {"clip_higher"}  # only that run logged it
+
+
+def test_chart_lines_carry_the_logged_values(report):
+    _, page = report
+    svg = charts(page)["reward/mean"]
+    line = re.search(r'data-run="clip_higher"[^>]*data-steps="([^"]+)" data-values="([^"]+)"', svg)
+    assert [int(s) for s in line[1].split(",")] == list(range(1, STEPS + 1))
+    assert [float(v) for v in line[2].split(",")] == pytest.approx([0.3 + 0.3 * s / STEPS for s in range(1, STEPS + 1)],
+                                                                   rel=1e-5)
+    # eval curves start at step 0, the starting model
+    svg = charts(page)[f"eval/{SET}/pass@1"]
+    assert re.search(r'data-run="clip_sym"[^>]*data-steps="0,3,6"', svg)
+
+
+def test_nan_breaks_the_line_and_is_marked(report):
+    # JsonlSink writes a non-finite value as the string "nan"; the chart must show it, not drop it
+    _, page = report
+    svg = charts(page)["actor/entropy"]
+    segments = re.findall(r'<polyline class="series" data-run="clip_sym"[^>]*data-steps="([^"]+)"', svg)
+    assert segments == ["1,2,3", "5,6"]
+    assert 'class="nonfinite"' in svg and "nan at step 4" in svg
+
+
+def test_config_diff_lists_only_the_differing_field(report):
+    _, page = report
+    table = re.search(r"<table class='config-diff'>.*?</table>", page, re.S)[0]
+    assert "algo.clip.eps_high" in table and ">0.2<" in table and ">0.28<" in table
+    assert "run_dir" not in table  # differs between any two runs by construction
+    for same in ("rollout.n", "algo.clip.eps_low", "seed", "data.eval"):
+        assert same not in table
+
+
+def test_eval_table_shows_base_and_final(report):
+    _, page = report
+    # clip_higher: pass@1 0.3 -> 0.6, pass@4 0.45 -> 0.75, maj@4 0.35 -> 0.65
+    assert "0.300 → 0.600" in page and "+0.300" in page
+    assert "0.450 → 0.750" in page and "0.350 → 0.650" in page
+    assert "0.300 → 0.500" in page  # clip_sym
+
+
+def test_page_is_self_contained(report):
+    _, page = report
+    assert "http" not in page.lower()
+    assert not re.search(r"""\b(src|href)\s*=\s*["'](?!data:)""", page)  # no file or URL to fetch
+    assert "<iframe" in page and "token map of step 6" in page  # inspect*.html embedded via srcdoc
+
+
+def test_pngs_beside_the_html(report):
+    out, page = report
+    plots = out.parent / "report_plots"
+    for metric in charts(page):
+        png = plots / (metric.replace("/", "__") + ".png")
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", metric
+
+
+def test_command_line(tmp_path):
+    a = write_run(tmp_path / "a", eps_high=0.2, lift=0.1)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    console = Console(file=io.StringIO(), width=200)
+    # --no-png keeps this fast; the module fixture checks the PNGs
+    assert run(parser.parse_args([str(a), "--out", str(tmp_path / "r.html"), "--no-png"]), console) == 0
+    assert (tmp_path / "r.html").exists() and not (tmp_path / "r_plots").exists()
+    assert run(parser.parse_args([str(tmp_path / "missing")]), console) == 1
+    (tmp_path / "empty").mkdir()
+    assert run(parser.parse_args([str(tmp_path / "empty")]), console) == 1
+    assert "not a run directory" in console.file.getvalue()
+
+
+def test_run_still_writing(tmp_path):
+    # a report of a live run: no summary.json, and the last metrics line is half written
+    a = write_run(tmp_path / "live", eps_high=0.2, lift=0.1)
+    (a / "summary.json").unlink()
+    with (a / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 7, "reward/me')
+    page = build_report([a], tmp_path / "live.html", pngs=False).read_text()
+    assert "reward/mean" in charts(page) and "no summary.json" in page
+
+
+@pytest.mark.parametrize("lo, hi, integer, expected", [
+    (0.13, 0.87, False, [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]),  # widened to round numbers
+    (0, 50, True, [0, 10, 20, 30, 40, 50]),
+    (1, 6, True, [1, 2, 3, 4, 5, 6]),  # integer steps never go below 1
+    (0.0, 0.0, False, [-1.0, -0.5, 0.0, 0.5, 1.0]),  # a constant 0 (pg_clipfrac_lower) still gets an axis
+])
+def test_nice_ticks(lo, hi, integer, expected):
+    t0, t1, ticks = nice_ticks(lo, hi, integer=integer)
+    assert ticks == pytest.approx(expected) and (t0, t1) == pytest.approx((expected[0], expected[-1]))
+    assert t0 <= lo and t1 >= hi and all(math.isfinite(t) for t in ticks)
+
+
+def test_flatten_and_labels():
+    assert flatten({"algo": {"clip": {"eps_high": 0.28}}, "data": {"eval": ["a", "b"]}, "run_dir": None}) == {
+        "algo.clip.eps_high": 0.28, "data.eval": ["a", "b"], "run_dir": None}
+    # same directory name under two parents: the parent makes the labels unique
+    assert run_labels([Path("/r/x/seed0"), Path("/r/y/seed0"), Path("/r/z")]) == ["x/seed0", "y/seed0", "z"]
