@@ -22,13 +22,14 @@ import pytest
 import yaml
 from rich.console import Console
 
-from mathrl.analysis.report import build_report, flatten, nice_ticks, run, run_labels, add_arguments
+from mathrl.analysis.report import add_arguments, build_report, flatten, format_tick, nice_ticks, run, run_labels
 
 STEPS = 6
 EVAL_EVERY = 3
 SET = "arith_heldout"
 
-# Charted keys both fake runs log; run "clip_higher" also logs actor/ref_kl. Keys not listed in
+# Charted keys both fake runs log; run "clip_higher" also logs actor/ref_kl and a collapse rate,
+# collapse/repetitive. Keys not listed in
 # report.SECTIONS (actor/grad_norm, perf/*) are logged too and must not be charted.
 SHARED_CHARTS = [
     "reward/mean",
@@ -45,9 +46,13 @@ def _eval(step: int, p1: float) -> dict:
             "maj_at_n": min(1.0, p1 + 0.05)}
 
 
-def write_run(run_dir: Path, *, eps_high: float, lift: float, ref_kl: bool = False,
+def write_run(run_dir: Path, *, eps_high: float, lift: float, extra_metrics: bool = False,
               entropy_nan_at: int | None = None) -> Path:
-    """A finished run of STEPS steps with evaluations at steps 0, 3 and 6; pass@1 rises 0.3 -> 0.3 + lift."""
+    """A finished run of STEPS steps with evaluations at steps 0, 3 and 6; pass@1 rises 0.3 -> 0.3 + lift.
+
+    extra_metrics: also log actor/ref_kl and collapse/repetitive. entropy_nan_at: log actor/entropy as
+    "nan" at that step, as JsonlSink writes a non-finite value.
+    """
     run_dir.mkdir(parents=True)
     rows, evals = [], []
     for step in range(STEPS + 1):
@@ -66,8 +71,9 @@ def write_run(run_dir: Path, *, eps_high: float, lift: float, ref_kl: bool = Fal
                 "rollout/truncated_frac": 0.05,
                 "perf/step_seconds": 1.5,
             }
-            if ref_kl:
+            if extra_metrics:  # logged by one run only
                 row["actor/ref_kl"] = 0.002 * step
+                row["collapse/repetitive"] = 0.01 * step
             rows.append(row)
         if step % EVAL_EVERY == 0:
             e = _eval(step, 0.3 + lift * step / STEPS)
@@ -97,7 +103,7 @@ def report(tmp_path_factory):
     """Two runs and their report, built once for the module (the PNGs take most of the time)."""
     root = tmp_path_factory.mktemp("report")
     a = write_run(root / "runs" / "clip_sym", eps_high=0.2, lift=0.2, entropy_nan_at=4)
-    b = write_run(root / "runs" / "clip_higher", eps_high=0.28, lift=0.3, ref_kl=True)
+    b = write_run(root / "runs" / "clip_higher", eps_high=0.28, lift=0.3, extra_metrics=True)
     (b / "inspect_step6.html").write_text("<!DOCTYPE html><p class='tok'>token map of step 6</p>")
     out = build_report([a, b], root / "out" / "report.html", title="clip ablation")
     return out, out.read_text()
@@ -115,11 +121,13 @@ def runs_drawn(svg: str) -> set[str]:
 def test_one_chart_per_logged_metric_with_a_line_per_run(report):
     _, page = report
     found = charts(page)
-    assert set(found) == set(SHARED_CHARTS) | {"actor/ref_kl"}  # nothing unlogged, nothing outside SECTIONS
+    only_b = {"actor/ref_kl", "collapse/repetitive"}
+    assert set(found) == set(SHARED_CHARTS) | only_b  # nothing unlogged, nothing outside SECTIONS
     for metric in SHARED_CHARTS:
         assert runs_drawn(found[metric]) == {"clip_sym", "clip_higher"}, metric
         assert "clip_sym" in found[metric] and "clip_higher" in found[metric]  # the legend
-    assert runs_drawn(found["actor/ref_kl"]) == {"clip_higher"}  # only that run logged it
+    for metric in only_b:
+        assert runs_drawn(found[metric]) == {"clip_higher"}  # only that run logged it
 
 
 def test_chart_lines_carry_the_logged_values(report):
@@ -203,12 +211,24 @@ def test_run_still_writing(tmp_path):
     (0.13, 0.87, False, [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]),  # widened to round numbers
     (0, 50, True, [0, 10, 20, 30, 40, 50]),
     (1, 6, True, [1, 2, 3, 4, 5, 6]),  # integer steps never go below 1
-    (0.0, 0.0, False, [-1.0, -0.5, 0.0, 0.5, 1.0]),  # a constant 0 (pg_clipfrac_lower) still gets an axis
+    (0.0, 0.0, False, [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]),  # a constant 0 (pg_clipfrac_lower) still gets an axis
+    (0.5, 0.5, False, [0.47, 0.48, 0.49, 0.5, 0.51, 0.52, 0.53]),  # another constant: +-5% around it
 ])
 def test_nice_ticks(lo, hi, integer, expected):
     t0, t1, ticks = nice_ticks(lo, hi, integer=integer)
     assert ticks == pytest.approx(expected) and (t0, t1) == pytest.approx((expected[0], expected[-1]))
     assert t0 <= lo and t1 >= hi and all(math.isfinite(t) for t in ticks)
+
+
+@pytest.mark.parametrize("lo, hi, labels", [
+    (0.13, 0.87, ["0", "0.2", "0.4", "0.6", "0.8", "1.0"]),
+    (0.0, 1.1, ["0", "0.25", "0.50", "0.75", "1.00", "1.25"]),  # steps of 2.5 x 10^e need one more digit
+    (1e-6, 1.08e-6, ["1e-06", "1.02e-06", "1.04e-06", "1.06e-06", "1.08e-06"]),
+    (1_000_000, 1_000_004, ["1000000", "1000001", "1000002", "1000003", "1000004"]),  # never "1e+06" five times
+])
+def test_tick_labels_are_distinct_and_short(lo, hi, labels):
+    _, _, ticks = nice_ticks(lo, hi)
+    assert [format_tick(t, ticks[1] - ticks[0]) for t in ticks] == labels
 
 
 def test_flatten_and_labels():

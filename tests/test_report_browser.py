@@ -63,7 +63,7 @@ def console_problems(stderr: str, page: Path) -> list[str]:
 def page(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("browser")
     a = write_run(root / "clip_sym", eps_high=0.2, lift=0.2, entropy_nan_at=4)
-    b = write_run(root / "clip_higher", eps_high=0.28, lift=0.3, ref_kl=True)
+    b = write_run(root / "clip_higher", eps_high=0.28, lift=0.3, extra_metrics=True)
     return build_report([a, b], root / "report.html", pngs=False)  # PNGs are test_report.py's business
 
 

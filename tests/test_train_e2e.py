@@ -236,7 +236,7 @@ def no_training(monkeypatch):
     import mathrl.train.loop
 
     calls = []
-    monkeypatch.setattr(mathrl.train.loop, "train", lambda cfg, console=None: calls.append(cfg))
+    monkeypatch.setattr(mathrl.train.loop, "train", lambda cfg, console=None, resume=True: calls.append(cfg))
     return calls
 
 

@@ -2,6 +2,10 @@
 
     mathrl train [RECIPE.yaml] [key.path=value ...] [--run-dir DIR]
     mathrl base  [base.key=value ...]                  build (or find) the tiny base model
+    mathrl eval  TARGET... [key.path=value ...] [--n 8 --seeds 0 1 2 ...]   evaluate checkpoints (docs/evaluation.md)
+    mathrl inspect --base PATH --model PATH (--run DIR --step S --index I | --prompt T --response T)
+                                                      token-level views of what RL changed (docs/inspect.md)
+    mathrl report RUN_DIR... [--out report.html]      one HTML page comparing runs (docs/report.md)
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import sys
 from rich.console import Console
 
 from mathrl.config import ConfigError, load_config
+from mathrl.analysis import inspect_cli, report
+from mathrl.evaluation import sweep
 
 
 def _split_recipe(args: list[str]) -> tuple[str | None, list[str]]:
@@ -44,9 +50,23 @@ def main(argv: list[str] | None = None) -> int:
                          help="start over even if --run-dir holds a run (the old run is moved aside, never deleted)")
     p_base = sub.add_parser("base", help="build (or find in the cache) the tiny base model")
     p_base.add_argument("args", nargs="*", help="base.key=value overrides")
+    sweep.add_arguments(sub.add_parser(
+        "eval", help="evaluate checkpoints: avg@n pass@1 over seeds with 95% CIs, pass@k, maj@n, collapse rates"))
+    inspect_cli.add_arguments(sub.add_parser(
+        "inspect", help="token-level views of what RL changed in one response: probabilities, Δlogp, entropy (HTML)"))
+    report.add_arguments(sub.add_parser(
+        "report", help="one self-contained HTML page comparing runs: curves, eval tables, config differences"))
     ns = parser.parse_args(argv)
 
     console = Console()
+    if ns.command == "eval":  # TARGETs and overrides are parsed by the sweep, not load_config
+        _quiet_libraries()
+        return sweep.run(ns, console)
+    if ns.command == "report":  # its own options; no recipe or overrides
+        return report.run(ns, console)
+    if ns.command == "inspect":  # its own options; no recipe or overrides
+        _quiet_libraries()
+        return inspect_cli.run(ns, console)
     try:
         recipe, overrides = _split_recipe(ns.args)
         cfg = load_config(recipe, overrides)
@@ -63,14 +83,14 @@ def main(argv: list[str] | None = None) -> int:
         cfg.model.path = "tiny-arith"
         console.print(resolve_model_path(cfg, console))
         return 0
-    from mathrl.train.loop import NonFiniteError, RunComplete, train
+    from mathrl.train.loop import DynamicSamplingExhausted, NonFiniteError, RunComplete, train
 
     try:
         train(cfg, console=console, resume=not ns.no_resume)
     except RunComplete as e:
         console.print(str(e))
         return 0
-    except (FileExistsError, ValueError, NonFiniteError) as e:
+    except (FileExistsError, ValueError, NonFiniteError, DynamicSamplingExhausted) as e:
         console.print(f"[red]error:[/red] {e}")
         return 1
     return 0

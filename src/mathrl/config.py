@@ -71,6 +71,23 @@ class ArithConfig:
 
 
 @dataclass
+class DynamicSamplingConfig:
+    """Which groups reach the loss (DAPO dynamic sampling), and refilling the batch when groups are dropped."""
+
+    mode: Literal["none", "nonconstant", "band"] = "none"  # nonconstant: drop all-equal groups; band: keep accuracy in [low, high]
+    band_low: float = 0.2
+    band_high: float = 0.8
+    max_rounds: int = 4  # generation rounds per step to fill the batch with kept groups
+    on_exhausted: Literal["train_smaller", "error"] = "train_smaller"  # when max_rounds cannot fill the batch
+
+
+@dataclass
+class CurriculumConfig:
+    mode: Literal["none", "field", "online"] = "none"  # order training problems easiest-first (jsonl data)
+    field: str = "level"  # the problem field holding the difficulty, for mode=field
+
+
+@dataclass
 class DataConfig:
     train: str = "arith"  # "arith" (generated) or a .jsonl file of problems
     eval: list[str] = field(default_factory=lambda: ["arith"])  # "arith" (held-out split) and/or .jsonl files
@@ -81,6 +98,11 @@ class DataConfig:
     template: str = "arith"  # prompt template: arith | zero | plain | chat | a string containing {question}
     max_prompt_tokens: int = 512  # longer prompts are dropped (counted), never truncated
     eval_size: int = 200  # problems per eval set (held-out arithmetic problems, or the first N rows)
+    on_error: Literal["raise", "skip"] = "raise"  # a malformed jsonl row: stop naming file:line, or skip and count it
+    transform: Literal["none", "integer_answer"] = "none"  # DAPO integer-answer rewrite of the training problems
+    sample_filter: list[str] = field(default_factory=list)  # drop samples that are: repetitive, garbled, no_answer
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     arith: ArithConfig = field(default_factory=ArithConfig)
 
 
@@ -180,9 +202,21 @@ class TrainConfig:
 
 
 @dataclass
+class OverlongConfig:
+    filter: bool = False  # truncated responses are masked out of the loss (DAPO overlong filtering)
+    soft_punishment: bool = False  # DAPO soft overlong punishment over the last cache_len tokens
+    cache_len: int = 8  # tokens before rollout.max_new_tokens where the soft punishment starts
+
+
+@dataclass
 class RewardConfig:
     num_workers: int = 1  # verifier worker processes (0 = in-process, no timeout protection)
     timeout_s: float = 5.0  # per-item verification timeout
+    overlong: OverlongConfig = field(default_factory=OverlongConfig)
+    kimi_length_coef: float = 0.0  # Kimi k1.5 length penalty coefficient (0 = off)
+    length_bonus_coef: float = 0.0  # reward coef x length / max length (ablation only)
+    length_schedule: list[list[int]] = field(default_factory=list)  # [[step, target_len], ...] (ablation only)
+    length_schedule_coef: float = 0.0
 
 
 @dataclass
@@ -275,6 +309,24 @@ class Config:
             errors.append("algo.kl.coef, algo.ptx.coef and algo.pos_lm.coef must be >= 0")
         if self.algo.kl.target is not None and self.algo.kl.use == "none":
             errors.append("algo.kl.target is set but algo.kl.use is none")
+        ds = self.data.dynamic_sampling
+        if not 0 <= ds.band_low <= ds.band_high <= 1:
+            errors.append("need 0 <= data.dynamic_sampling.band_low <= data.dynamic_sampling.band_high <= 1")
+        if ds.max_rounds < 1:
+            errors.append("data.dynamic_sampling.max_rounds must be >= 1")
+        if ds.mode != "none" and self.rollout.n == 1:
+            errors.append("data.dynamic_sampling needs groups: rollout.n is 1, so every group would be dropped")
+        unknown = set(self.data.sample_filter) - {"repetitive", "garbled", "no_answer"}
+        if unknown:
+            errors.append(f"data.sample_filter: unknown reasons {sorted(unknown)}; choose from repetitive, garbled, no_answer")
+        if self.reward.overlong.soft_punishment and not 0 < self.reward.overlong.cache_len <= self.rollout.max_new_tokens:
+            errors.append("reward.overlong.cache_len must be in (0, rollout.max_new_tokens]")
+        if any(len(pair) != 2 for pair in self.reward.length_schedule):
+            errors.append("reward.length_schedule must be a list of [step, target_length] pairs")
+        if self.data.curriculum.mode != "none" and self.data.train == "arith":
+            errors.append("data.curriculum orders a fixed problem set: use it with a .jsonl data.train")
+        if self.data.transform != "none" and self.data.train == "arith":
+            errors.append("data.transform rewrites dataset answers; the arithmetic task's answers are integers already")
         if not 0 < self.rollout.temperature:
             errors.append("rollout.temperature must be > 0")
         if not 0 < self.rollout.top_p <= 1:

@@ -107,13 +107,18 @@ def read_rollout(path: str | Path, *, index: int, step: int | None = None) -> di
     raise InspectError(f"--index {index} is out of range: {where} holds {seen} records (0 .. {seen - 1})")
 
 
-def _run_config(run_dir: Path | None):
-    """The run's resolved config (config.yaml), or None."""
+def _run_config(run_dir: Path | None, console: Console):
+    """The run's resolved config (config.yaml), or None (absent, or unreadable by this mathrl version)."""
     if run_dir is None or not (run_dir / "config.yaml").is_file():
         return None
-    from mathrl.config import load_config
+    from mathrl.config import ConfigError, load_config
 
-    return load_config(run_dir / "config.yaml")
+    try:
+        return load_config(run_dir / "config.yaml")
+    except ConfigError as e:
+        console.print(f"[yellow]note:[/yellow] could not read {run_dir / 'config.yaml'} ({e}); give --base, and "
+                      "--chat-prompt if the run used data.template: chat")
+        return None
 
 
 def _response_source(ns) -> tuple[str, str, str | list[int], str, Path | None]:
@@ -158,13 +163,15 @@ def run(ns: argparse.Namespace, console: Console) -> int:
 
 
 def build_report(ns: argparse.Namespace, console: Console) -> InspectReport:
+    """Pick the response, load the models (base and RL together, then each checkpoint alone), score and
+    probe: the orchestration; every number comes from `analysis/tokens.py`."""
     for name in ("top_k", "entropy_k", "dist_k"):
         if getattr(ns, name) < 1:
             raise InspectError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(ns, name)}")
     if not 0 < ns.confident <= ns.saturated <= 1:
         raise InspectError(f"need 0 < --confident <= --saturated <= 1, got {ns.confident} and {ns.saturated}")
     source, prompt, response, response_text, run_dir = _response_source(ns)
-    cfg = _run_config(run_dir)
+    cfg = _run_config(run_dir, console)
     add_special = not (ns.chat_prompt or (cfg is not None and cfg.data.template == "chat"))
 
     model_path = ns.model or (str(Path(ns.run) / "final") if ns.run else None)
@@ -207,6 +214,9 @@ def build_report(ns: argparse.Namespace, console: Console) -> InspectReport:
     skip = {_resolved(base_path), _resolved(model_path)}
     for path, name in zip(ns.checkpoints, _checkpoint_names(ns.checkpoints)):
         if _resolved(path) in skip:
+            continue
+        if ".tmp-" in Path(path).name:  # a checkpoint still being written (train/checkpoint.py), e.g. from step_*
+            console.print(f"skipping {path}: an unfinished checkpoint")
             continue
         skip.add(_resolved(path))
         console.print(f"probing checkpoint {path}")
@@ -264,7 +274,8 @@ def print_report(report: InspectReport, console: Console) -> None:
     for col in ("pos", "context \\[token]", "class", "p_base", "p_rl", "Δp", "Δlogp"):
         t.add_column(col, justify="left" if col in ("context \\[token]", "class") else "right")
     for i in c.top_moved:
-        t.add_row(str(i), _in_context(context_text(report.prompt, c.tokens, i), c.tokens[i]), c.classes[i], f"{float(c.p_base[i]):.4f}", f"{float(c.p_rl[i]):.4f}", f"{float(c.delta_p[i]):+.4f}",
+        t.add_row(str(i), _in_context(context_text(report.prompt, c.tokens, i), c.tokens[i]), c.classes[i],
+                  f"{float(c.p_base[i]):.4f}", f"{float(c.p_rl[i]):.4f}", f"{float(c.delta_p[i]):+.4f}",
                   f"{float(c.delta_logp[i]):+.3f}")
     console.print(t)
     console.print(f"over-confident tokens (p_base ≥ {c.confident:g}, p_rl > p_base, p_rl ≥ {c.saturated:g}): "

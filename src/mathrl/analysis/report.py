@@ -37,7 +37,9 @@ SECTIONS: list[tuple[str, list[str]]] = [
     ("Entropy", ["actor/entropy", "actor/rollout_entropy", "actor/entropy_coef", "actor/entropy_clipfrac"]),
     ("KL and clipping", ["actor/ref_kl", "actor/kl_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower"]),
     ("Length", ["rollout/response_length", "rollout/truncated_frac"]),
-    ("Collapse rates", ["filter/repetitive", "filter/garbled", "filter/no_answer", "reward/no_answer_rate"]),
+    # collapse/* are the detectors' rates (every step); filter/<reason> the samples the sample filter dropped
+    ("Collapse", ["collapse/repetitive", "collapse/garbled", "collapse/no_answer", "reward/no_answer_rate",
+                  "filter/repetitive", "filter/garbled", "filter/no_answer"]),
 ]
 
 # Config fields left out of the difference table: they differ between any two runs by construction.
@@ -243,7 +245,14 @@ class Line:
     label: str
     color: str
     steps: list[int]
-    values: list[float]  # may hold nan/inf: the line breaks there and a red x marks the step
+    values: list[float]  # may hold nan/inf: the line breaks there and an x marks the step
+    width: float = 1.8  # stroke width in px
+
+
+def line_width(run_index: int) -> float:
+    """Earlier runs are drawn wider, so a run that overlaps another (same seed, same early steps) still
+    shows as a border around it instead of disappearing."""
+    return max(1.2, 2.8 - 0.5 * run_index)
 
 
 def nice_ticks(lo: float, hi: float, *, count: int = 5, integer: bool = False) -> tuple[float, float, list[float]]:
@@ -251,9 +260,12 @@ def nice_ticks(lo: float, hi: float, *, count: int = 5, integer: bool = False) -
 
     nice_ticks(0.13, 0.87) -> (0.0, 1.0, [0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
     """
-    if not hi > lo:  # one value: give it some room
-        pad = abs(lo) * 0.05 if lo else 1.0
-        lo, hi = lo - pad, hi + pad
+    if not hi > lo:  # one value: give it some room (a constant 0, e.g. a clip fraction, gets [0, 1])
+        if lo == 0:
+            hi = 1.0
+        else:
+            pad = abs(lo) * 0.05
+            lo, hi = lo - pad, hi + pad
     raw = (hi - lo) / count
     exp = math.floor(math.log10(raw))
     step = next(m * 10**exp for m in (1, 2, 2.5, 5, 10) if m * 10**exp >= raw * 0.999)
@@ -265,15 +277,15 @@ def nice_ticks(lo: float, hi: float, *, count: int = 5, integer: bool = False) -
 
 
 def format_tick(value: float, step: float) -> str:
-    """A tick label with just enough decimals for the tick spacing (0.25 -> "0.25", 1e-05 -> "1e-05")."""
-    if value == 0:
+    """A tick label with just enough digits to tell ticks `step` apart (0.25 -> "0.25", 1e-06 -> "1e-06")."""
+    if abs(value) < step * 1e-6:
         return "0"
-    if abs(value) >= 1e5 or step < 1e-4:
-        return f"{value:.3g}"
-    decimals = max(0, -math.floor(math.log10(step) + 1e-9))
-    if round(step / 10 ** math.floor(math.log10(step) + 1e-9), 6) == 2.5:  # 0.25, 2.5, ...: one more
-        decimals += 1
-    return f"{value:.{decimals}f}"
+    exp = math.floor(math.log10(step) + 1e-9)
+    extra = 1 if round(step / 10**exp, 6) == 2.5 else 0  # 0.25, 2.5, ...: one more digit
+    decimals = max(0, -exp + extra)
+    if decimals <= 6:
+        return f"{value:.{decimals}f}"
+    return f"{value:.{max(1, math.floor(math.log10(abs(value))) - exp + 1 + extra)}g}"
 
 
 def svg_line_chart(metric: str, lines: list[Line], *, width: int = 520, height: int = 280) -> str:
@@ -329,11 +341,12 @@ def svg_line_chart(metric: str, lines: list[Line], *, width: int = 520, height: 
             pts = " ".join(f"{sx(s):.2f},{sy(v):.2f}" for s, v in seg)
             steps = ",".join(str(s) for s, _ in seg)
             values = ",".join(f"{v:.6g}" for _, v in seg)
-            out.append(f'<polyline class="series" data-run="{esc(ln.label)}" stroke="{ln.color}" points="{pts}" '
+            out.append(f'<polyline class="series" data-run="{esc(ln.label)}" stroke="{ln.color}" '
+                       f'stroke-width="{ln.width:g}" points="{pts}" '
                        f'data-steps="{steps}" data-values="{values}"/>')
             if marked or len(seg) == 1:
                 for s, v in seg:
-                    out.append(f'<circle cx="{sx(s):.2f}" cy="{sy(v):.2f}" r="2.6" fill="{ln.color}">'
+                    out.append(f'<circle cx="{sx(s):.2f}" cy="{sy(v):.2f}" r="{ln.width + 0.8:g}" fill="{ln.color}">'
                                f"<title>{esc(ln.label)}: {v:.6g} at step {s}</title></circle>")
         for s, v in zip(ln.steps, ln.values):
             if not math.isfinite(v):  # keep a blow-up visible rather than silently dropping it
@@ -382,7 +395,8 @@ def write_pngs(charts: list[tuple[str, list[Line]]], folder: Path) -> list[Path]
         for ln in lines:
             values = [v if math.isfinite(v) else math.nan for v in ln.values]  # nan breaks the line
             marker = "o" if len(ln.steps) <= MAX_MARKED_POINTS else None
-            ax.plot(ln.steps, values, color=ln.color, label=ln.label, marker=marker, markersize=3, linewidth=1.6)
+            ax.plot(ln.steps, values, color=ln.color, label=ln.label, marker=marker, markersize=2 * ln.width + 1,
+                    linewidth=ln.width)
         ax.set_title(metric, fontsize=10, family="monospace")
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
@@ -415,7 +429,7 @@ svg.chart .title { font: 600 13px ui-monospace, Menlo, monospace; fill: #1b1f24;
 svg.chart .tick, svg.chart .legend, svg.chart .axis-label { font: 11px system-ui, sans-serif; fill: #57606a; }
 svg.chart .legend { fill: #1b1f24; }
 svg.chart .grid { stroke: #eaeef2; } svg.chart .axis { stroke: #8c959f; }
-svg.chart .series { fill: none; stroke-width: 1.8; stroke-linejoin: round; }
+svg.chart .series { fill: none; stroke-linejoin: round; }
 svg.chart .guide { stroke: #8c959f; stroke-dasharray: 3 3; }
 svg.chart .nonfinite { font: 700 13px sans-serif; }
 #tip { position: fixed; display: none; pointer-events: none; background: rgba(255,255,255,0.96);
@@ -646,7 +660,8 @@ director{"y" if len(runs) == 1 else "ies"}. Metric names are defined in docs/met
 <h2>Config differences</h2>
 {config_table(runs)}
 <h2>Curves</h2>
-<p class="note">One line per run. Evaluation curves start at step 0, the starting model. A × at the top
+<p class="note">One line per run; earlier runs are drawn wider, so overlapping lines stay visible.
+Evaluation curves start at step 0, the starting model. A × at the top
 of a chart, in the run's colour, marks a non-finite value (nan/inf); the line breaks there. Hover a chart for values.</p>
 {png_note}
 {"".join(chart_html)}
@@ -677,7 +692,7 @@ def build_report(run_dirs: list[Path], out: Path, *, title: str | None = None, p
     for section, metrics in chart_metrics(runs):
         svgs = []
         for metric in metrics:
-            lines = [Line(r.label, r.color, *r.series(metric)) for r in runs]
+            lines = [Line(r.label, r.color, *r.series(metric), width=line_width(i)) for i, r in enumerate(runs)]
             lines = [ln for ln in lines if ln.steps]  # a run that did not log it gets no line
             if not lines:  # logged, but never as a number
                 continue

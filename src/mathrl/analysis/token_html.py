@@ -152,7 +152,7 @@ def _section_change(r: InspectReport) -> str:
     ]
     top = _table(["pos", "context [token]", "class", "p_base", "p_rl", "Δp", "Δlogp"], top_rows, left={1, 2})
     oc = [i for i in range(len(c)) if bool(c.overconfident[i])]
-    oc_list = ", ".join(f'{i} <span class="mono">{_e(visible(c.tokens[i]))}</span>' for i in oc[:200])
+    oc_list = " · ".join(f'#{i} <span class="mono">{_e(visible(c.tokens[i]))}</span>' for i in oc[:200])
     if len(oc) > 200:
         oc_list += f", … ({len(oc) - 200} more)"
     total_dlogp = float(c.delta_logp.sum())

@@ -70,7 +70,9 @@ class TokenizerMismatchError(ValueError):
 # ---------------------------------------------------------------------------- tokenization
 
 
-def encode(tokenizer, prompt: str, response: str | Sequence[int], *, add_special_tokens: bool = True) -> tuple[list[int], list[int]]:
+def encode(
+    tokenizer, prompt: str, response: str | Sequence[int], *, add_special_tokens: bool = True,
+) -> tuple[list[int], list[int]]:
     """(prompt_ids, response_ids), tokenized separately as in training.
 
     The prompt gets the tokenizer's special tokens (BOS, where it has one) unless
@@ -428,9 +430,8 @@ def next_token_distribution(
     top_ids = top.indices.tolist()
     actual = response_ids[position]
     return NextTokenDistribution(
-        position=position, context=context_text(prompt, token_texts(tokenizer, response_ids[:position]), position, 20),
-        actual_id=actual,
-        actual_token=token_texts(tokenizer, [actual])[0], actual_prob=float(probs[actual]),
+        position=position, context=context_text(prompt, token_texts(tokenizer, response_ids[:position]), position),
+        actual_id=actual, actual_token=token_texts(tokenizer, [actual])[0], actual_prob=float(probs[actual]),
         actual_rank=int((probs > probs[actual]).sum()) + 1, entropy=float(entropy_from_logits(logits)),
         top=list(zip(token_texts(tokenizer, top_ids), top_ids, top.values.tolist())),
     )

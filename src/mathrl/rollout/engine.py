@@ -114,7 +114,7 @@ class TorchEngine:
             ]
         finally:
             self.model.train(was_training)
-        return _concat(chunks, self.pad_token_id)
+        return concat_rollouts(chunks, self.pad_token_id)
 
     def _generate_chunk(self, prompts, *, max_new_tokens, temperature, top_p, seed) -> RolloutBatch:
         device = next(self.model.parameters()).device
@@ -187,7 +187,8 @@ def _output_cache(out):
     return cache if cache is not None else out.past_key_values
 
 
-def _concat(chunks: list[RolloutBatch], pad_id: int) -> RolloutBatch:
+def concat_rollouts(chunks: list[RolloutBatch], pad_id: int) -> RolloutBatch:
+    """One RolloutBatch from several, re-padding prompts (left) and responses (right) to a common width."""
     if len(chunks) == 1:
         return chunks[0]
     p = max(c.prompt_ids.shape[1] for c in chunks)
@@ -208,3 +209,8 @@ def _concat(chunks: list[RolloutBatch], pad_id: int) -> RolloutBatch:
         logprobs=torch.cat([pad(c.logprobs, t, 0.0, False) for c in chunks]),
         truncated=torch.cat([c.truncated for c in chunks]),
     )
+
+
+def select_rollout_rows(batch: RolloutBatch, rows: torch.Tensor | list[int]) -> RolloutBatch:
+    rows = torch.as_tensor(rows, dtype=torch.long)
+    return RolloutBatch(**{k: v[rows] for k, v in batch.__dict__.items()})

@@ -11,8 +11,10 @@ from rich.console import Console
 from mathrl.config import Config
 from mathrl.tasks.arithmetic import ArithmeticTask
 from mathrl.tasks.base import Problem
+from mathrl.tasks.curriculum import Curriculum
 from mathrl.tasks.jsonl import PRESETS, FieldMap, load_problems
 from mathrl.tasks.prompts import render_chat, render_prompt
+from mathrl.tasks.transforms import integer_answer_transform
 
 TINY_BASE = "tiny-arith"
 
@@ -96,14 +98,26 @@ class ProblemStream:
         self.encoder = PromptEncoder(cfg, tokenizer)
         self.seed = cfg.seed
         self.draws = 0
+        self.notes: list[str] = []  # what loading did, for the console
+        self.curriculum: Curriculum | None = None
         if cfg.data.train == "arith":
             self.task: ArithmeticTask | None = arithmetic_task(cfg)
             self.pool: list[Problem] = []
         else:
             self.task = None
-            self.pool = load_problems(cfg.data.train, field_map(cfg, cfg.data.train)).problems
+            loaded = load_problems(cfg.data.train, field_map(cfg, cfg.data.train), on_error=cfg.data.on_error)
+            self.pool = loaded.problems
+            self.notes.append(f"loaded {len(self.pool)} training problems from {cfg.data.train}"
+                              + (f" ({loaded.skipped} malformed rows skipped: {loaded.skipped_reasons})" if loaded.skipped else ""))
+            if cfg.data.transform == "integer_answer":
+                report = integer_answer_transform(self.pool)
+                self.pool = report.problems
+                self.notes.append(f"integer-answer transform: {report.converted} converted, {report.unchanged} unchanged, "
+                                  f"{report.dropped} dropped (could not be converted)")
             if not self.pool:
                 raise ValueError(f"data.train {cfg.data.train!r} holds no problems")
+            if cfg.data.curriculum.mode != "none":
+                self.curriculum = Curriculum(self.pool, mode=cfg.data.curriculum.mode, field=cfg.data.curriculum.field)
         self._order: list[int] = []
         self._epoch = 0
 
@@ -113,19 +127,30 @@ class ProblemStream:
         out = []
         while len(out) < count:
             if not self._order:
-                self._order = list(range(len(self.pool)))
-                random.Random(f"{self.seed}:{self._epoch}").shuffle(self._order)
+                if self.curriculum is not None:  # easiest first, re-ranked every epoch (online: latest pass rates)
+                    self._order = list(reversed(self.curriculum.order()))
+                else:
+                    self._order = list(range(len(self.pool)))
+                    random.Random(f"{self.seed}:{self._epoch}").shuffle(self._order)
                 self._epoch += 1
             out.append(self.pool[self._order.pop()])
         return out
 
     def state_dict(self) -> dict:
         """Position in the stream (checkpointed so a resumed run sees the same problems)."""
-        return {"draws": self.draws, "epoch": self._epoch, "order": list(self._order), "dropped": self.encoder.dropped}
+        return {"draws": self.draws, "epoch": self._epoch, "order": list(self._order), "dropped": self.encoder.dropped,
+                "curriculum": self.curriculum.state_dict() if self.curriculum is not None else None}
 
     def load_state_dict(self, state: dict) -> None:
         self.draws, self._epoch, self._order = state["draws"], state["epoch"], list(state["order"])
         self.encoder.dropped = state["dropped"]
+        if self.curriculum is not None and state.get("curriculum"):
+            self.curriculum.load_state_dict(state["curriculum"])
+
+    def observe(self, problems: list[Problem], accuracy: list[float]) -> None:
+        """Per-problem accuracy of this step's groups, for the online curriculum."""
+        if self.curriculum is not None and self.curriculum.mode == "online":
+            self.curriculum.update([p.id for p in problems], accuracy)
 
     def next_batch(self, count: int) -> tuple[list[Problem], list[list[int]], list[str]]:
         """`count` problems with their prompt ids and texts (over-long prompts replaced by further draws)."""

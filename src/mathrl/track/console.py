@@ -49,6 +49,9 @@ class StepProgress:
     def note(self, text: str) -> None:
         self._progress.update(self._task, info=text)
 
+    def advance_empty(self) -> None:
+        self._progress.update(self._task, advance=1, info="no group kept this step")
+
     def advance(self, metrics: dict[str, float], eval_metrics: dict[str, float]) -> None:
         held = [f"{k.split('/')[1]} {v:.3f}" for k, v in eval_metrics.items() if k.endswith("/pass@1")]
         info = (

@@ -34,14 +34,19 @@ from mathrl.algo.controllers import (
     SkyworkEntropyController,
 )
 from mathrl.algo.entropy import entropy_bonus_mask
+from mathrl.algo.filters import group_filter, overlong_mask
 from mathrl.algo.kl import apply_kl_reward_penalty, kl_penalty
 from mathrl.algo.losses import aggregate, dp_scale, global_counts, policy_loss, positive_example_lm_loss
+from mathrl.algo.sample_filter import sample_filter
+from mathrl.analysis.collapse import is_garbled, is_repetitive
 from mathrl.config import Config, dump_yaml
 from mathrl.evaluation.evaluate import EvalResult, evaluate
 from mathrl.model.io import load_model_and_tokenizer, save_model
 from mathrl.model.scoring import next_token_logprobs, response_logprobs
-from mathrl.reward.verify import Verifier
-from mathrl.rollout.engine import RolloutBatch, TorchEngine
+from mathrl.reward.shaping import kimi_length_penalty, length_bonus, length_schedule_reward, soft_overlong_punishment
+from mathrl.reward.verify import RewardResult, Verifier
+from mathrl.rollout.engine import RolloutBatch, TorchEngine, concat_rollouts, select_rollout_rows
+from mathrl.tasks.base import Problem
 from mathrl.tasks.sources import (
     EvalSet,
     PretrainText,
@@ -121,6 +126,151 @@ def compute_advantages(cfg: Config, rewards: torch.Tensor, group_ids: torch.Tens
     if adv.estimator == "rloo":
         return rloo_advantages(rewards, group_ids)
     return whiten_advantages(rewards)  # reinforce_pp: batch-whitened rewards (REINFORCE++)
+
+
+@dataclass
+class Collected:
+    """The kept groups of one step: G problems, N = G x n samples."""
+
+    problems: list[Problem]
+    prompts_text: list[str]
+    rollout: RolloutBatch | None
+    texts: list[str]
+    results: list[RewardResult]
+    rewards: torch.Tensor  # [N] verifier score plus shaping terms
+    correct: torch.Tensor  # [N] 1.0 where the verifier accepted the answer
+    metrics: dict[str, float]
+    rollout_seconds: float
+    reward_seconds: float
+
+
+class DynamicSamplingExhausted(RuntimeError):
+    """data.dynamic_sampling.on_exhausted=error and max_rounds could not fill the batch."""
+
+
+def shape_rewards(cfg: Config, step: int, rollout: RolloutBatch, correct: torch.Tensor, group_ids: torch.Tensor):
+    """[N] verifier score + the configured length terms, and their per-term means for the log."""
+    r, lengths, metrics = correct.clone(), rollout.response_lengths, {}
+    shaping = cfg.reward
+    if shaping.overlong.soft_punishment:
+        term = soft_overlong_punishment(lengths, max_len=cfg.rollout.max_new_tokens, cache_len=shaping.overlong.cache_len)
+        r, metrics["reward/overlong_penalty"] = r + term, float(term.mean())
+    if shaping.kimi_length_coef:
+        term = kimi_length_penalty(lengths, correct, group_ids, coef=shaping.kimi_length_coef)
+        r, metrics["reward/length_penalty"] = r + term, float(term.mean())
+    if shaping.length_bonus_coef:
+        term = length_bonus(lengths, coef=shaping.length_bonus_coef, max_len=cfg.rollout.max_new_tokens)
+        r, metrics["reward/length_bonus"] = r + term, float(term.mean())
+    if shaping.length_schedule:
+        schedule = [(int(a), int(b)) for a, b in shaping.length_schedule]
+        term = length_schedule_reward(lengths, correct, step=step, schedule=schedule, coef=shaping.length_schedule_coef)
+        r, metrics["reward/length_schedule"] = r + term, float(term.mean())
+    return r, metrics
+
+
+def collect_rollouts(cfg: Config, step: int, *, train_stream: ProblemStream, engine, tokenizer, verifier) -> Collected:
+    """Generate, score and (with dynamic sampling) filter groups until the batch is full or
+    `max_rounds` generation rounds are spent (DAPO section 3.2)."""
+    n, want, ds = cfg.rollout.n, cfg.rollout.prompts_per_step, cfg.data.dynamic_sampling
+    parts, kept, counts = [], 0, {"kept_groups": 0, "dropped_all_correct": 0, "dropped_all_wrong": 0, "dropped_out_of_band": 0}
+    t_gen = t_rew = 0.0
+    rounds = 0
+    shaping_metrics: dict[str, list[float]] = {}
+    while kept < want and rounds < (ds.max_rounds if ds.mode != "none" else 1):
+        rounds += 1
+        t0 = time.time()
+        problems, prompt_ids, prompts_text = train_stream.next_batch(want)
+        rollout = engine.generate(
+            [p for p in prompt_ids for _ in range(n)], max_new_tokens=cfg.rollout.max_new_tokens,
+            temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+            seed=cfg.seed * 1_000_003 + step + (rounds - 1) * 7_919_993,  # round 1 keeps the plain per-step seed
+        )
+        t1 = time.time()
+        texts = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
+        results = verifier.score(texts, [p.answer for p in problems for _ in range(n)])
+        t_gen, t_rew = t_gen + t1 - t0, t_rew + time.time() - t1
+        correct = torch.tensor([r.reason == "correct" for r in results], dtype=torch.float32)  # [N]
+        group_ids = torch.arange(len(problems)).repeat_interleave(n)  # [N]
+        train_stream.observe([p for p in problems for _ in range(n)], correct.tolist())
+        rewards, shaped = shape_rewards(cfg, step, rollout, correct, group_ids)
+        for k, v in shaped.items():
+            shaping_metrics.setdefault(k, []).append(v)
+        if ds.mode == "none":
+            keep = list(range(len(problems)))
+        else:  # filter on correctness, so length shaping cannot make an all-correct group look informative
+            gf = group_filter(correct, group_ids, mode=ds.mode, band=(ds.band_low, ds.band_high), correct=correct)
+            for k in ("dropped_all_correct", "dropped_all_wrong", "dropped_out_of_band"):
+                counts[k] += getattr(gf, k)
+            keep = gf.group_order[gf.keep].tolist()
+        keep = keep[: want - kept]
+        kept += len(keep)
+        rows = [g * n + j for g in keep for j in range(n)]
+        parts.append(([problems[g] for g in keep], [prompts_text[g] for g in keep], select_rollout_rows(rollout, rows),
+                      [texts[i] for i in rows], [results[i] for i in rows], rewards[rows], correct[rows]))
+    counts["kept_groups"] = kept
+    metrics = {f"filter/{k}": float(v) for k, v in counts.items()}
+    metrics["filter/gen_rounds"] = float(rounds)
+    metrics.update({k: sum(v) / len(v) for k, v in shaping_metrics.items()})
+    if kept < want and ds.mode != "none" and ds.on_exhausted == "error":
+        raise DynamicSamplingExhausted(
+            f"step {step}: dynamic sampling kept {kept} of {want} groups after data.dynamic_sampling.max_rounds="
+            f"{ds.max_rounds} generation rounds; raise max_rounds, widen the band, or set on_exhausted=train_smaller"
+        )
+    parts = [p for p in parts if p[0]]
+    if not parts:
+        return Collected([], [], None, [], [], torch.zeros(0), torch.zeros(0), metrics, t_gen, t_rew)
+    return Collected(
+        problems=[x for p in parts for x in p[0]],
+        prompts_text=[x for p in parts for x in p[1]],
+        rollout=concat_rollouts([p[2] for p in parts], tokenizer.pad_token_id),
+        texts=[x for p in parts for x in p[3]],
+        results=[x for p in parts for x in p[4]],
+        rewards=torch.cat([p[5] for p in parts]),
+        correct=torch.cat([p[6] for p in parts]),
+        metrics=metrics, rollout_seconds=t_gen, reward_seconds=t_rew,
+    )
+
+
+def filter_samples(cfg: Config, rollout: RolloutBatch, texts: list[str], results: list[RewardResult]):
+    """Loss mask [N, T] after the sample filter and overlong filtering, and the collapse/filter metrics.
+
+    The collapse detectors run on every step (collapse/*), whether or not their filter is on.
+    """
+    lengths = rollout.response_lengths.tolist()
+    garbled = [is_garbled(t, rollout.logprobs[i, : lengths[i]].tolist()) for i, t in enumerate(texts)]
+    repetitive = [is_repetitive(t) for t in texts]
+    no_answer = [r.reason == "no_answer" for r in results]
+    metrics = {
+        "collapse/repetitive": sum(repetitive) / len(texts),
+        "collapse/garbled": sum(garbled) / len(texts),
+        "collapse/no_answer": sum(no_answer) / len(texts),
+    }
+    loss_mask = rollout.response_mask.clone()
+    if cfg.data.sample_filter:
+        sf = sample_filter(texts, no_answer=no_answer, is_repetitive=repetitive, is_garbled=garbled,
+                           drop=set(cfg.data.sample_filter))
+        loss_mask = loss_mask * sf.keep_rows[:, None].float()
+        metrics.update({f"filter/{k}": float(v) for k, v in sf.counts.items()})
+    if cfg.reward.overlong.filter:
+        metrics["filter/overlong"] = float(rollout.truncated.sum())
+        loss_mask = overlong_mask(rollout.truncated, loss_mask)
+    return loss_mask, metrics
+
+
+class CollapseWatch:
+    """Warns when a collapse rate jumps: above 0.1 and at least twice its running average."""
+
+    def __init__(self, decay: float = 0.9):
+        self.decay, self.avg = decay, {}
+
+    def check(self, step: int, metrics: dict[str, float], console: Console) -> None:
+        for key in ("collapse/repetitive", "collapse/garbled", "collapse/no_answer"):
+            if key not in metrics:
+                continue
+            value, avg = metrics[key], self.avg.get(key)
+            if avg is not None and value > 0.1 and value > 2 * avg:
+                console.print(f"[yellow]warning:[/yellow] step {step}: {key} jumped to {value:.2f} (running average {avg:.2f})")
+            self.avg[key] = value if avg is None else self.decay * avg + (1 - self.decay) * value
 
 
 def build_controllers(cfg: Config) -> dict[str, CoefController]:
@@ -398,6 +548,9 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
             "skipped_steps": skipped_total,
         }
 
+    for note in train_stream.notes:
+        console.print(note)
+    collapse = CollapseWatch()
     with Verifier(num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s) as verifier:
         # ---- evaluate the starting point ---------------------------------------------------------
         if checkpoint is None:
@@ -412,30 +565,30 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
         with StepProgress(console, total=cfg.train.steps, completed=start_step - 1) as progress:
             for step in range(start_step, cfg.train.steps + 1):
                 t0 = time.time()
-                # ---- 1. problems ------------------------------------------------------------------
-                problems, prompt_ids, prompts_text = train_stream.next_batch(cfg.rollout.prompts_per_step)
-                # ---- 2. rollout: n samples per problem --------------------------------------------
-                rollout = engine.generate(
-                    [p for p in prompt_ids for _ in range(n)], max_new_tokens=cfg.rollout.max_new_tokens,
-                    temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, seed=cfg.seed * 1_000_003 + step,
-                )
-                t_rollout = time.time()
-                # ---- 3. reward ---------------------------------------------------------------------
-                texts = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
-                results = verifier.score(texts, [p.answer for p in problems for _ in range(n)])
-                rewards = torch.tensor([r.score for r in results], dtype=torch.float32)  # [N]
-                t_reward = time.time()
-                correct = torch.tensor([r.reason == "correct" for r in results], dtype=torch.float32)
+                # ---- 1-3. problems -> rollout -> reward (+ shaping) -> group filter, refilled ----------
+                got = collect_rollouts(cfg, step, train_stream=train_stream, engine=engine, tokenizer=tokenizer,
+                                       verifier=verifier)
+                problems, prompts_text, rollout, texts, results = got.problems, got.prompts_text, got.rollout, got.texts, got.results
+                rewards, correct = got.rewards, got.correct
+                t_rollout, t_reward = t0 + got.rollout_seconds, t0 + got.rollout_seconds + got.reward_seconds
+                if not problems:  # every group was filtered out and on_exhausted=train_smaller: nothing to learn from
+                    console.print(f"[yellow]warning:[/yellow] step {step}: dynamic sampling kept no group; update skipped")
+                    tracker.log(step, got.metrics)
+                    progress.advance_empty()
+                    continue
+                # ---- sample filters: masked out of the loss, counted per reason ------------------------
+                loss_mask, filter_metrics = filter_samples(cfg, rollout, texts, results)
+                got.metrics.update(filter_metrics)
                 batch = TrainBatch(
                     prompt_ids=rollout.prompt_ids, prompt_mask=rollout.prompt_mask,
                     response_ids=rollout.response_ids, response_mask=rollout.response_mask,
-                    loss_mask=rollout.response_mask.clone(), old_logprobs=torch.zeros_like(rollout.logprobs),
+                    loss_mask=loss_mask, old_logprobs=torch.zeros_like(rollout.logprobs),
                     advantages=torch.zeros_like(rollout.logprobs), ref_logprobs=torch.zeros_like(rollout.logprobs),
                     ref_entropy=torch.zeros_like(rollout.logprobs), correct=correct,
                 )
                 # ---- 4. scoring passes: old logprobs (training model), reference logprobs/entropy ----
                 batch.old_logprobs, rollout_entropy = scoring_pass(model, batch, cfg, with_entropy=True)
-                metrics = {}
+                metrics = dict(got.metrics)
                 if ref_model is not None:
                     batch.ref_logprobs, batch.ref_entropy = scoring_pass(ref_model, batch, cfg, with_entropy=True)
                     kl_k1 = ((batch.old_logprobs - batch.ref_logprobs) * batch.loss_mask).sum() / batch.loss_mask.sum().clamp(min=1)
@@ -472,10 +625,10 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
 
                 # ---- 7. metrics and logs -----------------------------------------------------------
                 lengths = rollout.response_lengths.float()
-                per_group = rewards.view(len(problems), n)
+                per_group = correct.view(len(problems), n)
                 metrics.update({
                     "reward/mean": float(rewards.mean()),
-                    "reward/accuracy": sum(r.reason == "correct" for r in results) / len(results),
+                    "reward/accuracy": float(correct.mean()),
                     "reward/no_answer_rate": sum(r.reason == "no_answer" for r in results) / len(results),
                     "reward/timeout_rate": sum(r.reason == "timeout" for r in results) / len(results),
                     "reward/error_rate": sum(r.reason == "error" for r in results) / len(results),
@@ -501,8 +654,9 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
                     progress.note(f"step {step}: evaluating")
                     latest = run_evals(eval_sets, engine=engine, tokenizer=tokenizer, verifier=verifier, cfg=cfg)
                     last_eval = _log_evals(step, latest, tracker, run_dir)
+                collapse.check(step, metrics, console)
                 # no checkpoint while updates are being skipped: the last one stays the last good one
-                if cfg.train.save_every and step % cfg.train.save_every == 0 and step != cfg.train.steps and not skipped_in_a_row:
+                if cfg.train.save_every and (step % cfg.train.save_every == 0 or step == cfg.train.steps) and not skipped_in_a_row:
                     save_checkpoint(run_dir / "checkpoints", step, model=model, tokenizer=tokenizer, optimizer=optimizer,
                                     scheduler=scheduler, state=trainer_state(), keep_last=cfg.train.keep_last,
                                     keep_every=cfg.train.keep_every)
