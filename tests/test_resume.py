@@ -140,3 +140,29 @@ def test_consecutive_non_finite_steps_stop_the_run_with_its_checkpoint_intact(tm
     # cumulative skipped optimizer steps: each RL step here makes 2 (16 samples / mini-batch 8)
     assert [r["perf/skipped_steps"] for r in rows if "perf/skipped_steps" in r] == [0.0, 0.0, 2.0, 4.0]
     assert latest_checkpoint(tmp_path / "run" / "checkpoints").name == "step_000002"
+
+
+@pytest.mark.slow
+def test_staged_growth_continues_a_finished_run_in_a_new_directory(reference, tmp_path):
+    # 8k -> 16k style: a new run starts from the finished run's last checkpoint with a longer
+    # response limit, keeps its optimizer (Adam moments, step count, warm-up done) and controller
+    # state, and records its parent.
+    tmp, _ = reference
+    parent = tmp / "uninterrupted" / "checkpoints" / "step_000006"
+    assert (parent / "trainer_state.pt").exists()  # a finished run keeps its last step resumable
+    child = tmp_path / "child"
+    driver = tmp / "driver.py"
+    overrides = [*OVERRIDES, "train.steps=1", "rollout.max_new_tokens=64", f"train.init_from={parent}",
+                 f"run_dir={child}"]
+    env = {**os.environ, "MATHRL_CACHE": str(tmp / "cache")}
+    proc = subprocess.run([sys.executable, str(driver), json.dumps(overrides), "plain", "0"], env=env,
+                          capture_output=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    record = json.loads((child / "parent.json").read_text())
+    assert record["checkpoint"] == str(parent.resolve()) and record["step"] == 6
+    parent_state = torch.load(parent / "trainer_state.pt", weights_only=True)["optimizer"]["state"]
+    child_state = torch.load(child / "checkpoints" / "step_000001" / "trainer_state.pt", weights_only=True)["optimizer"]["state"]
+    # Adam's step count went on from the parent's (6 RL steps x 2 updates + 2 more), not from zero
+    assert float(child_state[0]["step"]) == float(parent_state[0]["step"]) + 2
+    child_ctl = json.loads((child / "checkpoints" / "step_000001" / "trainer_state.json").read_text())["controllers"]
+    assert child_ctl["entropy"]["coef"] != 0.001  # the adaptive coefficient carried on from the parent's value

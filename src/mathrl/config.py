@@ -199,6 +199,7 @@ class TrainConfig:
     keep_last: int = 2  # complete checkpoints kept (older ones are deleted once a newer one is complete)
     keep_every: int = 0  # also keep every checkpoint whose step is a multiple of this (0 = none)
     max_skipped_steps: int = 5  # stop after this many consecutive steps with a non-finite loss or gradient
+    init_from: str | None = None  # continue from another run's checkpoint dir (model, optimizer, controllers) in this new run
 
 
 @dataclass
@@ -338,6 +339,9 @@ class Config:
                 "data.arith.heldout_permille > 50 would hold out problems the tiny base model was pretrained on "
                 "(its pretraining excludes only the first 50 permille); use a value <= 50"
             )
+        if self.train.init_from is not None and not (Path(self.train.init_from) / "trainer_state.pt").exists():
+            errors.append(f"train.init_from={self.train.init_from!r} is not a complete checkpoint directory "
+                          "(expected e.g. runs/X/checkpoints/step_000050 with trainer_state.pt)")
         if self.rollout.engine == "vllm":
             errors.append("rollout.engine=vllm is not available in this version; use rollout.engine=torch")
         if errors:

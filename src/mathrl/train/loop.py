@@ -499,7 +499,8 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
     # ---- model, data, engine, verifier -----------------------------------------------------------
     model_path = resolve_model_path(cfg, console)
     console.print(f"loading model from {model_path}")
-    model, tokenizer = load_model_and_tokenizer(checkpoint or model_path, dtype=cfg.model.dtype)
+    parent = Path(cfg.train.init_from) if cfg.train.init_from and checkpoint is None else None
+    model, tokenizer = load_model_and_tokenizer(checkpoint or parent or model_path, dtype=cfg.model.dtype)
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.train()
@@ -538,6 +539,22 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
             truncate_jsonl(run_dir / name, done)  # rows a killed run wrote after this checkpoint
         start_step = done + 1
         console.print(f"[bold]resuming[/bold] from {checkpoint} (step {done} of {cfg.train.steps})")
+    elif parent is not None:
+        # ---- staged growth: a new run continuing another run's checkpoint (e.g. with a longer
+        # rollout.max_new_tokens), keeping its optimizer, schedule and controller state -----------
+        tensors = torch.load(parent / "trainer_state.pt", weights_only=True)
+        state = json.loads((parent / "trainer_state.json").read_text())
+        optimizer.load_state_dict(tensors["optimizer"])
+        scheduler.load_state_dict(tensors["scheduler"])
+        for name, ctl in controllers.items():
+            ctl.load_state_dict(state["controllers"][name])
+        parent_cfg = (parent.parent.parent / "config.yaml")
+        (run_dir / "parent.json").write_text(json.dumps({
+            "checkpoint": str(parent.resolve()), "step": state["step"],
+            "run_dir": str(parent.parent.parent.resolve()),
+            "config": parent_cfg.read_text() if parent_cfg.exists() else None,
+        }, indent=2))
+        console.print(f"[bold]continuing[/bold] from {parent} (step {state['step']} of its run); recorded in parent.json")
     tracker = Tracker(run_dir, tensorboard=cfg.log.tensorboard)
 
     def trainer_state() -> dict:
