@@ -166,3 +166,28 @@ def test_staged_growth_continues_a_finished_run_in_a_new_directory(reference, tm
     assert float(child_state[0]["step"]) == float(parent_state[0]["step"]) + 2
     child_ctl = json.loads((child / "checkpoints" / "step_000001" / "trainer_state.json").read_text())["controllers"]
     assert child_ctl["entropy"]["coef"] != 0.001  # the adaptive coefficient carried on from the parent's value
+
+
+def test_disk_full_while_checkpointing_keeps_the_previous_checkpoint(tmp_path, monkeypatch, make_tiny_qwen2, char_tokenizer):
+    # ENOSPC in the middle of writing step 4: the error reaches the caller, the half-written
+    # temporary directory is removed, and step 2 is still the latest complete checkpoint.
+    import errno
+
+    from mathrl.train import checkpoint
+
+    model = make_tiny_qwen2()
+    optimizer = torch.optim.AdamW(model.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    args = dict(model=model, tokenizer=char_tokenizer, optimizer=optimizer, scheduler=scheduler, state={})
+    checkpoint.save_checkpoint(tmp_path, 2, **args)
+    real_save = torch.save
+
+    def disk_full(obj, path, *a, **kw):
+        real_save(obj, path, *a, **kw)
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(checkpoint.torch, "save", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        checkpoint.save_checkpoint(tmp_path, 4, **args)
+    assert latest_checkpoint(tmp_path).name == "step_000002"
+    assert [p.name for p in tmp_path.iterdir()] == ["step_000002"]
