@@ -91,7 +91,9 @@ def make_inputs(positions: int, *, vocab: int, hidden_size: int, device: torch.d
     """hidden [1, P, H] and weight [V, H] (float32, requiring grad), targets [1, P]; logits come out ~N(0, 1)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     hidden = torch.randn(1, positions, hidden_size, generator=gen, device=device).requires_grad_()
-    weight = (torch.randn(vocab, hidden_size, generator=gen, device=device) * hidden_size**-0.5).requires_grad_()
+    # Scaled in place: `randn(...) * s` would briefly hold two [V, H] tensors, and that transient would
+    # raise ru_maxrss above the resident inputs, hiding up to V * H * 4 bytes of the measured peak.
+    weight = torch.randn(vocab, hidden_size, generator=gen, device=device).mul_(hidden_size**-0.5).requires_grad_()
     targets = torch.randint(0, vocab, (1, positions), generator=gen, device=device)
     return hidden, weight, targets
 

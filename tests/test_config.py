@@ -80,7 +80,7 @@ def test_every_recipe_in_the_repo_loads():
         ("data.eval=[arith, a.jsonl]", "data.eval", ["arith", "a.jsonl"]),  # list of str
         ("train.betas=[0.9, 0.95]", "train.betas", [0.9, 0.95]),  # list of float
         ("data.template=Q: {question} A:", "data.template", "Q: {question} A:"),  # YAML-invalid text stays a string
-        ("model.path = /some/dir", "model.path", "/some/dir"),  # spaces around '=' are allowed
+        ("model.path = Org/some-model", "model.path", "Org/some-model"),  # spaces around "=" are allowed (a hub id: no local check)
     ],
 )
 def test_override_values_are_typed(override, path, expected):
@@ -268,3 +268,10 @@ def test_derived_sizes():
     assert cfg.rollout_batch_size == 8
     assert cfg.eval_max_new_tokens == 9
     assert dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, max_new_tokens=5)).eval_max_new_tokens == 5
+
+
+def test_missing_model_path_is_a_config_error_naming_the_path(tmp_path):
+    # A typo in a local model path must fail before anything is built or written, naming the path.
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(ConfigError, match="no-such-model.*does not exist"):
+        load_config(None, [f"model.path={missing}"])

@@ -339,6 +339,10 @@ class Config:
                 "data.arith.heldout_permille > 50 would hold out problems the tiny base model was pretrained on "
                 "(its pretraining excludes only the first 50 permille); use a value <= 50"
             )
+        model_path = Path(self.model.path).expanduser()
+        if self.model.path.startswith(("/", ".", "~")) and not model_path.exists():
+            errors.append(f"model.path={self.model.path!r} does not exist (give a Hugging Face model directory, "
+                          "a hub id such as Qwen/Qwen2.5-Math-1.5B, or tiny-arith)")
         if self.train.init_from is not None and not (Path(self.train.init_from) / "trainer_state.pt").exists():
             errors.append(f"train.init_from={self.train.init_from!r} is not a complete checkpoint directory "
                           "(expected e.g. runs/X/checkpoints/step_000050 with trainer_state.pt)")
