@@ -28,12 +28,17 @@ runs its mode once on tiny tensors (lazy imports, thread pool) before allocating
 How to read the table: `logits MiB` is the size a single full float32 [P, V] logits tensor would
 take (P * V * 4 bytes). `peak extra MiB` is what the forward + backward needed on top of the inputs;
 it includes the gradient of W ([V, H], V * H * 4 bytes, in both modes). The naive peak grows
-linearly with P, at a few times `logits MiB` (log_softmax output, its exp, their product, and their
-gradients). The chunked peak stops growing once P >= chunk size: every P up to C is a single chunk,
-so below C it still grows, and from C on it is about a few [C, V] chunks plus grad W, whatever P.
+linearly with P, at about 5x `logits MiB` (log_softmax output, its exp, their product, and their
+gradients). Every P up to C is a single chunk, so there the chunked peak is about the naive one
+(a few [P, V] temporaries, slightly more than naive) and still grows. The second chunk adds one
+more [V, H] buffer (its grad W, before it is summed into the accumulated one); from P = 2C on the
+peak no longer depends on P: about the one-chunk peak at P = C plus V * H * 4 bytes. Measured on
+CPU with the defaults (2026-12): naive 1494 / 2978 / 5945 MiB at P = 512 / 1024 / 2048, chunked
+1568 / 3126 / 3652 MiB. Add P = 4096 to see the chunked peak stay flat (naive would need ~12 GiB).
 `seconds` is the wall time of forward + backward; chunked runs the lm-head matmul one extra time
-(the checkpoint recompute), so expect it to be somewhat slower. Before the table, a separate child
-computes both versions on the same inputs at the smallest P and checks that loss and gradients agree.
+(the checkpoint recompute), so expect it to be slower (1.8x on a shared 2-core CPU). Before the
+table, a separate child computes both versions on the same inputs at the smallest P and checks
+that loss and gradients agree.
 
 The naive run at a P whose estimated peak exceeds `--max-naive-gib` is skipped (estimated from the
 previous naive measurement, scaled linearly in P; see `estimate_naive_bytes`).
@@ -287,7 +292,8 @@ def main() -> None:
     console.print(table)
     console.print(f"logits MiB = P * V * 4 bytes, one full float32 logits tensor. peak extra = memory needed on "
                   f"top of the inputs, including grad W ({weight_mib:.0f} MiB) in both modes. naive grows "
-                  f"~linearly with P; chunked stays flat once P >= chunk size ({args.chunk_size}).")
+                  f"~linearly with P; chunked equals naive up to one chunk ({args.chunk_size} positions), "
+                  f"adds one grad W buffer at two chunks, and is flat in P from there on.")
 
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -20,20 +20,24 @@ or another problem's answer when there is no digit), or no box at all (10%, a tr
 Each `--workers` value gets one `Verifier(num_workers=N, timeout_s=--timeout-s)`; 0 runs `verify_one`
 in this process (no per-item timeout; the reference point for worker overhead). Worker start-up
 (spawn + importing SymPy and math-verify) is done by an untimed first call and reported separately as
-`startup s`; `seconds` is one `score` call on all pairs of a workload. `exact path %` is the share of
-pairs decided by the exact-number path (the rest had no box or went to math-verify); `agree` counts results whose reason equals the
-in-process run's (a timeout under a pool, or a slow machine, can make them differ). Worker processes
-use one core each, so on a machine whose cores are shared, pool speed-up is capped by the idle cores.
+`startup s`. `seconds` is the median over `--repeats` calls of `score` on all pairs of a workload;
+calls of the different settings are interleaved so that drift in a shared machine's load hits all
+alike. `exact %` is the share of pairs decided by the exact-number path (the rest had no box or went
+to math-verify); `agree` counts results whose reason equals the in-process run's (a timeout under a
+pool, or on a slow machine, can make them differ). Each worker process uses one core, so the speed-up
+of a pool is capped by the number of idle cores.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import platform
 import random
+import statistics
 import time
 from dataclasses import dataclass
 from importlib import metadata
@@ -42,7 +46,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from mathrl.reward import RewardResult, Verifier
+from mathrl.reward import Verifier
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -126,10 +130,6 @@ def default_math_file() -> Path:
     return folder / "math500.jsonl"
 
 
-def summarize(results: list[RewardResult]) -> dict[str, int]:
-    return dict(collections.Counter(r.reason for r in results))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=400, help="pairs per workload")
@@ -137,11 +137,14 @@ def main() -> None:
                         help="num_workers values to measure (0 = in-process)")
     parser.add_argument("--timeout-s", type=float, default=5.0, help="Verifier per-item timeout")
     parser.add_argument("--math-file", type=Path, default=None, help="MATH-500 jsonl (default: shared data)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed calls per setting and workload")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args()
     if args.pairs < 1:
         parser.error(f"--pairs must be >= 1, got {args.pairs}")
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}")
     if any(w < 0 for w in args.workers):
         parser.error(f"--workers values must be >= 0, got {args.workers}")
 
@@ -159,49 +162,69 @@ def main() -> None:
     console.print(f"python {platform.python_version()}, math-verify {metadata.version('math-verify')}, "
                   f"sympy {metadata.version('sympy')}, {os.cpu_count()} CPUs, load average {load}")
 
-    rows: list[dict] = []
-    in_process_reasons: dict[str, list[str]] = {}
-    # 0 first, so that the other rows can be compared with it.
-    for num_workers in sorted(set(args.workers)):
-        with Verifier(num_workers=num_workers, timeout_s=args.timeout_s) as verifier:
+    # All verifiers are started first (untimed: spawn + warm-up, or the math-verify import in-process),
+    # then timed calls are interleaved (repeat 1 of every setting, then repeat 2, ...), so slow drift of
+    # a shared machine hits every setting alike. The table reports the median call.
+    worker_counts = sorted(set(args.workers))  # 0 first: the other settings are compared with it
+    seconds: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
+    reasons: dict[tuple[str, int], list[str]] = {}
+    exact: dict[tuple[str, int], int] = {}
+    startup_s: dict[int, float] = {}
+    with contextlib.ExitStack() as stack:
+        verifiers = {}
+        for num_workers in worker_counts:
+            verifier = stack.enter_context(Verifier(num_workers=num_workers, timeout_s=args.timeout_s))
             started = time.perf_counter()
-            # Untimed: spawns the workers and waits for their warm-up (or imports math-verify in-process).
-            verifier.score(["\\boxed{\\frac{1}{2}}"] * max(1, num_workers), ["0.5"] * max(1, num_workers))
-            startup_s = time.perf_counter() - started
-            for workload in workloads:
-                started = time.perf_counter()
-                results = verifier.score(workload.completions, workload.references)
-                seconds = time.perf_counter() - started
-                reasons = [r.reason for r in results]
-                if num_workers == 0:
-                    in_process_reasons[workload.name] = reasons
-                baseline = in_process_reasons.get(workload.name)
-                rows.append({
-                    "workload": workload.name,
-                    "workers": num_workers,
-                    "pairs": len(results),
-                    "startup_s": startup_s,
-                    "seconds": seconds,
-                    "pairs_per_s": len(results) / seconds,
-                    "exact_path_fraction": sum(r.detail == "exact number" for r in results) / len(results),
-                    "reasons": summarize(results),
-                    "agree_with_in_process": (None if baseline is None
-                                              else sum(a == b for a, b in zip(reasons, baseline))),
-                })
-                console.print(f"  {workload.name:<10} workers={num_workers}: {seconds:.2f} s")
+            n = max(1, num_workers)  # one item per worker is enough to wait for all of them
+            verifier.score(["\\boxed{\\frac{1}{2}}"] * n, ["0.5"] * n)
+            startup_s[num_workers] = time.perf_counter() - started
+            verifiers[num_workers] = verifier
+        for repeat in range(args.repeats):
+            for num_workers, verifier in verifiers.items():
+                for workload in workloads:
+                    started = time.perf_counter()
+                    results = verifier.score(workload.completions, workload.references)
+                    key = (workload.name, num_workers)
+                    seconds[key].append(time.perf_counter() - started)
+                    reasons[key] = [r.reason for r in results]  # the last repeat's
+                    exact[key] = sum(r.detail == "exact number" for r in results)
+                    console.print(f"  repeat {repeat + 1}/{args.repeats} {workload.name:<10} "
+                                  f"workers={num_workers}: {seconds[key][-1]:.2f} s")
 
-    table = Table(title=f"Verifier throughput ({args.pairs} pairs per workload, timeout {args.timeout_s:g} s)")
-    for column in ("workload", "workers", "pairs", "seconds", "pairs/s", "startup s", "exact path %",
+    rows: list[dict] = []
+    for workload in workloads:
+        for num_workers in worker_counts:
+            key = (workload.name, num_workers)
+            median_s = statistics.median(seconds[key])
+            baseline = reasons.get((workload.name, 0))
+            rows.append({
+                "workload": workload.name,
+                "workers": num_workers,
+                "pairs": len(workload.completions),
+                "seconds": median_s,
+                "pairs_per_s": len(workload.completions) / median_s,
+                "all_seconds": seconds[key],
+                "startup_s": startup_s[num_workers],
+                "exact_path_fraction": exact[key] / len(workload.completions),
+                "reasons": dict(collections.Counter(reasons[key])),
+                "agree_with_in_process": (None if baseline is None
+                                          else sum(a == b for a, b in zip(reasons[key], baseline))),
+            })
+
+    table = Table(title=f"Verifier throughput (median of {args.repeats} calls, timeout {args.timeout_s:g} s)",
+                  caption="workers 0 = in-process verify_one; exact % = decided by the exact-number path; "
+                          "agree = same reason as in-process")
+    for column in ("workload", "workers", "pairs", "seconds", "pairs/s", "startup s", "exact %",
                    "timeouts", "agree"):
         table.add_column(column, justify="left" if column == "workload" else "right")
-    for row in sorted(rows, key=lambda r: (r["workload"], r["workers"])):
+    for row in rows:
         agree = row["agree_with_in_process"]
         table.add_row(
             row["workload"],
-            "0 (in-process)" if row["workers"] == 0 else str(row["workers"]),
+            str(row["workers"]),
             str(row["pairs"]),
             f"{row['seconds']:.2f}",
-            f"{row['pairs_per_s']:.1f}",
+            f"{row['pairs_per_s']:.0f}",
             f"{row['startup_s']:.2f}",
             f"{100 * row['exact_path_fraction']:.0f}",
             str(row["reasons"].get("timeout", 0)),

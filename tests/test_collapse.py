@@ -73,7 +73,7 @@ def test_is_repetitive_is_fast_on_long_text() -> None:
     text = "".join(rng.choice("abcdefghij0123456789+=,") for _ in range(200_000))
     t0 = time.perf_counter()
     assert not is_repetitive(text)
-    assert time.perf_counter() - t0 < 1.0
+    assert time.perf_counter() - t0 < 10.0  # linear: milliseconds; quadratic: minutes
 
 
 @pytest.mark.parametrize("kwargs", [{"coverage": 0.0}, {"coverage": 1.5}, {"max_period": 0}, {"min_repeats": 1}])

@@ -58,7 +58,7 @@ def test_extract_boxed_is_linear_on_hostile_input() -> None:
     started = time.monotonic()
     assert extract_boxed(r"\boxed{" + "{" * 999_000) is None
     assert extract_boxed((r"\boxed" + " " * 1000 + "x") * 1000) is None
-    assert time.monotonic() - started < 5.0
+    assert time.monotonic() - started < 30.0  # a quadratic scan would take hours, not seconds
 
 
 @settings(max_examples=100, deadline=None)
@@ -141,7 +141,7 @@ def test_verify_one_survives_hostile_text(completion: str, reference: str, why: 
     result = verify_one(completion, reference)
     assert result.reason in REASONS, why
     assert result.score == 0.0 or result.reason == "correct"
-    assert time.monotonic() - started < 10.0, why  # generous; each takes well under a second
+    assert time.monotonic() - started < 30.0, why  # each takes well under a second; loose for busy machines
 
 
 def test_surrogates_are_replaced_not_propagated() -> None:
@@ -182,7 +182,9 @@ def hooked_verifier():
 def test_verifier_times_out_a_hanging_item_and_recovers(hooked_verifier: Verifier) -> None:
     started = time.monotonic()
     results = hooked_verifier.score([r"\boxed{1}", HANG, r"\boxed{2}"], ["1", "1", "2"])
-    assert time.monotonic() - started < 10.0  # timeout 0.5 s + worker start-up, generous margin
+    # The hanging item never returns on its own, so finishing at all proves the timeout fired; the
+    # bound only guards against the pool waiting far beyond it (loose, for a busy 2-core machine).
+    assert time.monotonic() - started < 60.0
     assert [r.reason for r in results] == ["correct", "timeout", "correct"]
     assert results[1].score == 0.0
     assert results[1].extracted == "13"  # the parent still reports what the model answered
@@ -219,7 +221,7 @@ def test_verifier_survives_hostile_text(hooked_verifier: Verifier) -> None:
     results = hooked_verifier.score(completions, references)
     assert len(results) == len(MALFORMED_CASES)
     assert all(r.reason in REASONS for r in results)
-    assert time.monotonic() - started < 20.0
+    assert time.monotonic() - started < 60.0  # per-item timeouts; loose for a busy machine
 
 
 def test_verifier_matches_verify_one() -> None:
