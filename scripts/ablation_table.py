@@ -1,10 +1,11 @@
 """Summarise several runs side by side as a Markdown table (used for docs/ablations.md).
 
     python scripts/ablation_table.py runs/clip_sym runs/clip_higher ...
+    python scripts/ablation_table.py runs/ds_* --columns filter/kept_groups filter/gen_rounds
 
-For each run: held-out pass@1 at the first and last evaluation, and the mean over the last
-`--last` training steps of the switch-family metrics (entropy, clip fractions, entropy coefficient
-and clip fraction, KL), each shown only when the run logged it.
+For each run: held-out pass@1 at the first and last evaluation and at every evaluation (curve), and the mean over the last
+`--last` training steps of each metric column (default: the loss-term metrics: entropy, clip
+fractions, entropy coefficient and clip fraction, KL), "–" where the run did not log it.
 """
 
 from __future__ import annotations
@@ -20,13 +21,18 @@ COLUMNS = [
 ]
 
 
-def summarise(run_dir: Path, last: int) -> dict[str, float | str]:
+def summarise(run_dir: Path, last: int, columns: list[str]) -> dict[str, float | str]:
     rows = read_metrics(run_dir / "metrics.jsonl")
     evals = [r for r in rows if any(k.endswith("/pass@1") for k in r)]
     train = [r for r in rows if "reward/mean" in r][-last:]
     key = next(k for k in evals[0] if k.endswith("/pass@1"))
-    out: dict[str, float | str] = {"run": run_dir.name, "pass@1 base": evals[0][key], "pass@1 final": evals[-1][key]}
-    for col in COLUMNS:
+    out: dict[str, float | str] = {
+        "run": run_dir.name,
+        "pass@1 base": evals[0][key],
+        "pass@1 final": evals[-1][key],
+        "pass@1 curve": " → ".join(f"{r[key]:.2f}" for r in evals),
+    }
+    for col in columns:
         values = [r[col] for r in train if isinstance(r.get(col), (int, float))]
         out[col] = sum(values) / len(values) if values else "–"
     return out
@@ -36,8 +42,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path)
     parser.add_argument("--last", type=int, default=10, help="average the training metrics over the last N steps")
+    parser.add_argument("--columns", nargs="+", default=COLUMNS, help="metric keys to show (default: loss-term metrics)")
     args = parser.parse_args()
-    table = [summarise(r, args.last) for r in args.runs]
+    table = [summarise(r, args.last, args.columns) for r in args.runs]
     header = list(table[0])
     print("| " + " | ".join(header) + " |")
     print("|" + " --- |" * len(header))

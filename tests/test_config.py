@@ -48,7 +48,9 @@ def test_default_recipe_lists_every_field():
 
 def test_dump_yaml_round_trips(tmp_path):
     # The run directory's config.yaml must reload to the same config (reproducing a run).
-    cfg = load_config(None, ["rollout.n=4", "algo.clip.dual_clip_c=3", "data.eval=[arith, x.jsonl]", "train.lr=1e-3"])
+    (tmp_path / "x.jsonl").write_text("")
+    cfg = load_config(None, ["rollout.n=4", "algo.clip.dual_clip_c=3", f"data.eval=[arith, {tmp_path / 'x.jsonl'}]",
+                             "train.lr=1e-3"])
     path = tmp_path / "config.yaml"
     path.write_text(dump_yaml(cfg))
     assert load_config(path) == cfg
@@ -84,7 +86,7 @@ def test_every_recipe_in_the_repo_loads():
     ],
 )
 def test_override_values_are_typed(override, path, expected):
-    cfg = load_config(None, [override])
+    cfg = load_config(None, [override], check_paths=False)  # typing only; a.jsonl need not exist
     value = cfg
     for part in path.split("."):
         value = getattr(value, part)
@@ -275,3 +277,19 @@ def test_missing_model_path_is_a_config_error_naming_the_path(tmp_path):
     missing = tmp_path / "no-such-model"
     with pytest.raises(ConfigError, match="no-such-model.*does not exist"):
         load_config(None, [f"model.path={missing}"])
+
+
+def test_data_sources_are_checked_before_anything_runs(tmp_path):
+    # A missing file or an unsupported format names the key and the source; hf: names and existing
+    # .jsonl/.parquet files pass (an hf: name is only resolved when it is loaded).
+    with pytest.raises(ConfigError, match=r"data.train: no such file .*missing.jsonl"):
+        load_config(None, [f"data.train={tmp_path / 'missing.jsonl'}"])
+    with pytest.raises(ConfigError, match=r"data.eval: 'problems.csv' is not a data source"):
+        load_config(None, ["data.eval=[arith, problems.csv]"])
+    present = tmp_path / "set.parquet"
+    present.write_bytes(b"")
+    cfg = load_config(None, [f"data.eval=[arith, {present}, hf:openai/gsm8k:main@test]"])
+    assert cfg.data.eval[2] == "hf:openai/gsm8k:main@test"
+    # Evaluating a finished run must not need its training data any more.
+    cfg = load_config(None, [f"data.train={tmp_path / 'gone.jsonl'}"], check_paths=False)
+    assert cfg.data.train.endswith("gone.jsonl")

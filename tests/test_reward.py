@@ -249,3 +249,24 @@ def test_verifier_argument_errors() -> None:
     verifier.close()  # idempotent
     with pytest.raises(RuntimeError, match="closed"):
         verifier.score([], [])
+
+
+def test_model_answers_never_reach_sympy_parse_expr(monkeypatch) -> None:
+    # sympy's parse_expr evaluates Python code; math-verify's plain-expression extractor uses it. Model
+    # text must only go through the LaTeX parser, whatever it contains.
+    import math_verify.parser
+
+    calls: list[str] = []
+    monkeypatch.setattr(math_verify.parser, "parse_expr_cached", lambda expr: calls.append(expr))
+    cases = [
+        (r"\boxed{\frac{3}{4}}", "3/4", "correct"),
+        (r"\boxed{3/4}", "\\frac{3}{4}", "correct"),
+        (r"\boxed{x**2 + 1}", "x^2+1", None),  # Python syntax: whatever it scores, no parse_expr
+        (r"\boxed{__import__('os').system('true')}", "0", "wrong"),
+        (r"\boxed{(lambda: 1)()}", "1", None),
+    ]
+    for completion, reference, expected in cases:
+        result = verify_one(completion, reference)
+        if expected is not None:
+            assert result.reason == expected, completion
+    assert calls == []

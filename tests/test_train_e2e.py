@@ -214,12 +214,40 @@ def test_train_on_a_jsonl_file_with_a_user_model(tmp_path, gsm8k_file, random_mo
     assert (result.run_dir / "final" / "model.safetensors").is_file()
 
 
+def test_train_on_parquet_with_an_hf_folder_eval_set(tmp_path, gsm8k_file, random_model_dir):
+    # The same rows as Parquet (training) and as a local Hugging Face dataset folder (evaluation):
+    # both formats reach the loop through the same field map and prompt encoder as jsonl.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mathrl.train.loop import train
+
+    rows = [json.loads(line) for line in gsm8k_file.read_text().splitlines()]
+    parquet = tmp_path / "gsm8k_test.parquet"  # the stem picks the GSM8K preset ("####" answers)
+    pq.write_table(pa.Table.from_pylist(rows), parquet)
+    folder = tmp_path / "hf_gsm8k" / "data"
+    folder.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows), folder / "test-00000-of-00001.parquet")
+
+    cfg = load_config(None, [
+        f"model.path={random_model_dir}", f"data.train={parquet}", f"data.eval=[hf:{folder.parent}]",
+        "data.question_field=question", "data.answer_after=####",  # a folder has no preset of its own
+        "data.template=plain", "data.max_prompt_tokens=1000", "rollout.max_new_tokens=8",
+        "rollout.prompts_per_step=2", "rollout.n=2", "train.mini_batch_size=4", "train.steps=1",
+        "eval.n=2", "eval.every=1", "reward.num_workers=0", f"run_dir={tmp_path / 'run'}",
+    ])
+    result = train(cfg, console=quiet_console())
+    assert set(result.final) == {"hf_gsm8k_test"}  # folder name + the default eval split
+    records = [json.loads(line) for line in (result.run_dir / "rollouts.jsonl").read_text().splitlines()]
+    assert all(rec["answer"].lstrip("-").replace(".", "").isdigit() for rec in records)
+
+
 def test_explicit_question_field_keeps_the_gsm8k_preset(gsm8k_file):
     # Bug story: field_map() uses the preset only when the configured FieldMap equals FieldMap().
     # data.question_field=question is exactly what GSM8K needs, yet it switches the preset off, and
     # there is no config field for answer_after="####": the gold answer becomes the whole worked
     # solution ("Janet sells ... #### 18"), which no completion can ever match, so every reward is 0.
-    from mathrl.tasks.jsonl import load_problems
+    from mathrl.tasks.loading import load_problems
     from mathrl.tasks.sources import field_map
 
     cfg = load_config(None, ["data.question_field=question", f"data.train={gsm8k_file}"])

@@ -117,7 +117,7 @@ def test_math_train_file(shared_math):
     path = shared_math / "math_train.jsonl"
     if not path.exists():
         pytest.skip(f"{path} not found (shared data folder absent)")
-    from mathrl.tasks.jsonl import load_problems
+    from mathrl.tasks.loading import load_problems
 
     problems = load_problems(path, on_error="skip").problems
     report = integer_answer_transform(problems)

@@ -89,9 +89,9 @@ class CurriculumConfig:
 
 @dataclass
 class DataConfig:
-    train: str = "arith"  # "arith" (generated) or a .jsonl file of problems
-    eval: list[str] = field(default_factory=lambda: ["arith"])  # "arith" (held-out split) and/or .jsonl files
-    question_field: str = "problem"  # field mapping for jsonl files (a file named like a known preset uses it)
+    train: str = "arith"  # "arith" (generated), a .jsonl or .parquet file, or hf:<name>[:<config>][@<split>] (split default train)
+    eval: list[str] = field(default_factory=lambda: ["arith"])  # "arith" (held-out split) and/or files / hf: datasets (split default test)
+    question_field: str = "problem"  # field mapping for data files (a known file or hf: dataset uses its preset)
     answer_field: str | None = "answer"
     answer_from_solution: str | None = None  # take the gold answer from the last \boxed{} of this field
     answer_after: str | None = None  # the gold answer is the text after this marker in the answer field (GSM8K: "####")
@@ -265,7 +265,10 @@ class Config:
     def eval_max_new_tokens(self) -> int:
         return self.eval.max_new_tokens or self.rollout.max_new_tokens
 
-    def validate(self) -> None:
+    def validate(self, check_paths: bool = True) -> None:
+        """Raise ConfigError listing every problem. `check_paths=False` skips the checks that local
+        files exist (model, init_from checkpoint, data files): evaluating or inspecting a finished
+        run must not need its training data."""
         errors = []
         positive = {
             "rollout.prompts_per_step": self.rollout.prompts_per_step,
@@ -325,7 +328,7 @@ class Config:
         if any(len(pair) != 2 for pair in self.reward.length_schedule):
             errors.append("reward.length_schedule must be a list of [step, target_length] pairs")
         if self.data.curriculum.mode != "none" and self.data.train == "arith":
-            errors.append("data.curriculum orders a fixed problem set: use it with a .jsonl data.train")
+            errors.append("data.curriculum orders a fixed problem set: use it with a dataset as data.train")
         if self.data.transform != "none" and self.data.train == "arith":
             errors.append("data.transform rewrites dataset answers; the arithmetic task's answers are integers already")
         if not 0 < self.rollout.temperature:
@@ -339,6 +342,19 @@ class Config:
                 "data.arith.heldout_permille > 50 would hold out problems the tiny base model was pretrained on "
                 "(its pretraining excludes only the first 50 permille); use a value <= 50"
             )
+        for where, source in [("data.train", self.data.train), *(("data.eval", s) for s in self.data.eval)]:
+            if source != "arith" and not source.startswith("hf:") and Path(source).suffix not in (".jsonl", ".parquet"):
+                errors.append(f"{where}: {source!r} is not a data source (give arith, a .jsonl or .parquet file, "
+                              "or hf:<name>[:<config>][@<split>])")
+        if check_paths:
+            errors += self._missing_paths()
+        if self.rollout.engine == "vllm":
+            errors.append("rollout.engine=vllm is not available in this version; use rollout.engine=torch")
+        if errors:
+            raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+
+    def _missing_paths(self) -> list[str]:
+        errors = []
         model_path = Path(self.model.path).expanduser()
         if self.model.path.startswith(("/", ".", "~")) and not model_path.exists():
             errors.append(f"model.path={self.model.path!r} does not exist (give a Hugging Face model directory, "
@@ -346,10 +362,11 @@ class Config:
         if self.train.init_from is not None and not (Path(self.train.init_from) / "trainer_state.pt").exists():
             errors.append(f"train.init_from={self.train.init_from!r} is not a complete checkpoint directory "
                           "(expected e.g. runs/X/checkpoints/step_000050 with trainer_state.pt)")
-        if self.rollout.engine == "vllm":
-            errors.append("rollout.engine=vllm is not available in this version; use rollout.engine=torch")
-        if errors:
-            raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+        for where, source in [("data.train", self.data.train), *(("data.eval", s) for s in self.data.eval)]:
+            local = source != "arith" and not source.startswith("hf:")
+            if local and Path(source).suffix in (".jsonl", ".parquet") and not Path(source).expanduser().is_file():
+                errors.append(f"{where}: no such file {source!r}")
+        return errors
 
 
 # --------------------------------------------------------------------------------------------------
@@ -484,8 +501,10 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
-def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Defaults <- recipe YAML (if given) <- dotted overrides, then validated."""
+def load_config(
+    recipe: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), *, check_paths: bool = True
+) -> Config:
+    """Defaults <- recipe YAML (if given) <- dotted overrides, then validated (see Config.validate)."""
     tree: dict[str, Any] = {}
     if recipe is not None:
         path = Path(recipe)
@@ -502,7 +521,7 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[s
         key, value = parse_override(text)
         _set_dotted(tree, key, value)
     cfg = from_dict(Config, tree)
-    cfg.validate()
+    cfg.validate(check_paths=check_paths)
     return cfg
 
 

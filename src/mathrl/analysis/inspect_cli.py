@@ -114,7 +114,7 @@ def _run_config(run_dir: Path | None, console: Console):
     from mathrl.config import ConfigError, load_config
 
     try:
-        return load_config(run_dir / "config.yaml")
+        return load_config(run_dir / "config.yaml", check_paths=False)
     except ConfigError as e:
         console.print(f"[yellow]note:[/yellow] could not read {run_dir / 'config.yaml'} ({e}); give --base, and "
                       "--chat-prompt if the run used data.template: chat")

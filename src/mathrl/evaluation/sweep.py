@@ -84,7 +84,7 @@ class SweepSettings:
     max_new_tokens: int | None = None  # default: eval.max_new_tokens, else rollout.max_new_tokens of the config
     limit: int | None = None  # problems per dataset; default: all rows of a file, data.eval_size arithmetic problems
     template: str | None = None  # default: data.template of the config
-    data: list[str] | None = None  # "arith" and/or .jsonl files; default: data.eval of the config
+    data: list[str] | None = None  # "arith", .jsonl/.parquet files, hf:<name>[:<config>][@<split>]; default: data.eval
     device: str = "auto"  # auto = cuda when available, else cpu
     step: int | None = None  # neighbourhood averaging around this training step
     neighbours: int = 1  # checkpoints on each side of `step` that join its average
@@ -130,7 +130,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = "Evaluate checkpoints: avg@n pass@1 over several seeds with 95% CIs, pass@k, maj@n, collapse rates."
     parser.add_argument("args", nargs="+", metavar="TARGET|key.path=value",
                         help="model directories, run directories (every checkpoint), or tiny-arith; then config overrides")
-    parser.add_argument("--data", nargs="+", help="arith and/or .jsonl files (default: data.eval of the config, i.e. arith)")
+    parser.add_argument("--data", nargs="+", help="arith, .jsonl or .parquet files, hf:<name>[:<config>][@<split>] datasets "
+                        "(default: data.eval of the config, i.e. arith)")
     parser.add_argument("--n", type=int, default=8, help="samples per problem (default 8)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="sampling seeds (default 0 1 2)")
     parser.add_argument("--temperature", type=float, default=1.0)
@@ -193,7 +194,7 @@ def check_overrides(overrides: Sequence[str]) -> None:
 
 def eval_config(run_dir: Path | None, overrides: Sequence[str], settings: SweepSettings) -> Config:
     """The run's config.yaml (or the defaults) <- overrides <- the --template / --data flags."""
-    cfg = load_config(run_dir / "config.yaml" if run_dir else None, list(overrides))
+    cfg = load_config(run_dir / "config.yaml" if run_dir else None, list(overrides), check_paths=False)
     if settings.template is not None:
         cfg.data.template = settings.template
     if settings.data is not None:
@@ -280,7 +281,7 @@ def build_sets(cfg: Config, tokenizer, *, limit: int | None) -> list[tuple[str, 
     loop's data.eval_size cut would score a benchmark on its first rows), and prompts dropped for
     exceeding data.max_prompt_tokens are counted and reported instead of silently shrinking the set.
     """
-    from mathrl.tasks.jsonl import load_problems
+    from mathrl.tasks.loading import load_problems, source_name
 
     encoder = PromptEncoder(cfg, tokenizer)
     sets = []
@@ -289,10 +290,8 @@ def build_sets(cfg: Config, tokenizer, *, limit: int | None) -> list[tuple[str, 
             problems = arithmetic_task(cfg).heldout_problems(limit or cfg.data.eval_size)
             name = "arith_heldout"
         else:
-            if not Path(source).exists():
-                raise FileNotFoundError(f"--data {source!r}: no such file (give 'arith' or a .jsonl file)")
-            problems = load_problems(source, field_map(cfg, source), limit=limit).problems
-            name = Path(source).stem
+            problems = load_problems(source, field_map(cfg, source), limit=limit, default_split="test").problems
+            name = source_name(source, default_split="test")
         if any(es.name == name for _, es, _ in sets):  # a/test.jsonl and b/test.jsonl must not share a row key
             name = f"{name}_{len(sets)}"
         before = encoder.dropped

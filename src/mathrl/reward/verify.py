@@ -132,8 +132,15 @@ def _math_verify_equal(answer: str, reference: str) -> RewardResult:
     gold = math_verify.parse(_as_gold_latex(reference), parsing_timeout=inner_timeout)
     if not gold:
         return RewardResult(0.0, answer, "error", "reference did not parse")
-    # `answer` came out of a balanced box, so re-boxing it is well formed.
-    target = math_verify.parse("\\boxed{" + answer + "}", parsing_timeout=inner_timeout)
+    # `answer` came out of a balanced box, so re-boxing it is well formed. Model text is parsed as
+    # LaTeX only: math-verify's other extractor (plain expressions) hands text to sympy's parse_expr,
+    # which evaluates Python code. On MATH500 the gold answers match themselves and reject a
+    # perturbed copy identically either way.
+    target = math_verify.parse(
+        "\\boxed{" + answer + "}",
+        extraction_config=[math_verify.LatexExtractionConfig()],
+        parsing_timeout=inner_timeout,
+    )
     if not target:
         return negative("answer did not parse")
     if math_verify.verify(gold, target, timeout_seconds=inner_timeout):

@@ -12,7 +12,7 @@ from mathrl.config import Config
 from mathrl.tasks.arithmetic import ArithmeticTask
 from mathrl.tasks.base import Problem
 from mathrl.tasks.curriculum import Curriculum
-from mathrl.tasks.jsonl import PRESETS, FieldMap, load_problems
+from mathrl.tasks.loading import FieldMap, load_problems, preset_for, source_name
 from mathrl.tasks.prompts import render_chat, render_prompt
 from mathrl.tasks.transforms import integer_answer_transform
 
@@ -42,14 +42,14 @@ def arithmetic_task(cfg: Config) -> ArithmeticTask:
 
 
 def field_map(cfg: Config, path: str) -> FieldMap:
-    """The preset of a known file name (e.g. math500.jsonl) or the default mapping, with every field the
-    config sets to a non-default value applied on top."""
+    """The preset of a known source (math500.jsonl, hf:HuggingFaceH4/MATH-500) or the default mapping,
+    with every field the config sets to a non-default value applied on top."""
     import dataclasses
 
     from mathrl.config import DataConfig
 
     d, default = cfg.data, DataConfig()
-    base = PRESETS.get(Path(path).stem, FieldMap())
+    base = preset_for(path)
     changes = {}
     if d.question_field != default.question_field:
         changes["question"] = d.question_field
@@ -185,8 +185,9 @@ def build_eval_sets(cfg: Config, tokenizer) -> list[EvalSet]:
             problems = arithmetic_task(cfg).heldout_problems(cfg.data.eval_size)
             name = "arith_heldout"
         else:
-            problems = load_problems(source, field_map(cfg, source), limit=cfg.data.eval_size).problems
-            name = Path(source).stem
+            problems = load_problems(source, field_map(cfg, source), limit=cfg.data.eval_size,
+                                     default_split="test").problems
+            name = source_name(source, default_split="test")
         if any(es.name == name for es in sets):  # a/test.jsonl and b/test.jsonl must not share metric keys
             name = f"{name}_{len(sets)}"
         kept, ids, _ = encoder.encode(problems)

@@ -1,10 +1,10 @@
-"""Tests for mathrl.tasks.jsonl (loading the shared math files) and mathrl.tasks.prompts.
+"""Tests for mathrl.tasks.loading (loading the shared math files) and mathrl.tasks.prompts.
 
 The data files live in <repo>/../shared/data/math (see its README.md); set MATHRL_SHARED_DATA to
 that folder (or to the shared/ folder above it) to use another copy. Tests that need the files are
 skipped with the path they looked in when it is absent.
 
-Run: python -m pytest tests/test_tasks_jsonl.py -q
+Run: python -m pytest tests/test_tasks_loading.py -q
 """
 
 from __future__ import annotations
@@ -15,13 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from mathrl.tasks.jsonl import (
+from mathrl.tasks.loading import (
+    HF_PRESETS,
     PRESETS,
     DataError,
     FieldMap,
+    HfSource,
     _last_boxed,
     load_jsonl,
     load_problems,
+    preset_for,
+    source_name,
 )
 from mathrl.tasks.prompts import BOXED_INSTRUCTION, TEMPLATES, render_chat, render_prompt
 
@@ -224,6 +228,111 @@ def test_bare_preset_name_says_which_file_to_pass(tmp_path: Path, monkeypatch) -
     monkeypatch.chdir(tmp_path)  # so that no ./math500 exists
     with pytest.raises(FileNotFoundError, match="preset name, not a file.*math500.jsonl"):
         load_problems("math500")
+
+
+# ----------------------------------------------------------------------------- parquet and hf:
+
+
+def _write_parquet(rows: list[dict], path: Path) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+@pytest.mark.parametrize("stem", ["math500", "olympiadbench", "minerva_math", "gsm8k_test", "amc23"])
+def test_parquet_copy_of_a_shared_file_loads_like_the_jsonl(stem: str, tmp_path: Path) -> None:
+    # List answers (olympiadbench), boxed solutions (minerva), "####" (gsm8k) and float answers (amc23)
+    # must survive the Parquet round trip: same questions, answers, ids and metadata.
+    path = _data_file(stem)
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    parquet = _write_parquet(rows, tmp_path / f"{stem}.parquet")
+    from_jsonl = load_problems(path).problems
+    from_parquet = load_problems(parquet).problems
+    assert len(from_parquet) == EXPECTED_ROWS[stem]
+    assert [(p.id, p.question, p.answer, p.meta) for p in from_parquet] == [
+        (p.id, p.question, p.answer, p.meta) for p in from_jsonl
+    ]
+
+
+def test_parquet_bad_row_names_file_and_row_or_is_skipped(tmp_path: Path) -> None:
+    rows = [{"problem": "1+1", "answer": "2"}, {"problem": "2+2", "answer": "4"}, {"problem": "3+3", "answer": None}]
+    parquet = _write_parquet(rows, tmp_path / "small.parquet")
+    with pytest.raises(DataError) as info:
+        load_problems(parquet)
+    assert str(info.value) == f"{parquet}:3: field 'answer' is null"
+    result = load_problems(parquet, on_error="skip")
+    assert [p.id for p in result.problems] == ["small:1", "small:2"]
+    assert result.skipped_reasons == {"field 'answer' is null": 1}
+
+
+def test_unreadable_parquet_and_unknown_files_are_clear_errors(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.parquet"
+    broken.write_bytes(b"not parquet at all")
+    with pytest.raises(ValueError, match="not a readable Parquet file"):
+        load_problems(broken)
+    with pytest.raises(FileNotFoundError, match="no such data file"):
+        load_problems(tmp_path / "missing.parquet")
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        ("hf:openai/gsm8k:main@test", HfSource("openai/gsm8k", "main", "test")),
+        ("hf:HuggingFaceH4/MATH-500@test", HfSource("HuggingFaceH4/MATH-500", None, "test")),
+        ("hf:/data/folder", HfSource("/data/folder", None, None)),
+        ("math500.jsonl", None),
+    ],
+)
+def test_hf_source_syntax(text: str, parsed: HfSource | None) -> None:
+    assert HfSource.parse(text) == parsed
+
+
+def test_hf_source_without_a_name_is_an_error() -> None:
+    with pytest.raises(ValueError, match="hf:<name>"):
+        HfSource.parse("hf:@test")
+
+
+def test_hf_presets_and_names() -> None:
+    assert preset_for("hf:HuggingFaceH4/MATH-500@test") == PRESETS["math500"]
+    assert preset_for("hf:openai/gsm8k:main") == PRESETS["gsm8k_test"] == HF_PRESETS["openai/gsm8k"]
+    assert preset_for("hf:someone/else") == FieldMap()
+    assert source_name("hf:openai/gsm8k:main@test") == "gsm8k_test"
+    assert source_name("hf:openai/gsm8k:main", default_split="test") == "gsm8k_test"
+    assert source_name("data/math500.parquet") == "math500"
+
+
+def test_hf_local_folder_loads_each_split_with_row_numbers(tmp_path: Path) -> None:
+    # datasets.load_dataset on a folder of data files (what a Hub snapshot looks like), offline.
+    folder = tmp_path / "tiny_math"
+    _write_parquet([{"problem": "1+1", "answer": "2", "level": 1}], folder / "data" / "train-00000-of-00001.parquet")
+    _write_parquet(
+        [{"problem": "2+2", "answer": "4", "level": 2}, {"problem": "3+3", "answer": "", "level": 3}],
+        folder / "data" / "test-00000-of-00001.parquet",
+    )
+    train = load_problems(f"hf:{folder}").problems  # default split: train
+    assert [(p.id, p.answer, p.meta) for p in train] == [("tiny_math_train:1", "2", {"level": 1})]
+    with pytest.raises(DataError) as info:
+        load_problems(f"hf:{folder}", default_split="test")
+    assert str(info.value) == f"hf:{folder}@test:2: field 'answer' is empty"
+    with pytest.raises(ValueError, match=r"could not load hf:.*@validation"):
+        load_problems(f"hf:{folder}@validation")
+
+
+def test_hf_network_failure_says_what_to_do(monkeypatch) -> None:
+    import datasets
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'openai/gsm8k' on the Hub")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(ValueError) as info:
+        load_problems("hf:openai/gsm8k:main@test")
+    message = str(info.value)
+    assert message.startswith("could not load hf:openai/gsm8k:main@test: ConnectionError")
+    assert "HF_DATASETS_OFFLINE=1" in message and "hf:/path/to/folder" in message
 
 
 @pytest.mark.parametrize(
