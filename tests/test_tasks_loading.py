@@ -275,6 +275,10 @@ def test_unreadable_parquet_and_unknown_files_are_clear_errors(tmp_path: Path) -
         load_problems(broken)
     with pytest.raises(FileNotFoundError, match="no such data file"):
         load_problems(tmp_path / "missing.parquet")
+    csv = tmp_path / "problems.csv"
+    csv.write_text("problem,answer\n1+1,2\n")
+    with pytest.raises(ValueError, match="unknown data format '.csv'"):
+        load_problems(csv)
 
 
 @pytest.mark.parametrize(

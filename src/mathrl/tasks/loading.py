@@ -44,6 +44,7 @@ __all__ = [
     "source_name",
 ]
 
+
 class DataError(ValueError):
     """A malformed row in a data file.
 
@@ -75,8 +76,9 @@ class FieldMap:
     answer_from_solution: str | None = None
     """Field holding a worked solution whose LAST \\boxed{...} is the gold answer (Minerva math)."""
     id: str | None = None
-    """Field holding a row id. Problem ids are always "<file stem>:<key>", where key is this field's
-    value or, when None, the 1-based line number, so ids stay unique when files are mixed."""
+    """Field holding a row id. Problem ids are always "<source name>:<key>" (file stem, or see
+    `source_name` for hf: sources), where key is this field's value or, when None, the 1-based line
+    (JSONL) or row (Parquet, hf:) number, so ids stay unique when sources are mixed."""
     answer_sep: str = ", "
     """Separator for list-valued answers (OlympiadBench `final_answer`)."""
     answer_after: str | None = None
@@ -195,7 +197,9 @@ def load_problems(
         raise FileNotFoundError(f"{str(path)!r}: no such data file (give a .jsonl or .parquet file, or hf:<name>)")
     if path.suffix == ".parquet":
         return _collect(_parquet_rows(path), fields, str(path), path.stem, on_error, limit)
-    return load_jsonl(path, fields, on_error=on_error, limit=limit)
+    if path.suffix == ".jsonl":
+        return load_jsonl(path, fields, on_error=on_error, limit=limit)
+    raise ValueError(f"{str(path)!r}: unknown data format {path.suffix!r} (give a .jsonl or .parquet file, or hf:<name>)")
 
 
 def load_jsonl(
