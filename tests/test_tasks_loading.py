@@ -10,7 +10,6 @@ Run: python -m pytest tests/test_tasks_loading.py -q
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -29,16 +28,9 @@ from mathrl.tasks.loading import (
 )
 from mathrl.tasks.prompts import BOXED_INSTRUCTION, TEMPLATES, render_chat, render_prompt
 
+from conftest import shared_math_dir  # tests/ is on sys.path (pytest's default rootdir-relative import)
 
-def _data_dir() -> Path:
-    env = os.environ.get("MATHRL_SHARED_DATA")
-    if env:
-        root = Path(env)
-        return root / "data" / "math" if (root / "data" / "math").is_dir() else root
-    return Path(__file__).resolve().parents[2] / "shared" / "data" / "math"
-
-
-DATA = _data_dir()
+DATA = shared_math_dir()
 
 
 def _data_file(stem: str) -> Path:
