@@ -423,3 +423,29 @@ def test_render_chat_without_template_says_what_to_use() -> None:
 
     with pytest.raises(ValueError, match="'tiny-base' has no chat template.*template='zero'"):
         render_chat("1+1", BaseTokenizer())
+
+
+# ----------------------------------------------------------------------------- prompt length limit
+
+
+def test_long_prompts_are_dropped_and_counted_never_truncated(tmp_path: Path, char_tokenizer) -> None:
+    from mathrl.config import load_config
+    from mathrl.tasks.sources import ProblemStream, build_eval_sets
+
+    rows = [{"problem": "1+1" if i % 2 else "9" * 80, "answer": "2"} for i in range(10)]  # every other one is long
+    path = _write(tmp_path, "mixed.jsonl", [json.dumps(r) for r in rows])
+    cfg = load_config(None, [f"data.train={path}", f"data.eval=[{path}]", "data.template=plain",
+                             "data.max_prompt_tokens=100"])  # rendered: 75 and 152 tokens
+    (es,) = build_eval_sets(cfg, char_tokenizer)
+    assert (len(es.problems), es.dropped_too_long) == (5, 5)
+    assert all(len(ids) <= 100 for ids in es.prompt_ids)
+    assert all(p.question == "1+1" for p in es.problems)  # whole problems, not shortened ones
+
+    stream = ProblemStream(cfg, char_tokenizer)
+    problems, ids, _ = stream.next_batch(4)  # long draws are replaced by further draws
+    assert len(problems) == 4 and all(p.question == "1+1" for p in problems)
+    assert stream.encoder.dropped > 0 and stream.state_dict()["dropped"] == stream.encoder.dropped
+
+    cfg.data.max_prompt_tokens = 5  # shorter than any rendered prompt
+    with pytest.raises(ValueError, match="has no problems left"):
+        build_eval_sets(cfg, char_tokenizer)

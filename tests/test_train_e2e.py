@@ -119,6 +119,21 @@ def test_metrics_are_finite_and_named(arith_run):
             assert r["actor/entropy"] > 0  # a briefly pretrained model is far from deterministic
 
 
+def test_every_logged_metric_is_defined_in_the_glossary(arith_run):
+    # docs/metrics.md is the contract for metric names: a key logged but not defined there is a bug.
+    # eval keys are documented once as eval/<set>/..., pass@<k> / maj@<n> once for every k.
+    import re
+
+    _, result, _ = arith_run
+    glossary = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
+    keys = set().union(*read_metrics(result.run_dir / "metrics.jsonl")) - {"step"}
+    generic = {re.sub(r"^eval/[^/]+/(pass|maj)@\d+$", r"eval/<set>/\1@<k>", re.sub(r"^eval/[^/]+/", "eval/<set>/", k))
+               for k in keys}
+    undefined = sorted(k for k in generic
+                       if f"`{k}`" not in glossary and f"`{k.replace('@<k>', '@<n>')}`" not in glossary)
+    assert undefined == []
+
+
 def test_rollouts_jsonl_has_tokens_and_logprobs(arith_run):
     cfg, result, _ = arith_run
     records = [json.loads(line) for line in (result.run_dir / "rollouts.jsonl").read_text().splitlines()]

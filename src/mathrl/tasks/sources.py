@@ -171,6 +171,7 @@ class EvalSet:
     name: str
     problems: list[Problem]
     prompt_ids: list[list[int]]
+    dropped_too_long: int = 0  # problems left out because their prompt exceeds data.max_prompt_tokens
 
 
 def build_train_stream(cfg: Config, tokenizer) -> ProblemStream:
@@ -190,8 +191,12 @@ def build_eval_sets(cfg: Config, tokenizer) -> list[EvalSet]:
             name = source_name(source, default_split="test")
         if any(es.name == name for es in sets):  # a/test.jsonl and b/test.jsonl must not share metric keys
             name = f"{name}_{len(sets)}"
+        before = encoder.dropped
         kept, ids, _ = encoder.encode(problems)
-        sets.append(EvalSet(name=name, problems=kept, prompt_ids=ids))
+        if not kept:
+            raise ValueError(f"eval set {name!r} has no problems left (loaded {len(problems)}; prompts over "
+                             f"data.max_prompt_tokens={cfg.data.max_prompt_tokens} are dropped)")
+        sets.append(EvalSet(name=name, problems=kept, prompt_ids=ids, dropped_too_long=encoder.dropped - before))
     return sets
 
 

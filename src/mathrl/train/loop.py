@@ -567,6 +567,10 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
 
     for note in train_stream.notes:
         console.print(note)
+    for es in eval_sets:
+        if es.dropped_too_long:
+            console.print(f"eval set {es.name}: {es.dropped_too_long} problems dropped, their prompts exceed "
+                          f"data.max_prompt_tokens={cfg.data.max_prompt_tokens}")
     collapse = CollapseWatch()
     with Verifier(num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s) as verifier:
         # ---- evaluate the starting point ---------------------------------------------------------
@@ -652,6 +656,7 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
                     "rollout/response_length": float(lengths.mean()),
                     "rollout/response_length_max": float(lengths.max()),
                     "rollout/truncated_frac": float(rollout.truncated.float().mean()),
+                    "data/prompts_too_long": float(train_stream.encoder.dropped),
                     "rollout/all_correct_groups": float((per_group.min(1).values == per_group.max(1).values).logical_and(per_group.max(1).values > 0).float().mean()),
                     "rollout/all_wrong_groups": float((per_group.max(1).values <= 0).float().mean()),
                     "rollout/logprob_mismatch": float(((rollout.logprobs - batch.old_logprobs).abs() * rollout.response_mask).sum() / rollout.response_mask.sum().clamp(min=1)),
