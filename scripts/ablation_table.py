@@ -3,9 +3,10 @@
     python scripts/ablation_table.py runs/clip_sym runs/clip_higher ...
     python scripts/ablation_table.py runs/ds_* --columns filter/kept_groups filter/gen_rounds
 
-For each run: held-out pass@1 at the first and last evaluation and at every evaluation (curve), and the mean over the last
-`--last` training steps of each metric column (default: the loss-term metrics: entropy, clip
-fractions, entropy coefficient and clip fraction, KL), "–" where the run did not log it.
+For each run: held-out pass@1 at the first and last evaluation and at every evaluation (curve),
+and the mean over the last `--last` training steps of each metric column (default: the loss-term
+metrics: entropy, clip fractions, entropy coefficient and clip fraction, KL), "–" where the run did
+not log it. `scripts/ablate.py` runs a whole grid and writes this table for it.
 """
 
 from __future__ import annotations
@@ -44,12 +45,15 @@ def main() -> None:
     parser.add_argument("--last", type=int, default=10, help="average the training metrics over the last N steps")
     parser.add_argument("--columns", nargs="+", default=COLUMNS, help="metric keys to show (default: loss-term metrics)")
     args = parser.parse_args()
-    table = [summarise(r, args.last, args.columns) for r in args.runs]
-    header = list(table[0])
-    print("| " + " | ".join(header) + " |")
-    print("|" + " --- |" * len(header))
-    for row in table:
-        print("| " + " | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in (row[h] for h in header)) + " |")
+    print(markdown_table([summarise(r, args.last, args.columns) for r in args.runs]), end="")
+
+
+def markdown_table(rows: list[dict[str, float | str]]) -> str:
+    header = list(rows[0])
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for row in rows:
+        lines.append("| " + " | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in (row[h] for h in header)) + " |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

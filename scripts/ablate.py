@@ -1,0 +1,126 @@
+"""Run an ablation grid: one `mathrl train` per variant, one after another, then a Markdown table.
+
+    python scripts/ablate.py recipes/ablations/loss_terms.yaml --out runs/abl
+    python scripts/ablate.py recipes/ablations/batch.yaml --out runs/abl --only ds_band --dry-run
+
+A grid file is YAML:
+
+    recipe: null                            # optional base recipe for every run
+    common: [train.steps=30, eval.every=10] # overrides shared by every run
+    seeds: [0, 1]                           # optional; seed 0 keeps the plain name, others get _seed<N>
+    columns: [actor/entropy, ...]           # metric keys for the table (see scripts/ablation_table.py)
+    runs:
+      clip_symmetric: [algo.clip.eps_high=0.2]
+      clip_higher: []
+
+Every variant's config is built and validated before the first run starts, so a typo in the last
+variant fails in a second, naming the variant and the closest valid key, not after hours. Each run
+goes to OUT/<name>; a finished run (summary.json present) is skipped, and a killed one resumes from
+its last checkpoint (mathrl train's auto-resume), so re-running the same command completes a grid.
+The table goes to OUT/<grid name>.md and to the console. Runs are sequential on purpose: two torch
+processes on a small machine slow each other down far more than they gain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from mathrl.config import ConfigError, load_config
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ablation_table import COLUMNS, markdown_table, summarise  # noqa: E402 - the sibling script
+
+GRID_KEYS = {"recipe", "common", "seeds", "columns", "runs"}
+
+
+@dataclass
+class Variant:
+    name: str
+    overrides: list[str]  # common + the variant's own + seed
+
+
+def load_grid(path: Path) -> tuple[str | None, list[Variant], list[str]]:
+    """(recipe, variants, columns) of a grid file; raises ValueError naming what is wrong."""
+    grid = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(grid, dict) or not isinstance(grid.get("runs"), dict) or not grid["runs"]:
+        raise ValueError(f"{path}: a grid needs a non-empty `runs:` mapping of name -> list of overrides")
+    unknown = set(grid) - GRID_KEYS
+    if unknown:
+        raise ValueError(f"{path}: unknown grid keys {sorted(unknown)}; valid keys are {sorted(GRID_KEYS)}")
+    common = [str(o) for o in grid.get("common") or []]
+    seeds = [int(s) for s in grid.get("seeds") or [0]]
+    variants = []
+    for name, overrides in grid["runs"].items():
+        if not isinstance(overrides, list):
+            raise ValueError(f"{path}: run {name!r} must be a list of key.path=value overrides")
+        for seed in seeds:
+            suffix = "" if seed == 0 else f"_seed{seed}"
+            variants.append(Variant(f"{name}{suffix}", [*common, *map(str, overrides), f"seed={seed}"]))
+    return grid.get("recipe"), variants, [str(c) for c in grid.get("columns") or COLUMNS]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("grid", type=Path)
+    parser.add_argument("--out", type=Path, default=Path("runs/abl"), help="parent directory of the runs (default runs/abl)")
+    parser.add_argument("--only", nargs="+", help="run only these variants (names as in the table)")
+    parser.add_argument("--last", type=int, default=10, help="average training metrics over the last N steps")
+    parser.add_argument("--dry-run", action="store_true", help="validate and print the commands, run nothing")
+    args = parser.parse_args()
+
+    try:
+        recipe, variants, columns = load_grid(args.grid)
+    except (OSError, ValueError, yaml.YAMLError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.only:
+        missing = set(args.only) - {v.name for v in variants}
+        if missing:
+            print(f"error: --only names no variant of {args.grid}: {sorted(missing)}", file=sys.stderr)
+            return 2
+        variants = [v for v in variants if v.name in args.only]
+    for v in variants:  # all configs are checked before anything runs
+        try:
+            load_config(recipe, v.overrides)
+        except ConfigError as e:
+            print(f"error: variant {v.name!r}: {e}", file=sys.stderr)
+            return 2
+
+    for i, v in enumerate(variants, start=1):
+        run_dir = args.out / v.name
+        command = [sys.executable, "-m", "mathrl.cli", "train", *([str(recipe)] if recipe else []), *v.overrides,
+                   "--run-dir", str(run_dir)]
+        if args.dry_run:
+            print("mathrl " + shlex.join(command[3:]))
+            continue
+        if (run_dir / "summary.json").is_file():
+            print(f"[{i}/{len(variants)}] {v.name}: finished earlier, kept")
+            continue
+        print(f"[{i}/{len(variants)}] {v.name}: {' '.join(v.overrides)}", flush=True)
+        started = time.monotonic()
+        args.out.mkdir(parents=True, exist_ok=True)
+        with (args.out / f"{v.name}.log").open("a") as log:
+            code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT)
+        print(f"    exit {code} after {time.monotonic() - started:.0f} s (log: {args.out / f'{v.name}.log'})", flush=True)
+        if code != 0:
+            return code
+    if args.dry_run:
+        return 0
+    table = markdown_table([summarise(args.out / v.name, args.last, columns) for v in variants])
+    out = args.out / f"{args.grid.stem}.md"
+    out.write_text(table)
+    print(table, end="")
+    print(f"table written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
