@@ -54,11 +54,15 @@ OVERRIDES = [
 ]
 
 
-def run(tmp_path: Path, run_dir: Path, mode: str = "plain", kill_step: int = 0) -> int:
+# PPO with a critic: the critic's weights, optimizer and scheduler must come back too.
+PPO = ["algo.adv.estimator=gae", "algo.critic.pretrain_steps=1", "algo.critic.lr=1e-3"]
+
+
+def run(tmp_path: Path, run_dir: Path, mode: str = "plain", kill_step: int = 0, extra: tuple[str, ...] = ()) -> int:
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
     env = {**os.environ, "MATHRL_CACHE": str(tmp_path / "cache")}
-    args = [sys.executable, str(driver), json.dumps([*OVERRIDES, f"run_dir={run_dir}"]), mode, str(kill_step)]
+    args = [sys.executable, str(driver), json.dumps([*OVERRIDES, *extra, f"run_dir={run_dir}"]), mode, str(kill_step)]
     return subprocess.run(args, env=env, capture_output=True, timeout=600).returncode
 
 
@@ -88,6 +92,19 @@ def test_killed_and_resumed_run_matches_uninterrupted(reference, mode, kill_step
     assert run(tmp, run_dir) == 0  # the same command again resumes
     assert training_rows(run_dir) == expected
     assert not list((run_dir / "checkpoints").glob("*.tmp-*"))
+
+
+@pytest.mark.slow
+def test_killed_ppo_run_with_a_critic_resumes_exactly(reference):
+    tmp, _ = reference  # reuses the cached base model
+    assert run(tmp, tmp / "ppo_uninterrupted", extra=tuple(PPO)) == 0
+    expected = training_rows(tmp / "ppo_uninterrupted")
+    assert any("critic/value_loss" in r for r in expected)
+    run_dir = tmp / "ppo_killed"
+    assert run(tmp, run_dir, "kill_in_step", 4, extra=tuple(PPO)) == -signal.SIGKILL
+    assert (latest_checkpoint(run_dir / "checkpoints") / "critic" / "model.safetensors").is_file()
+    assert run(tmp, run_dir, extra=tuple(PPO)) == 0
+    assert training_rows(run_dir) == expected
 
 
 def test_partial_checkpoints_are_never_picked(tmp_path):

@@ -134,6 +134,34 @@ def test_every_logged_metric_is_defined_in_the_glossary(arith_run):
     assert undefined == []
 
 
+def test_ppo_with_a_critic_end_to_end(arith_run, tmp_path):
+    # PPO with a critic: VC-PPO value pretraining, VAPO length-adaptive lambda, KL as a per-token
+    # reward penalty, on the cached tiny base model of arith_run.
+    from mathrl.train.loop import train
+
+    cfg, _, base_dir = arith_run
+    ppo = load_config(None, [
+        f"model.path={base_dir}", "data.arith.max_digits=1", "train.steps=2", "rollout.prompts_per_step=4",
+        "rollout.n=4", "train.mini_batch_size=8", "data.eval_size=4", "eval.n=2", "eval.every=2",
+        "reward.num_workers=0", "algo.adv.estimator=gae", "algo.critic.pretrain_steps=1", "algo.critic.lr=1e-3",
+        "algo.critic.length_adaptive_alpha=0.05", "algo.kl.use=reward", "algo.kl.coef=0.01", f"run_dir={tmp_path / 'ppo'}",
+    ])
+    result = train(ppo, console=quiet_console())
+    rows = read_metrics(result.run_dir / "metrics.jsonl")
+    assert_all_metrics_finite(rows)
+    pretrain = next(r for r in rows if "critic/pretrain_steps" in r)
+    assert pretrain["step"] == 0 and pretrain["critic/pretrain_value_loss_first"] > 0
+    steps = [r for r in rows if "critic/value_loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        # responses of single-digit sums are ~10-30 tokens: lambda = 1 - 1/(0.05 l) is well below 1
+        assert 0 <= r["actor/gae_lambda"] < 0.95
+        assert r["critic/value_loss"] > 0 and "reward/kl_penalty" in r
+    assert (result.run_dir / "final" / "critic" / "model.safetensors").is_file()
+    glossary = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
+    assert [k for k in set().union(*rows) if k.startswith("critic/") and f"`{k}`" not in glossary] == []
+
+
 def test_rollouts_jsonl_has_tokens_and_logprobs(arith_run):
     cfg, result, _ = arith_run
     records = [json.loads(line) for line in (result.run_dir / "rollouts.jsonl").read_text().splitlines()]

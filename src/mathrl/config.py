@@ -126,9 +126,25 @@ class ClipConfig:
 
 @dataclass
 class AdvConfig:
-    estimator: Literal["grpo", "rloo", "reinforce_pp"] = "grpo"
+    estimator: Literal["grpo", "rloo", "reinforce_pp", "gae"] = "grpo"  # gae: PPO with a learned critic (algo.critic)
     std_normalize: bool = True  # divide by the reward std (GRPO); False is Dr. GRPO
     std_scope: Literal["group", "batch"] = "group"
+
+
+@dataclass
+class CriticConfig:
+    """PPO with a learned critic (algo.adv.estimator: gae): GAE, VC-PPO value pretraining and decoupled
+    lambdas, VAPO length-adaptive lambda."""
+
+    path: str | None = None  # critic initialisation (a causal LM or a saved critic); default: the starting policy
+    lr: float | None = None  # critic learning rate; default: train.lr
+    gamma: float = 1.0  # discount
+    lam_actor: float = 0.95  # GAE lambda of the policy advantages
+    lam_critic: float = 1.0  # GAE lambda of the value targets (decoupled GAE, VC-PPO: 1.0)
+    length_adaptive_alpha: float | None = None  # VAPO: lam_actor = 1 - 1/(alpha * length) per response (0.05); None = off
+    value_clip: float | None = 0.2  # clip range of the value loss around the sampling-time values; None = off
+    pretrain_steps: int = 0  # VC-PPO value pretraining: critic-only steps on the starting policy's rollouts (lambda 1)
+    whiten_advantages: bool = True  # normalise the policy advantages over the batch's tokens (PPO practice)
 
 
 @dataclass
@@ -177,6 +193,7 @@ class PosLMConfig:
 class AlgoConfig:
     clip: ClipConfig = field(default_factory=ClipConfig)
     adv: AdvConfig = field(default_factory=AdvConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     entropy: EntropyConfig = field(default_factory=EntropyConfig)
     kl: KLConfig = field(default_factory=KLConfig)
     ptx: PTXConfig = field(default_factory=PTXConfig)
@@ -348,6 +365,15 @@ class Config:
                               "or hf:<name>[:<config>][@<split>])")
         if check_paths:
             errors += self._missing_paths()
+        crit = self.algo.critic
+        if not (0 <= crit.lam_actor <= 1 and 0 <= crit.lam_critic <= 1 and 0 < crit.gamma <= 1):
+            errors.append("algo.critic: need 0 <= lam_actor, lam_critic <= 1 and 0 < gamma <= 1")
+        if crit.length_adaptive_alpha is not None and crit.length_adaptive_alpha <= 0:
+            errors.append("algo.critic.length_adaptive_alpha must be > 0 (VAPO uses 0.05) or null")
+        if crit.value_clip is not None and crit.value_clip <= 0:
+            errors.append("algo.critic.value_clip must be > 0 or null")
+        if crit.pretrain_steps < 0:
+            errors.append("algo.critic.pretrain_steps must be >= 0")
         if self.rollout.engine == "vllm":
             errors.append("rollout.engine=vllm is not available in this version; use rollout.engine=torch")
         if errors:

@@ -1,6 +1,6 @@
-"""Pure tensor functions of the RL algorithms: advantages, policy/entropy/KL losses, loss
-aggregation and coefficient controllers. docs/tricks.md maps each paper trick to its config switch
-and function here."""
+"""Pure tensor functions of the RL algorithms: advantages (group baselines, and GAE with a critic),
+policy/value/entropy/KL losses, loss aggregation and coefficient controllers. docs/tricks.md maps
+each paper trick to its config switch and function here."""
 
 from mathrl.algo.advantages import (
     StdScope,
@@ -10,6 +10,7 @@ from mathrl.algo.advantages import (
     rloo_advantages,
     whiten_advantages,
 )
+from mathrl.algo.critic import explained_variance, gae, length_adaptive_lambda, value_loss
 from mathrl.algo.controllers import (
     AdaptiveEntropyController,
     AdaptiveKLController,
@@ -41,6 +42,11 @@ __all__ = [
     "whiten_advantages",
     "discounted_returns",
     "expand_to_tokens",
+    # PPO with a critic
+    "gae",
+    "length_adaptive_lambda",
+    "value_loss",
+    "explained_variance",
     # losses and aggregation
     "AggMode",
     "AGG_MODES",

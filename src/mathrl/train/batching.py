@@ -26,13 +26,15 @@ class TrainBatch:
     ref_logprobs: torch.Tensor  # [N, T] reference-model logprobs (zeros when no term needs them)
     ref_entropy: torch.Tensor  # [N, T] reference-model entropy (zeros when no term needs it)
     correct: torch.Tensor  # [N] float, 1 if the verifier accepted the answer
+    old_values: torch.Tensor | None = None  # [N, T] critic values at sampling time (PPO with a critic only)
+    returns: torch.Tensor | None = None  # [N, T] value targets (PPO with a critic only)
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]
 
     def select(self, rows: torch.Tensor | list[int]) -> "TrainBatch":
         rows = torch.as_tensor(rows, dtype=torch.long)
-        return TrainBatch(**{f.name: getattr(self, f.name)[rows] for f in fields(self)})
+        return TrainBatch(**{f.name: None if (x := getattr(self, f.name)) is None else x[rows] for f in fields(self)})
 
     def trimmed(self) -> "TrainBatch":
         """Drop prompt columns that are padding in every row (left) and response columns likewise (right)."""
@@ -43,7 +45,9 @@ class TrainBatch:
         out = {}
         for f in fields(self):
             x = getattr(self, f.name)
-            if f.name.startswith("prompt_"):
+            if x is None:
+                out[f.name] = None
+            elif f.name.startswith("prompt_"):
                 out[f.name] = x[:, p - prompt_keep :]
             elif x.dim() == 2:
                 out[f.name] = x[:, :response_keep]

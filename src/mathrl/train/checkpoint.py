@@ -4,6 +4,8 @@ A checkpoint is a directory `checkpoints/step_<N>/`:
     config.json, model.safetensors, tokenizer files   the model, Hugging Face format (safetensors)
     trainer_state.pt     optimizer + scheduler state, RNG states (torch.load(weights_only=True) safe)
     trainer_state.json   step, controller and data-stream state, config, format version
+    critic/              the PPO critic, when there is one (algo.adv.estimator: gae); its optimizer and
+                         scheduler state are in trainer_state.pt
 
 It is written into `step_<N>.tmp-*` first, every file fsynced, then renamed in one `os.replace`, and
 the parent directory fsynced: a checkpoint that was cut off (killed process, full disk) never carries
@@ -80,8 +82,12 @@ def save_checkpoint(
     state: dict[str, Any],
     keep_last: int = 2,
     keep_every: int = 0,
+    critic=None,
+    critic_optimizer: torch.optim.Optimizer | None = None,
+    critic_scheduler=None,
 ) -> Path:
-    """Write checkpoint `step` atomically and prune old ones. `state` is the JSON-able trainer state."""
+    """Write checkpoint `step` atomically and prune old ones. `state` is the JSON-able trainer state.
+    A PPO critic goes to critic/ (safetensors), its optimizer and scheduler into trainer_state.pt."""
     checkpoints_dir = Path(checkpoints_dir)
     checkpoints_dir.mkdir(parents=True, exist_ok=True)
     final = checkpoints_dir / f"step_{step:06d}"
@@ -89,10 +95,12 @@ def save_checkpoint(
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        torch.save(
-            {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state()},
-            tmp / "trainer_state.pt",
-        )
+        tensors = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state()}
+        if critic is not None:
+            critic.save_pretrained(tmp / "critic", safe_serialization=True)
+            tensors["critic_optimizer"] = critic_optimizer.state_dict()
+            tensors["critic_scheduler"] = critic_scheduler.state_dict()
+        torch.save(tensors, tmp / "trainer_state.pt")
         (tmp / "trainer_state.json").write_text(json.dumps({"format": FORMAT_VERSION, "step": step, **state}, indent=2))
         _fsync_tree(tmp)
         if final.exists():  # the same step saved again (e.g. after a resume): replace it

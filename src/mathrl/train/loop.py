@@ -26,6 +26,7 @@ import torch
 from rich.console import Console
 
 from mathrl.algo.advantages import expand_to_tokens, group_advantages, rloo_advantages, whiten_advantages
+from mathrl.algo.critic import explained_variance, gae, length_adaptive_lambda, value_loss
 from mathrl.algo.controllers import (
     AdaptiveEntropyController,
     AdaptiveKLController,
@@ -43,6 +44,7 @@ from mathrl.config import Config, dump_yaml
 from mathrl.evaluation.evaluate import EvalResult, evaluate
 from mathrl.model.io import load_model_and_tokenizer, save_model
 from mathrl.model.scoring import next_token_logprobs, response_logprobs
+from mathrl.model.value import load_critic, response_values
 from mathrl.reward.shaping import kimi_length_penalty, length_bonus, length_schedule_reward, soft_overlong_punishment
 from mathrl.reward.verify import RewardResult, Verifier
 from mathrl.rollout.engine import RolloutBatch, TorchEngine, concat_rollouts, select_rollout_rows
@@ -420,6 +422,126 @@ def update_policy(
     return metrics
 
 
+@torch.no_grad()
+def value_pass(critic, batch: TrainBatch, cfg: Config) -> torch.Tensor:
+    """[N, T] critic values V(s_t) of the sampled responses, no grad (0 at masked positions)."""
+    was_training = critic.training
+    critic.eval()
+    values = torch.zeros_like(batch.response_mask)
+    for rows in micro_batch_slices(row_lengths(batch), cfg.train.micro_batch_tokens * 4):
+        mb = batch.select(rows).trimmed()
+        v = response_values(critic, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask)
+        values[torch.as_tensor(rows)[:, None], torch.arange(v.shape[1])[None, :]] = v.cpu()
+    critic.train(was_training)
+    return values * batch.response_mask
+
+
+def outcome_token_rewards(rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """[N, T]: each sequence's reward on its last response token, 0 elsewhere."""
+    token_rewards = torch.zeros_like(response_mask)
+    last = (response_mask.sum(-1).long() - 1).clamp(min=0)  # [N]
+    token_rewards[torch.arange(len(rewards)), last] = rewards.float() * (response_mask.sum(-1) > 0)
+    return token_rewards
+
+
+def gae_targets(cfg: Config, batch: TrainBatch, token_rewards: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(policy advantages [N, T], value targets [N, T], mean policy lambda) from batch.old_values.
+
+    Decoupled GAE (VC-PPO): lam_actor for the advantages, lam_critic for the targets; with
+    algo.critic.length_adaptive_alpha the policy lambda is VAPO's 1 - 1/(alpha * length) per response.
+    """
+    crit = cfg.algo.critic
+    mask = batch.response_mask
+    if crit.length_adaptive_alpha is not None:
+        lam_actor = length_adaptive_lambda(mask.sum(-1), crit.length_adaptive_alpha)  # [N]
+    else:
+        lam_actor = torch.full((len(batch),), crit.lam_actor)
+    advantages, _ = gae(token_rewards, batch.old_values, mask, gamma=crit.gamma, lam=lam_actor)
+    _, returns = gae(token_rewards, batch.old_values, mask, gamma=crit.gamma, lam=crit.lam_critic)
+    if crit.whiten_advantages:
+        advantages = whiten_advantages(advantages, batch.loss_mask)
+    return advantages * batch.loss_mask, returns, float(lam_actor.mean())
+
+
+def update_critic(critic, optimizer, scheduler, batch: TrainBatch, cfg: Config, *, step: int) -> dict[str, float]:
+    """Mini-batches x epochs of clipped value-loss updates (token mean over the whole mini-batch)."""
+    crit = cfg.algo.critic
+    order_gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step + 500_009)
+    losses, grad_norms, clipped, tokens, skipped = [], [], 0.0, 0.0, 0
+    for _epoch in range(cfg.train.epochs):
+        order = torch.randperm(len(batch), generator=order_gen)
+        for start in range(0, len(batch), cfg.train.mini_batch_size):
+            mini = batch.select(order[start : start + cfg.train.mini_batch_size])
+            num_tokens, num_seqs = global_counts(mini.loss_mask)
+            total = 0.0
+            for micro in micro_batches(mini, cfg.train.micro_batch_tokens):
+                values = response_values(critic, micro.prompt_ids, micro.prompt_mask, micro.response_ids, micro.response_mask)
+                token_loss, is_clipped = value_loss(values, micro.old_values, micro.returns, micro.loss_mask,
+                                                    clip_eps=crit.value_clip)
+                loss = aggregate(token_loss, micro.loss_mask, mode="token_mean", num_tokens=num_tokens, num_seqs=num_seqs)
+                (loss * dp_scale()).backward()
+                total += loss.item()
+                clipped += float(is_clipped.sum())
+                tokens += float(micro.loss_mask.sum())
+            grad_norm = torch.nn.utils.clip_grad_norm_(critic.parameters(), cfg.train.max_grad_norm)
+            lr_used = optimizer.param_groups[0]["lr"]
+            if torch.isfinite(grad_norm) and math.isfinite(total):
+                optimizer.step()
+                scheduler.step()
+            else:
+                skipped += 1
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(total)
+            grad_norms.append(float(grad_norm))
+    m = batch.loss_mask
+    count = m.sum().clamp(min=1)
+    metrics = {
+        "critic/value_loss": sum(losses) / len(losses),
+        "critic/vf_clipfrac": clipped / max(tokens, 1.0),
+        "critic/grad_norm": sum(grad_norms) / len(grad_norms),
+        "critic/values_mean": float((batch.old_values * m).sum() / count),
+        "critic/returns_mean": float((batch.returns * m).sum() / count),
+        "critic/lr": lr_used,  # of the step's last update
+        "critic/skipped_updates": float(skipped),
+    }
+    explained = explained_variance(batch.old_values, batch.returns, m)
+    if math.isfinite(explained):  # undefined when every target is equal (e.g. every answer right)
+        metrics["critic/explained_var"] = explained
+    return metrics
+
+
+def pretrain_critic(cfg: Config, critic, optimizer, scheduler, *, train_stream: ProblemStream, engine, tokenizer,
+                    verifier, console: Console) -> dict[str, float]:
+    """VC-PPO value pretraining (Yuan et al. 2025, §4.1): before the first policy update, fit the
+    critic for algo.critic.pretrain_steps steps on rollouts of the starting policy, with Monte-Carlo
+    targets (lambda = 1), so the first advantages do not come from an untrained value head.
+    Returns the step-0 metrics critic/pretrain_*."""
+    crit, first, last = cfg.algo.critic, None, {}
+    for k in range(1, crit.pretrain_steps + 1):
+        got = collect_rollouts(cfg, -k, train_stream=train_stream, engine=engine, tokenizer=tokenizer, verifier=verifier)
+        if not got.problems:
+            continue
+        rollout = got.rollout
+        loss_mask, _ = filter_samples(cfg, rollout, got.texts, got.results)
+        zeros = torch.zeros_like(rollout.logprobs)
+        batch = TrainBatch(
+            prompt_ids=rollout.prompt_ids, prompt_mask=rollout.prompt_mask, response_ids=rollout.response_ids,
+            response_mask=rollout.response_mask, loss_mask=loss_mask, old_logprobs=zeros, advantages=zeros,
+            ref_logprobs=zeros, ref_entropy=zeros, correct=got.correct,
+        )
+        batch.old_values = value_pass(critic, batch, cfg)
+        token_rewards = outcome_token_rewards(got.rewards, batch.response_mask)
+        _, batch.returns = gae(token_rewards, batch.old_values, batch.response_mask, gamma=crit.gamma, lam=1.0)
+        last = update_critic(critic, optimizer, scheduler, batch, cfg, step=-k)
+        first = last["critic/value_loss"] if first is None else first
+        console.print(f"critic pretraining {k}/{crit.pretrain_steps}: value loss {last['critic/value_loss']:.4f}")
+    out = {"critic/pretrain_steps": float(crit.pretrain_steps)}
+    if first is not None:
+        out["critic/pretrain_value_loss_first"] = first
+        out["critic/pretrain_value_loss_last"] = last["critic/value_loss"]
+    return out
+
+
 class NonFiniteError(RuntimeError):
     """Too many consecutive steps with a non-finite loss or gradient."""
 
@@ -519,6 +641,15 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
         console.print("loading the reference model (a frozen copy of the starting model)")
         ref_model, _ = load_model_and_tokenizer(model_path, dtype=cfg.model.dtype)
         ref_model.eval().requires_grad_(False)
+    critic = critic_optimizer = critic_scheduler = None
+    if cfg.algo.adv.estimator == "gae":  # PPO with a learned critic; it resumes from checkpoints like the policy
+        critic_source = (checkpoint or parent) / "critic" if (checkpoint or parent) else (cfg.algo.critic.path or model_path)
+        console.print(f"loading the critic from {critic_source}")
+        critic = load_critic(critic_source, dtype=cfg.model.dtype)
+        critic.train()
+        critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=cfg.algo.critic.lr or cfg.train.lr,
+                                             betas=tuple(cfg.train.betas), weight_decay=cfg.train.weight_decay)
+        critic_scheduler = torch.optim.lr_scheduler.LambdaLR(critic_optimizer, lambda s: min(1.0, (s + 1) / warmup))
     n = cfg.rollout.n
     start_step, skipped_in_a_row, skipped_total = 1, 0, 0
     if checkpoint is not None:
@@ -528,6 +659,9 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
         state = json.loads((checkpoint / "trainer_state.json").read_text())
         optimizer.load_state_dict(tensors["optimizer"])
         scheduler.load_state_dict(tensors["scheduler"])
+        if critic is not None:
+            critic_optimizer.load_state_dict(tensors["critic_optimizer"])
+            critic_scheduler.load_state_dict(tensors["critic_scheduler"])
         set_rng_state(tensors["rng"])
         for name, ctl in controllers.items():
             ctl.load_state_dict(state["controllers"][name])
@@ -546,6 +680,9 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
         state = json.loads((parent / "trainer_state.json").read_text())
         optimizer.load_state_dict(tensors["optimizer"])
         scheduler.load_state_dict(tensors["scheduler"])
+        if critic is not None:
+            critic_optimizer.load_state_dict(tensors["critic_optimizer"])
+            critic_scheduler.load_state_dict(tensors["critic_scheduler"])
         for name, ctl in controllers.items():
             ctl.load_state_dict(state["controllers"][name])
         parent_cfg = (parent.parent.parent / "config.yaml")
@@ -582,6 +719,9 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
             latest = base_results
         else:
             base_results, latest, last_eval = _evals_from_log(run_dir)
+        if critic is not None and cfg.algo.critic.pretrain_steps > 0 and checkpoint is None and parent is None:
+            tracker.log(0, pretrain_critic(cfg, critic, critic_optimizer, critic_scheduler, train_stream=train_stream,
+                                           engine=engine, tokenizer=tokenizer, verifier=verifier, console=console))
 
         with StepProgress(console, total=cfg.train.steps, completed=start_step - 1) as progress:
             for step in range(start_step, cfg.train.steps + 1):
@@ -620,16 +760,23 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
                 coefs = {"entropy": controllers["entropy"].update(mean_entropy)}
                 coefs["kl"] = (controllers["kl"].update(metrics["actor/ref_kl"], n_steps=len(batch))
                                if cfg.algo.kl.use != "none" else 0.0)
-                shaped = rewards
+                shaped, kl_rewards = rewards, torch.zeros_like(batch.response_mask)  # [N], [N, T]
                 if cfg.algo.kl.use == "reward":
                     kl_tok = kl_penalty(batch.old_logprobs, batch.ref_logprobs, estimator=cfg.algo.kl.estimator)
-                    token_rewards = apply_kl_reward_penalty(torch.zeros_like(kl_tok), kl_tok, batch.loss_mask, coef=coefs["kl"])
-                    shaped = rewards + token_rewards.sum(-1)  # the sequence reward minus coef x its summed KL
-                    metrics["reward/kl_penalty"] = float(-token_rewards.sum(-1).mean())
+                    kl_rewards = apply_kl_reward_penalty(torch.zeros_like(kl_tok), kl_tok, batch.loss_mask, coef=coefs["kl"])
+                    shaped = rewards + kl_rewards.sum(-1)  # the sequence reward minus coef x its summed KL
+                    metrics["reward/kl_penalty"] = float(-kl_rewards.sum(-1).mean())
                 group_ids = torch.arange(len(problems)).repeat_interleave(n)  # [N]
-                batch.advantages = expand_to_tokens(compute_advantages(cfg, shaped, group_ids), batch.loss_mask)
+                if critic is not None:  # PPO: token-level GAE from the critic's values, KL penalty per token
+                    token_rewards = outcome_token_rewards(rewards, batch.response_mask) + kl_rewards
+                    batch.old_values = value_pass(critic, batch, cfg)
+                    batch.advantages, batch.returns, metrics["actor/gae_lambda"] = gae_targets(cfg, batch, token_rewards)
+                else:
+                    batch.advantages = expand_to_tokens(compute_advantages(cfg, shaped, group_ids), batch.loss_mask)
                 # ---- 6. updates: mini-batches x epochs ---------------------------------------------
                 metrics.update(update_policy(model, optimizer, scheduler, batch, cfg, step=step, coefs=coefs, ptx=ptx))
+                if critic is not None:
+                    metrics.update(update_critic(critic, critic_optimizer, critic_scheduler, batch, cfg, step=step))
                 if metrics["perf/skipped_updates"] > 0:
                     skipped_total += int(metrics["perf/skipped_updates"])
                     skipped_in_a_row += 1
@@ -681,7 +828,8 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
                 if cfg.train.save_every and (step % cfg.train.save_every == 0 or step == cfg.train.steps) and not skipped_in_a_row:
                     save_checkpoint(run_dir / "checkpoints", step, model=model, tokenizer=tokenizer, optimizer=optimizer,
                                     scheduler=scheduler, state=trainer_state(), keep_last=cfg.train.keep_last,
-                                    keep_every=cfg.train.keep_every)
+                                    keep_every=cfg.train.keep_every, critic=critic, critic_optimizer=critic_optimizer,
+                                    critic_scheduler=critic_scheduler)
                 if skipped_in_a_row >= cfg.train.max_skipped_steps:
                     last = latest_checkpoint(run_dir / "checkpoints")
                     where = f"the last good checkpoint is {last}" if last else "no checkpoint had been written yet"
@@ -691,6 +839,8 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
 
     console.print("saving the final model")
     save_model(model, tokenizer, run_dir / "final")
+    if critic is not None:
+        critic.save_pretrained(run_dir / "final" / "critic", safe_serialization=True)
     (run_dir / "final" / "trainer_state.json").write_text(json.dumps({"step": cfg.train.steps, **trainer_state()}, indent=2))
     tracker.close()
     wall = time.time() - t_start

@@ -1,0 +1,57 @@
+"""The critic of PPO: a causal LM backbone with a scalar head, one value per position.
+
+It is transformers' `AutoModelForTokenClassification` with `num_labels=1` (for Qwen2,
+`Qwen2ForTokenClassification`): loaded from a causal LM it keeps the backbone and gets a new
+`score` head, which is zero-initialised here so that every value starts at 0 (the advantages of the
+first step are then the plain returns). Loaded from a saved critic it is used as it is. Dropout on
+the head is off, so the values of the training pass equal those of the scoring pass.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from mathrl.model.io import DTYPES, ModelLoadError
+
+__all__ = ["load_critic", "response_values"]
+
+
+def load_critic(path: str | Path, *, dtype: str = "float32", device: str | torch.device = "cpu"):
+    """A critic from a causal LM directory (new zero head) or a saved critic directory."""
+    from transformers import AutoConfig, AutoModelForTokenClassification
+
+    try:
+        config = AutoConfig.from_pretrained(str(path), num_labels=1)
+        config.classifier_dropout = 0.0
+        critic, info = AutoModelForTokenClassification.from_pretrained(
+            str(path), config=config, dtype=DTYPES[dtype], output_loading_info=True
+        )
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"could not load a critic from {str(path)!r}: {e}") from None
+    if any(key.startswith("score.") for key in info["missing_keys"]):  # a fresh head on an LM backbone
+        with torch.no_grad():
+            critic.score.weight.zero_()
+            if critic.score.bias is not None:
+                critic.score.bias.zero_()
+    return critic.to(device)
+
+
+def response_values(
+    critic,
+    prompt_ids: torch.Tensor,  # [B, P] left-padded
+    prompt_mask: torch.Tensor,  # [B, P]
+    response_ids: torch.Tensor,  # [B, T] right-padded
+    response_mask: torch.Tensor,  # [B, T]
+) -> torch.Tensor:
+    """[B, T] float32 V(s_t): the critic's output at the position before response token t (the state
+    that token t is sampled from), with the same layout and position ids as `response_logprobs`.
+    Differentiable when grad is enabled; values at masked positions are meaningless."""
+    device = next(critic.parameters()).device
+    input_ids = torch.cat([prompt_ids, response_ids], dim=1).to(device)  # [B, P+T]
+    attention_mask = torch.cat([prompt_mask.long(), response_mask.long()], dim=1).to(device)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    out = critic(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits  # [B, P+T, 1]
+    p, t = prompt_ids.shape[1], response_ids.shape[1]
+    return out[:, p - 1 : p + t - 1, 0].float()
