@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -183,6 +184,29 @@ def test_staged_growth_continues_a_finished_run_in_a_new_directory(reference, tm
     assert float(child_state[0]["step"]) == float(parent_state[0]["step"]) + 2
     child_ctl = json.loads((child / "checkpoints" / "step_000001" / "trainer_state.json").read_text())["controllers"]
     assert child_ctl["entropy"]["coef"] != 0.001  # the adaptive coefficient carried on from the parent's value
+
+
+@pytest.mark.slow
+def test_grpo_run_continued_with_ppo_gets_a_fresh_critic_and_a_grpo_checkpoint_cannot_resume_as_ppo(reference, tmp_path):
+    tmp, _ = reference
+    parent = tmp / "uninterrupted" / "checkpoints" / "step_000006"  # a GRPO run: no critic/
+    env = {**os.environ, "MATHRL_CACHE": str(tmp / "cache")}
+
+    def drive(overrides):
+        return subprocess.run([sys.executable, str(tmp / "driver.py"), json.dumps([*OVERRIDES, *overrides]), "plain", "0"],
+                              env=env, capture_output=True, timeout=600)
+
+    child = tmp_path / "ppo_child"
+    proc = drive([*PPO, "train.steps=1", f"train.init_from={parent}", f"run_dir={child}"])
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    assert (child / "checkpoints" / "step_000001" / "critic" / "model.safetensors").is_file()
+    # resuming a GRPO run in place with PPO switched on is refused with a message saying what to do
+    unfinished = tmp_path / "unfinished"
+    shutil.copytree(tmp / "uninterrupted", unfinished)
+    (unfinished / "summary.json").unlink()  # as if it had been killed after its step-6 checkpoint
+    proc = drive([*PPO, f"run_dir={unfinished}", "train.steps=8"])
+    assert proc.returncode != 0
+    assert "has no critic/" in proc.stderr.decode()
 
 
 def test_disk_full_while_checkpointing_keeps_the_previous_checkpoint(tmp_path, monkeypatch, make_tiny_qwen2, char_tokenizer):

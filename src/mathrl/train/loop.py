@@ -8,8 +8,8 @@ One call of `train(cfg)` runs a whole experiment and writes its run directory:
     metrics.jsonl     one JSON object per step (names in docs/metrics.md)
     rollouts.jsonl    a sample of each step's rollouts with per-token logprobs
     evals.jsonl       every evaluation, with pass@k tables
-    checkpoints/      step_<N>/ Hugging Face directories (train.save_every)
-    final/            the trained model (Hugging Face format)
+    checkpoints/      step_<N>/ Hugging Face directories (train.save_every), with critic/ for PPO
+    final/            the trained model (Hugging Face format), with critic/ for PPO
     summary.json      base vs final held-out scores and wall time
 """
 
@@ -643,7 +643,12 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
         ref_model.eval().requires_grad_(False)
     critic = critic_optimizer = critic_scheduler = None
     if cfg.algo.adv.estimator == "gae":  # PPO with a learned critic; it resumes from checkpoints like the policy
-        critic_source = (checkpoint or parent) / "critic" if (checkpoint or parent) else (cfg.algo.critic.path or model_path)
+        saved = (checkpoint or parent) / "critic" if (checkpoint or parent) else None
+        if checkpoint is not None and not saved.is_dir():
+            raise ValueError(f"checkpoint {checkpoint} has no critic/: its run did not use algo.adv.estimator=gae; "
+                             "start a new run (--no-resume, or train.init_from to continue its policy with PPO)")
+        # a parent run without a critic (GRPO continued with PPO): a fresh critic from its policy
+        critic_source = saved if saved is not None and saved.is_dir() else (cfg.algo.critic.path or parent or model_path)
         console.print(f"loading the critic from {critic_source}")
         critic = load_critic(critic_source, dtype=cfg.model.dtype)
         critic.train()
@@ -680,7 +685,7 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
         state = json.loads((parent / "trainer_state.json").read_text())
         optimizer.load_state_dict(tensors["optimizer"])
         scheduler.load_state_dict(tensors["scheduler"])
-        if critic is not None:
+        if critic is not None and "critic_optimizer" in tensors:
             critic_optimizer.load_state_dict(tensors["critic_optimizer"])
             critic_scheduler.load_state_dict(tensors["critic_scheduler"])
         for name, ctl in controllers.items():
