@@ -250,7 +250,11 @@ class EvalConfig:
 @dataclass
 class LogConfig:
     rollouts_per_step: int = 8  # samples of rollouts (with per-token logprobs) written to rollouts.jsonl
-    tensorboard: bool = False
+    tensorboard: bool = False  # also write <run_dir>/tensorboard (pip install tensorboard)
+    wandb: bool = False  # also log to Weights & Biases (pip install wandb; WANDB_MODE=offline keeps it local)
+    wandb_project: str = "mathrl"
+    mlflow: bool = False  # also log to MLflow at MLFLOW_TRACKING_URI (pip install mlflow-skinny)
+    mlflow_experiment: str = "mathrl"
 
 
 @dataclass

@@ -40,7 +40,7 @@ from mathrl.algo.kl import apply_kl_reward_penalty, kl_penalty
 from mathrl.algo.losses import aggregate, dp_scale, global_counts, policy_loss, positive_example_lm_loss
 from mathrl.algo.sample_filter import sample_filter
 from mathrl.analysis.collapse import is_garbled, is_repetitive
-from mathrl.config import Config, dump_yaml
+from mathrl.config import Config, dump_yaml, to_dict
 from mathrl.evaluation.evaluate import EvalResult, evaluate
 from mathrl.model.io import load_model_and_tokenizer, save_model
 from mathrl.model.scoring import next_token_logprobs, response_logprobs
@@ -697,7 +697,9 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
             "config": parent_cfg.read_text() if parent_cfg.exists() else None,
         }, indent=2))
         console.print(f"[bold]continuing[/bold] from {parent} (step {state['step']} of its run); recorded in parent.json")
-    tracker = Tracker(run_dir, tensorboard=cfg.log.tensorboard)
+    tracker = Tracker(run_dir, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb, mlflow=cfg.log.mlflow,
+                      wandb_project=cfg.log.wandb_project, mlflow_experiment=cfg.log.mlflow_experiment,
+                      config=to_dict(cfg))
 
     def trainer_state() -> dict:
         return {
