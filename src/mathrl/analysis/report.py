@@ -37,6 +37,10 @@ SECTIONS: list[tuple[str, list[str]]] = [
     ("Entropy", ["actor/entropy", "actor/rollout_entropy", "actor/entropy_coef", "actor/entropy_clipfrac"]),
     ("KL and clipping", ["actor/ref_kl", "actor/kl_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower"]),
     ("Length", ["rollout/response_length", "rollout/truncated_frac"]),
+    ("Critic (PPO)", ["critic/value_loss", "critic/explained_var", "critic/values_mean", "critic/returns_mean",
+                      "critic/vf_clipfrac", "actor/gae_lambda"]),
+    ("What reached the batch", ["filter/kept_groups", "filter/gen_rounds", "filter/dropped_all_correct",
+                                "filter/dropped_all_wrong", "filter/dropped_out_of_band"]),
     # collapse/* are the detectors' rates (every step); filter/<reason> the samples the sample filter dropped
     ("Collapse", ["collapse/repetitive", "collapse/garbled", "collapse/no_answer", "reward/no_answer_rate",
                   "filter/repetitive", "filter/garbled", "filter/no_answer"]),
