@@ -20,6 +20,16 @@ def backbone_and_head(model):
     return backbone, head
 
 
+def packed_inputs(model, prompt_ids, prompt_mask, response_ids, response_mask):
+    """(input_ids, attention_mask, position_ids), each [B, P+T] on the model's device, for the
+    `[left-padded prompt | right-padded response]` layout, positions skipping the left padding."""
+    device = next(model.parameters()).device
+    input_ids = torch.cat([prompt_ids, response_ids], dim=1).to(device)
+    attention_mask = torch.cat([prompt_mask.long(), response_mask.long()], dim=1).to(device)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return input_ids, attention_mask, position_ids
+
+
 def response_logprobs(
     model,
     prompt_ids: torch.Tensor,  # [B, P] left-padded
@@ -35,10 +45,8 @@ def response_logprobs(
 
     Differentiable when grad is enabled. Values at masked response positions are meaningless; mask them.
     """
-    device = next(model.parameters()).device
-    input_ids = torch.cat([prompt_ids, response_ids], dim=1).to(device)  # [B, P+T]
-    attention_mask = torch.cat([prompt_mask.long(), response_mask.long()], dim=1).to(device)
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    input_ids, attention_mask, position_ids = packed_inputs(model, prompt_ids, prompt_mask, response_ids, response_mask)
+    device = input_ids.device
     backbone, head = backbone_and_head(model)
     hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
     p = prompt_ids.shape[1]

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from mathrl.model.io import DTYPES, ModelLoadError
+from mathrl.model.scoring import packed_inputs
 
 __all__ = ["load_critic", "response_values"]
 
@@ -48,10 +49,7 @@ def response_values(
     """[B, T] float32 V(s_t): the critic's output at the position before response token t (the state
     that token t is sampled from), with the same layout and position ids as `response_logprobs`.
     Differentiable when grad is enabled; values at masked positions are meaningless."""
-    device = next(critic.parameters()).device
-    input_ids = torch.cat([prompt_ids, response_ids], dim=1).to(device)  # [B, P+T]
-    attention_mask = torch.cat([prompt_mask.long(), response_mask.long()], dim=1).to(device)
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    input_ids, attention_mask, position_ids = packed_inputs(critic, prompt_ids, prompt_mask, response_ids, response_mask)
     out = critic(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits  # [B, P+T, 1]
     p, t = prompt_ids.shape[1], response_ids.shape[1]
     return out[:, p - 1 : p + t - 1, 0].float()
