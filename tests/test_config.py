@@ -6,6 +6,7 @@ Run: python -m pytest tests/test_config.py -q
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -293,3 +294,23 @@ def test_data_sources_are_checked_before_anything_runs(tmp_path):
     # Evaluating a finished run must not need its training data any more.
     cfg = load_config(None, [f"data.train={tmp_path / 'gone.jsonl'}"], check_paths=False)
     assert cfg.data.train.endswith("gone.jsonl")
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("algo.critic.lam_actor=1.5", "lam_actor, lam_critic <= 1"),
+        ("algo.critic.gamma=0", "0 < gamma <= 1"),
+        ("algo.critic.length_adaptive_alpha=0", "length_adaptive_alpha must be > 0"),
+        ("algo.critic.value_clip=-0.1", "value_clip must be > 0"),
+        ("algo.critic.pretrain_steps=-1", "pretrain_steps must be >= 0"),
+    ],
+)
+def test_critic_settings_are_checked(override, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(None, ["algo.adv.estimator=gae", override])
+
+
+def test_ppo_with_a_critic_needs_no_groups():
+    # one sample per problem is plain PPO; GRPO would have nothing to compare against
+    assert load_config(None, ["algo.adv.estimator=gae", "rollout.n=1", "train.mini_batch_size=16"]).rollout.n == 1

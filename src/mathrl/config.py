@@ -317,7 +317,7 @@ class Config:
         if self.rollout.n == 1 and self.algo.adv.estimator in ("grpo", "rloo"):
             errors.append(
                 f"algo.adv.estimator={self.algo.adv.estimator} needs groups of several samples; rollout.n is 1 "
-                "(every advantage would be 0). Raise rollout.n or use algo.adv.estimator=reinforce_pp"
+                "(every advantage would be 0). Raise rollout.n or use algo.adv.estimator=reinforce_pp or gae"
             )
         if not (0 <= self.algo.clip.eps_low < 1 and self.algo.clip.eps_high >= 0):
             errors.append("algo.clip.eps_low must be in [0, 1) and algo.clip.eps_high >= 0")
