@@ -5,6 +5,7 @@ Run: python -m pytest tests/test_ablate.py -q
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,8 +25,6 @@ TINY = ["base.steps=20", "base.hidden_size=32", "base.intermediate_size=64", "ba
 
 
 def ablate(*args: str, env_cache: Path) -> subprocess.CompletedProcess:
-    import os
-
     env = {**os.environ, "MATHRL_CACHE": str(env_cache)}
     return subprocess.run([sys.executable, str(REPO / "scripts" / "ablate.py"), *args], capture_output=True, text=True,
                           env=env, cwd=REPO, timeout=600)

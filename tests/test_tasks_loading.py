@@ -436,7 +436,7 @@ def test_long_prompts_are_dropped_and_counted_never_truncated(tmp_path: Path, ch
     path = _write(tmp_path, "mixed.jsonl", [json.dumps(r) for r in rows])
     cfg = load_config(None, [f"data.train={path}", f"data.eval=[{path}]", "data.template=plain",
                              "data.max_prompt_tokens=100"])  # rendered: 75 and 152 tokens
-    (es,) = build_eval_sets(cfg, char_tokenizer)
+    (es,) = build_eval_sets(cfg, char_tokenizer, limit=cfg.data.eval_size)
     assert (len(es.problems), es.dropped_too_long) == (5, 5)
     assert all(len(ids) <= 100 for ids in es.prompt_ids)
     assert all(p.question == "1+1" for p in es.problems)  # whole problems, not shortened ones
@@ -448,4 +448,4 @@ def test_long_prompts_are_dropped_and_counted_never_truncated(tmp_path: Path, ch
 
     cfg.data.max_prompt_tokens = 5  # shorter than any rendered prompt
     with pytest.raises(ValueError, match="has no problems left"):
-        build_eval_sets(cfg, char_tokenizer)
+        build_eval_sets(cfg, char_tokenizer, limit=cfg.data.eval_size)

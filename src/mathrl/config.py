@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import yaml
 
+from mathrl.tasks.loading import DATA_FILE_SUFFIXES
 
 _FLOAT_RE = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
@@ -363,8 +364,8 @@ class Config:
                 "data.arith.heldout_permille > 50 would hold out problems the tiny base model was pretrained on "
                 "(its pretraining excludes only the first 50 permille); use a value <= 50"
             )
-        for where, source in [("data.train", self.data.train), *(("data.eval", s) for s in self.data.eval)]:
-            if source != "arith" and not source.startswith("hf:") and Path(source).suffix not in (".jsonl", ".parquet"):
+        for where, source in self._data_files():
+            if Path(source).suffix not in DATA_FILE_SUFFIXES:
                 errors.append(f"{where}: {source!r} is not a data source (give arith, a .jsonl or .parquet file, "
                               "or hf:<name>[:<config>][@<split>])")
         if check_paths:
@@ -392,11 +393,15 @@ class Config:
         if self.train.init_from is not None and not (Path(self.train.init_from) / "trainer_state.pt").exists():
             errors.append(f"train.init_from={self.train.init_from!r} is not a complete checkpoint directory "
                           "(expected e.g. runs/X/checkpoints/step_000050 with trainer_state.pt)")
-        for where, source in [("data.train", self.data.train), *(("data.eval", s) for s in self.data.eval)]:
-            local = source != "arith" and not source.startswith("hf:")
-            if local and Path(source).suffix in (".jsonl", ".parquet") and not Path(source).expanduser().is_file():
+        for where, source in self._data_files():
+            if Path(source).suffix in DATA_FILE_SUFFIXES and not Path(source).expanduser().is_file():
                 errors.append(f"{where}: no such file {source!r}")
         return errors
+
+    def _data_files(self) -> list[tuple[str, str]]:
+        """(config key, source) of every data.train / data.eval source that names a local file."""
+        sources = [("data.train", self.data.train), *(("data.eval", s) for s in self.data.eval)]
+        return [(where, s) for where, s in sources if s != "arith" and not s.startswith("hf:")]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ from mathrl.analysis.collapse import is_garbled, is_repetitive
 from mathrl.config import Config, ConfigError, load_config, parse_override
 from mathrl.evaluation.evaluate import evaluate
 from mathrl.evaluation.metrics import default_ks, mean_std_ci95
-from mathrl.tasks.sources import TINY_BASE, EvalSet, PromptEncoder, arithmetic_task, field_map
+from mathrl.tasks.sources import TINY_BASE, build_eval_sets
 
 __all__ = [
     "Checkpoint",
@@ -273,36 +273,6 @@ def default_out_dir(targets: Sequence[str], checkpoints: Sequence[Checkpoint]) -
 # ----------------------------------------------------------------------------------------------------
 # data
 # ----------------------------------------------------------------------------------------------------
-def build_sets(cfg: Config, tokenizer, *, limit: int | None) -> list[tuple[str, EvalSet, int]]:
-    """(source, eval set, prompts dropped for length) for every source in cfg.data.eval.
-
-    Like `tasks.sources.build_eval_sets` (same arithmetic split, field maps and prompt encoder), with
-    two differences an honest sweep needs: a file is read whole unless --limit is given (the training
-    loop's data.eval_size cut would score a benchmark on its first rows), and prompts dropped for
-    exceeding data.max_prompt_tokens are counted and reported instead of silently shrinking the set.
-    """
-    from mathrl.tasks.loading import load_problems, source_name
-
-    encoder = PromptEncoder(cfg, tokenizer)
-    sets = []
-    for source in cfg.data.eval:
-        if source == "arith":
-            problems = arithmetic_task(cfg).heldout_problems(limit or cfg.data.eval_size)
-            name = "arith_heldout"
-        else:
-            problems = load_problems(source, field_map(cfg, source), limit=limit, default_split="test").problems
-            name = source_name(source, default_split="test")
-        if any(es.name == name for _, es, _ in sets):  # a/test.jsonl and b/test.jsonl must not share a row key
-            name = f"{name}_{len(sets)}"
-        before = encoder.dropped
-        kept, ids, _ = encoder.encode(problems)
-        if not kept:
-            raise ValueError(f"eval set {name!r} has no problems left (loaded {len(problems)}; prompts over "
-                             f"data.max_prompt_tokens={cfg.data.max_prompt_tokens} are dropped)")
-        sets.append((source, EvalSet(name=name, problems=kept, prompt_ids=ids), encoder.dropped - before))
-    return sets
-
-
 # ----------------------------------------------------------------------------------------------------
 # the sweep
 # ----------------------------------------------------------------------------------------------------
@@ -367,7 +337,8 @@ def _evaluate_checkpoint(ckpt: Checkpoint, settings: SweepSettings, *, verifier,
     engine = _RecordingEngine(TorchEngine(model, eos_token_id=tokenizer.eos_token_id,
                                           pad_token_id=tokenizer.pad_token_id, batch_size=cfg.rollout.batch_size))
     rows = []
-    for source, es, dropped in build_sets(cfg, tokenizer, limit=settings.limit):
+    # a file is scored whole unless --limit is given (not cut at the training loop's data.eval_size)
+    for source, es in zip(cfg.data.eval, build_eval_sets(cfg, tokenizer, limit=settings.limit)):
         per_seed, examples = [], {"repetitive": [], "garbled": []}
         for seed in settings.seeds:
             progress.update(task, info=f"{ckpt.label} | {es.name} | seed {seed}")
@@ -392,7 +363,8 @@ def _evaluate_checkpoint(ckpt: Checkpoint, settings: SweepSettings, *, verifier,
         metric_keys = [k for k in per_seed[0] if k not in ("seed", "samples")]
         rows.append({
             "checkpoint": ckpt.label, "step": ckpt.step, "run": ckpt.run, "path": ckpt.path,
-            "dataset": es.name, "source": source, "num_problems": len(es.problems), "dropped_prompts": dropped,
+            "dataset": es.name, "source": source, "num_problems": len(es.problems),
+            "dropped_prompts": es.dropped_too_long,
             "n": settings.n, "seeds": list(settings.seeds), "template": cfg.data.template,
             "max_new_tokens": max_new_tokens, "temperature": settings.temperature, "top_p": settings.top_p,
             "metrics": {k: _summary([r[k] for r in per_seed]) for k in metric_keys},

@@ -32,6 +32,7 @@ from typing import Any, Literal
 from mathrl.tasks.base import Problem
 
 __all__ = [
+    "DATA_FILE_SUFFIXES",
     "DataError",
     "FieldMap",
     "HF_PRESETS",
@@ -43,6 +44,8 @@ __all__ = [
     "preset_for",
     "source_name",
 ]
+
+DATA_FILE_SUFFIXES = (".jsonl", ".parquet")  # the local file formats load_problems reads
 
 
 class DataError(ValueError):

@@ -178,16 +178,19 @@ def build_train_stream(cfg: Config, tokenizer) -> ProblemStream:
     return ProblemStream(cfg, tokenizer)
 
 
-def build_eval_sets(cfg: Config, tokenizer) -> list[EvalSet]:
+def build_eval_sets(cfg: Config, tokenizer, *, limit: int | None) -> list[EvalSet]:
+    """One EvalSet per source in cfg.data.eval: the arithmetic held-out split (`limit` problems, or
+    data.eval_size when None) or a dataset's first `limit` rows (all of them when None). Prompts over
+    data.max_prompt_tokens are dropped and counted in `dropped_too_long`; a set left empty is an error.
+    Training passes limit=data.eval_size; `mathrl eval` passes --limit, so a benchmark is scored whole."""
     encoder = PromptEncoder(cfg, tokenizer)
     sets = []
     for source in cfg.data.eval:
         if source == "arith":
-            problems = arithmetic_task(cfg).heldout_problems(cfg.data.eval_size)
+            problems = arithmetic_task(cfg).heldout_problems(limit or cfg.data.eval_size)
             name = "arith_heldout"
         else:
-            problems = load_problems(source, field_map(cfg, source), limit=cfg.data.eval_size,
-                                     default_split="test").problems
+            problems = load_problems(source, field_map(cfg, source), limit=limit, default_split="test").problems
             name = source_name(source, default_split="test")
         if any(es.name == name for es in sets):  # a/test.jsonl and b/test.jsonl must not share metric keys
             name = f"{name}_{len(sets)}"

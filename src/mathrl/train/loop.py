@@ -293,24 +293,45 @@ def build_controllers(cfg: Config) -> dict[str, CoefController]:
 
 
 @torch.no_grad()
-def scoring_pass(model, batch: TrainBatch, cfg: Config, *, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """[N, T] logprobs (and entropy, zeros if not asked) of the sampled tokens under `model`, no grad."""
+def per_token_pass(model, batch: TrainBatch, cfg: Config, forward) -> list[torch.Tensor]:
+    """Run `forward(model, micro_batch) -> [n, t] tensors` over no-grad micro-batches of `batch`, the
+    model in eval mode; returns each output as [N, T] float32 on CPU, 0 at masked positions."""
     was_training = model.training
     model.eval()
-    logprobs = torch.zeros_like(batch.response_mask)
-    entropy = torch.zeros_like(batch.response_mask)
+    outputs: list[torch.Tensor] = []
     for rows in micro_batch_slices(row_lengths(batch), cfg.train.micro_batch_tokens * 4):  # no activations kept
-        mb = batch.select(rows).trimmed()
+        parts = forward(model, batch.select(rows).trimmed())
+        if not outputs:
+            outputs = [torch.zeros_like(batch.response_mask) for _ in parts]
+        idx = (torch.as_tensor(rows)[:, None], torch.arange(parts[0].shape[1])[None, :])
+        for out, part in zip(outputs, parts):
+            out[idx] = part.float().cpu()
+    model.train(was_training)
+    return [out * batch.response_mask for out in outputs]
+
+
+def scoring_pass(model, batch: TrainBatch, cfg: Config, *, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, T] logprobs (and entropy, zeros if not asked) of the sampled tokens under `model`, no grad."""
+
+    def forward(model, mb: TrainBatch) -> list[torch.Tensor]:
         lp, ent = response_logprobs(
             model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
             temperature=cfg.rollout.temperature, chunk_size=cfg.model.logprob_chunk_size, with_entropy=with_entropy,
         )
-        idx = (torch.as_tensor(rows)[:, None], torch.arange(lp.shape[1])[None, :])
-        logprobs[idx] = lp.float().cpu()
-        if ent is not None:
-            entropy[idx] = ent.float().cpu()
-    model.train(was_training)
-    return logprobs * batch.response_mask, entropy * batch.response_mask
+        return [lp, ent if ent is not None else torch.zeros_like(lp)]
+
+    logprobs, entropy = per_token_pass(model, batch, cfg, forward)
+    return logprobs, entropy
+
+
+def new_train_batch(rollout: RolloutBatch, loss_mask: torch.Tensor, correct: torch.Tensor) -> TrainBatch:
+    """A TrainBatch of the rollout's rows; the scoring passes and advantages fill the zero fields."""
+    zeros = torch.zeros_like(rollout.logprobs)
+    return TrainBatch(
+        prompt_ids=rollout.prompt_ids, prompt_mask=rollout.prompt_mask, response_ids=rollout.response_ids,
+        response_mask=rollout.response_mask, loss_mask=loss_mask, old_logprobs=zeros, advantages=zeros.clone(),
+        ref_logprobs=zeros.clone(), ref_entropy=zeros.clone(), correct=correct,
+    )
 
 
 def update_policy(
@@ -422,18 +443,14 @@ def update_policy(
     return metrics
 
 
-@torch.no_grad()
 def value_pass(critic, batch: TrainBatch, cfg: Config) -> torch.Tensor:
     """[N, T] critic values V(s_t) of the sampled responses, no grad (0 at masked positions)."""
-    was_training = critic.training
-    critic.eval()
-    values = torch.zeros_like(batch.response_mask)
-    for rows in micro_batch_slices(row_lengths(batch), cfg.train.micro_batch_tokens * 4):
-        mb = batch.select(rows).trimmed()
-        v = response_values(critic, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask)
-        values[torch.as_tensor(rows)[:, None], torch.arange(v.shape[1])[None, :]] = v.cpu()
-    critic.train(was_training)
-    return values * batch.response_mask
+
+    def forward(critic, mb: TrainBatch) -> list[torch.Tensor]:
+        return [response_values(critic, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask)]
+
+    (values,) = per_token_pass(critic, batch, cfg, forward)
+    return values
 
 
 def outcome_token_rewards(rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -521,14 +538,8 @@ def pretrain_critic(cfg: Config, critic, optimizer, scheduler, *, train_stream: 
         got = collect_rollouts(cfg, -k, train_stream=train_stream, engine=engine, tokenizer=tokenizer, verifier=verifier)
         if not got.problems:
             continue
-        rollout = got.rollout
-        loss_mask, _ = filter_samples(cfg, rollout, got.texts, got.results)
-        zeros = torch.zeros_like(rollout.logprobs)
-        batch = TrainBatch(
-            prompt_ids=rollout.prompt_ids, prompt_mask=rollout.prompt_mask, response_ids=rollout.response_ids,
-            response_mask=rollout.response_mask, loss_mask=loss_mask, old_logprobs=zeros, advantages=zeros,
-            ref_logprobs=zeros, ref_entropy=zeros, correct=got.correct,
-        )
+        loss_mask, _ = filter_samples(cfg, got.rollout, got.texts, got.results)
+        batch = new_train_batch(got.rollout, loss_mask, got.correct)
         batch.old_values = value_pass(critic, batch, cfg)
         token_rewards = outcome_token_rewards(got.rewards, batch.response_mask)
         _, batch.returns = gae(token_rewards, batch.old_values, batch.response_mask, gamma=crit.gamma, lam=1.0)
@@ -627,7 +638,7 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
         model.gradient_checkpointing_enable()
     model.train()
     train_stream: ProblemStream = build_train_stream(cfg, tokenizer)
-    eval_sets = build_eval_sets(cfg, tokenizer)
+    eval_sets = build_eval_sets(cfg, tokenizer, limit=cfg.data.eval_size)
     engine = TorchEngine(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                          batch_size=cfg.rollout.batch_size)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, betas=tuple(cfg.train.betas),
@@ -643,18 +654,26 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
         ref_model.eval().requires_grad_(False)
     critic = critic_optimizer = critic_scheduler = None
     if cfg.algo.adv.estimator == "gae":  # PPO with a learned critic; it resumes from checkpoints like the policy
-        saved = (checkpoint or parent) / "critic" if (checkpoint or parent) else None
-        if checkpoint is not None and not saved.is_dir():
+        origin = checkpoint or parent
+        saved = origin / "critic" if origin is not None and (origin / "critic").is_dir() else None
+        if checkpoint is not None and saved is None:
             raise ValueError(f"checkpoint {checkpoint} has no critic/: its run did not use algo.adv.estimator=gae; "
                              "start a new run (--no-resume, or train.init_from to continue its policy with PPO)")
         # a parent run without a critic (GRPO continued with PPO): a fresh critic from its policy
-        critic_source = saved if saved is not None and saved.is_dir() else (cfg.algo.critic.path or parent or model_path)
+        critic_source = saved or cfg.algo.critic.path or parent or model_path
         console.print(f"loading the critic from {critic_source}")
         critic = load_critic(critic_source, dtype=cfg.model.dtype)
         critic.train()
         critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=cfg.algo.critic.lr or cfg.train.lr,
                                              betas=tuple(cfg.train.betas), weight_decay=cfg.train.weight_decay)
         critic_scheduler = torch.optim.lr_scheduler.LambdaLR(critic_optimizer, lambda s: min(1.0, (s + 1) / warmup))
+    def restore_optimizers(tensors: dict) -> None:
+        optimizer.load_state_dict(tensors["optimizer"])
+        scheduler.load_state_dict(tensors["scheduler"])
+        if critic is not None and "critic_optimizer" in tensors:  # absent when a GRPO parent is continued with PPO
+            critic_optimizer.load_state_dict(tensors["critic_optimizer"])
+            critic_scheduler.load_state_dict(tensors["critic_scheduler"])
+
     n = cfg.rollout.n
     start_step, skipped_in_a_row, skipped_total = 1, 0, 0
     if checkpoint is not None:
@@ -662,11 +681,7 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
         done = int(json.loads((checkpoint / "trainer_state.json").read_text())["step"])
         tensors = torch.load(checkpoint / "trainer_state.pt", weights_only=True)
         state = json.loads((checkpoint / "trainer_state.json").read_text())
-        optimizer.load_state_dict(tensors["optimizer"])
-        scheduler.load_state_dict(tensors["scheduler"])
-        if critic is not None:
-            critic_optimizer.load_state_dict(tensors["critic_optimizer"])
-            critic_scheduler.load_state_dict(tensors["critic_scheduler"])
+        restore_optimizers(tensors)
         set_rng_state(tensors["rng"])
         for name, ctl in controllers.items():
             ctl.load_state_dict(state["controllers"][name])
@@ -683,11 +698,7 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
         # rollout.max_new_tokens), keeping its optimizer, schedule and controller state -----------
         tensors = torch.load(parent / "trainer_state.pt", weights_only=True)
         state = json.loads((parent / "trainer_state.json").read_text())
-        optimizer.load_state_dict(tensors["optimizer"])
-        scheduler.load_state_dict(tensors["scheduler"])
-        if critic is not None and "critic_optimizer" in tensors:
-            critic_optimizer.load_state_dict(tensors["critic_optimizer"])
-            critic_scheduler.load_state_dict(tensors["critic_scheduler"])
+        restore_optimizers(tensors)
         for name, ctl in controllers.items():
             ctl.load_state_dict(state["controllers"][name])
         parent_cfg = (parent.parent.parent / "config.yaml")
@@ -747,13 +758,7 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
                 # ---- sample filters: masked out of the loss, counted per reason ------------------------
                 loss_mask, filter_metrics = filter_samples(cfg, rollout, texts, results)
                 got.metrics.update(filter_metrics)
-                batch = TrainBatch(
-                    prompt_ids=rollout.prompt_ids, prompt_mask=rollout.prompt_mask,
-                    response_ids=rollout.response_ids, response_mask=rollout.response_mask,
-                    loss_mask=loss_mask, old_logprobs=torch.zeros_like(rollout.logprobs),
-                    advantages=torch.zeros_like(rollout.logprobs), ref_logprobs=torch.zeros_like(rollout.logprobs),
-                    ref_entropy=torch.zeros_like(rollout.logprobs), correct=correct,
-                )
+                batch = new_train_batch(rollout, loss_mask, correct)
                 # ---- 4. scoring passes: old logprobs (training model), reference logprobs/entropy ----
                 batch.old_logprobs, rollout_entropy = scoring_pass(model, batch, cfg, with_entropy=True)
                 metrics = dict(got.metrics)
