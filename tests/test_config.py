@@ -299,11 +299,11 @@ def test_data_sources_are_checked_before_anything_runs(tmp_path):
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("algo.critic.lam_actor=1.5", "lam_actor, lam_critic <= 1"),
-        ("algo.critic.gamma=0", "0 < gamma <= 1"),
-        ("algo.critic.length_adaptive_alpha=0", "length_adaptive_alpha must be > 0"),
-        ("algo.critic.value_clip=-0.1", "value_clip must be > 0"),
-        ("algo.critic.pretrain_steps=-1", "pretrain_steps must be >= 0"),
+        ("algo.critic.lam_actor=1.5", "algo.critic.lam_actor=1.5: must be in [0, 1]"),
+        ("algo.critic.gamma=0", "algo.critic.gamma=0.0: must be in (0, 1]"),
+        ("algo.critic.length_adaptive_alpha=0", "algo.critic.length_adaptive_alpha=0.0: must be > 0"),
+        ("algo.critic.value_clip=-0.1", "algo.critic.value_clip=-0.1: must be > 0"),
+        ("algo.critic.pretrain_steps=-1", "algo.critic.pretrain_steps=-1: must be >= 0"),
     ],
 )
 def test_critic_settings_are_checked(override, message):
@@ -314,3 +314,111 @@ def test_critic_settings_are_checked(override, message):
 def test_ppo_with_a_critic_needs_no_groups():
     # one sample per problem is plain PPO; GRPO would have nothing to compare against
     assert load_config(None, ["algo.adv.estimator=gae", "rollout.n=1", "train.mini_batch_size=16"]).rollout.n == 1
+
+
+# --------------------------------------------------------------------------------------------------
+# the domain of every field (config_schema.DOMAINS)
+# --------------------------------------------------------------------------------------------------
+def _leaf_fields(cls=Config, prefix=""):
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            yield from _leaf_fields(hints[f.name], prefix + f.name + ".")
+        else:
+            yield prefix + f.name, hints[f.name]
+
+
+def _is_numeric(tp) -> bool:
+    import typing
+
+    if tp in (int, float):
+        return True
+    return any(_is_numeric(a) for a in typing.get_args(tp))  # int | None, list[float], list[list[int]]
+
+
+def test_every_numeric_field_has_a_domain():
+    # A new int or float field without a declared range is how `train.max_grad_norm=-1` got through:
+    # torch clips to a negative norm by flipping the gradient's sign. Declare its domain in DOMAINS.
+    from mathrl.config_schema import DOMAINS
+
+    keys = dict(_leaf_fields())
+    missing = sorted(k for k, tp in keys.items() if _is_numeric(tp) and tp is not bool and k not in DOMAINS)
+    assert missing == [], f"numeric config fields without a domain in config_schema.DOMAINS: {missing}"
+    assert sorted(set(DOMAINS) - set(keys)) == [], "DOMAINS names keys the config does not have"
+
+
+def test_every_field_is_documented_and_every_default_is_in_its_domain():
+    # `mathrl config` prints these docs (the `#` comments in config.py); the defaults must pass their own checks.
+    from mathrl.config_schema import check_domains, reference
+
+    undocumented = [e.key for e in reference(Config) if not e.doc]
+    assert undocumented == [], f"config fields without a `#` doc comment: {undocumented}"
+    assert check_domains(Config()) == []
+
+
+def _with(key: str, value):
+    cfg = Config()
+    node = cfg
+    *parents, last = key.split(".")
+    for part in parents:
+        node = getattr(node, part)
+    setattr(node, last, value)
+    return cfg
+
+
+def test_range_boundaries_are_exact():
+    # For every numeric range: its closed end passes, its open end and the value one step beyond fail,
+    # and NaN never passes (NaN compares false with everything, so a `v < low` check alone lets it in).
+    from mathrl.config_schema import DOMAINS, Range, check_domains
+
+    checked = 0
+    for key, dom in DOMAINS.items():
+        if not isinstance(dom, Range) or dom.length is not None:
+            continue
+        for end, is_open, outward in ((dom.low, dom.open_low, -1), (dom.high, dom.open_high, +1)):
+            if end in (float("inf"), float("-inf")):
+                continue
+            bad = [e for e in check_domains(_with(key, end)) if e.startswith(key + "=")]
+            assert bool(bad) == is_open, (key, end, bad)
+            assert [e for e in check_domains(_with(key, end + outward)) if e.startswith(key + "=")], (key, end + outward)
+            checked += 1
+        assert [e for e in check_domains(_with(key, float("nan"))) if e.startswith(key + "=")], key
+    assert checked > 60
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        # each was accepted, or failed only after the model loaded, naming no field
+        ("train.max_grad_norm=-1", "train.max_grad_norm=-1.0: must be > 0 (gradients are clipped"),
+        ("train.max_skipped_steps=0", "train.max_skipped_steps=0: must be >= 1"),
+        ("rollout.batch_size=0", "rollout.batch_size=0: must be >= 1"),
+        ("model.logprob_chunk_size=0", "model.logprob_chunk_size=0: must be >= 1"),
+        ("train.save_every=-1", "train.save_every=-1: must be >= 0"),
+        ("train.lr=-1", "train.lr=-1.0: must be > 0"),
+        ("train.lr=.nan", "train.lr=nan: must be > 0"),
+        ("train.betas=[0.9]", "train.betas=[0.9]: must have 2 values, each in [0, 1)"),
+        ("train.betas=[0.9, 1.5]", "train.betas=[0.9, 1.5]: each value must be in [0, 1)"),
+        ("reward.num_workers=-1", "reward.num_workers=-1: must be >= 0"),
+        ("data.template=arithh", "data.template='arithh': must be arith, zero, plain, chat, or a string containing {question}"),
+        ("eval.top_p=0", "eval.top_p=0.0: must be in (0, 1]"),
+        ("eval.max_new_tokens=-3", "eval.max_new_tokens=-3: must be >= 1"),
+        ("eval.temperature=-1", "eval.temperature=-1.0: must be >= 0"),
+        ("rollout.temperature=0", "rollout.temperature=0.0: must be > 0 (training samples from the policy"),
+        ("eval.temperature=0", "eval.temperature=0 is greedy decoding: all eval.n=8 samples"),
+        ("base.min_digits=4", "base.min_digits=4 is above base.max_digits=3"),
+        ("rollout.max_new_tokens=200", "no room for a prompt in the tiny base model's 128 positions"),
+        ("reward.length_schedule=[[10]]", "reward.length_schedule=[[10]]: must be a list of [step >= 0, target_length >= 1] pairs"),
+    ],
+)
+def test_bad_values_name_key_value_and_range(override, message):
+    with pytest.raises(ConfigError, match=re.escape(message)) as info:
+        load_config(None, [override])
+    assert len(str(info.value).splitlines()) == 1  # one problem, one line
+
+
+def test_greedy_evaluation_is_allowed_with_one_sample():
+    cfg = load_config(None, ["eval.temperature=0", "eval.n=1"])
+    assert cfg.eval.temperature == 0.0

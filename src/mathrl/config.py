@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import yaml
 
+from mathrl.config_schema import check_domains
 from mathrl.tasks.loading import DATA_FILE_SUFFIXES
 
 _FLOAT_RE = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
@@ -40,34 +41,34 @@ class ConfigError(ValueError):
 class BaseModelConfig:
     """Recipe of the tiny base model built when `model.path` is `tiny-arith` (cached by its hash)."""
 
-    seed: int = 0
+    seed: int = 0  # seed of the weights and the pretraining text
     min_digits: int = 1  # operand sizes in the pretraining problems
-    max_digits: int = 3
-    hidden_size: int = 128
-    intermediate_size: int = 384
-    num_layers: int = 4
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    max_positions: int = 128
+    max_digits: int = 3  # (min_digits <= max_digits)
+    hidden_size: int = 128  # model width (a multiple of num_heads)
+    intermediate_size: int = 384  # MLP width
+    num_layers: int = 4  # transformer layers
+    num_heads: int = 4  # attention heads (a multiple of num_kv_heads)
+    num_kv_heads: int = 2  # key/value heads (grouped-query attention)
+    max_positions: int = 128  # context length in tokens (prompt + response must fit)
     steps: int = 800  # pretraining optimizer steps
-    batch_size: int = 32
-    lr: float = 3e-3
-    warmup_steps: int = 30
+    batch_size: int = 32  # pretraining sequences per step
+    lr: float = 3e-3  # pretraining learning rate
+    warmup_steps: int = 30  # linear warm-up steps of the pretraining
     slip_prob: float = 0.3  # per-column chance of a deliberate slip in the pretraining text
 
 
 @dataclass
 class ModelConfig:
     path: str = "tiny-arith"  # "tiny-arith" (built locally from `base`) or a Hugging Face model directory / hub id
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # weights and compute precision
     logprob_chunk_size: int = 1024  # positions per chunk when computing logprobs and entropy
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, more time)
 
 
 @dataclass
 class ArithConfig:
-    min_digits: int = 1
-    max_digits: int = 3
+    min_digits: int = 1  # operand sizes of the arithmetic problems
+    max_digits: int = 3  # (min_digits <= max_digits)
     heldout_permille: int = 50  # share of the problem space reserved for evaluation (1/1000)
 
 
@@ -76,8 +77,8 @@ class DynamicSamplingConfig:
     """Which groups reach the loss (DAPO dynamic sampling), and refilling the batch when groups are dropped."""
 
     mode: Literal["none", "nonconstant", "band"] = "none"  # nonconstant: drop all-equal groups; band: keep accuracy in [low, high]
-    band_low: float = 0.2
-    band_high: float = 0.8
+    band_low: float = 0.2  # mode=band: keep groups whose accuracy is >= band_low
+    band_high: float = 0.8  # ... and <= band_high
     max_rounds: int = 4  # generation rounds per step to fill the batch with kept groups
     on_exhausted: Literal["train_smaller", "error"] = "train_smaller"  # when max_rounds cannot fill the batch
 
@@ -93,7 +94,7 @@ class DataConfig:
     train: str = "arith"  # "arith" (generated), a .jsonl or .parquet file, or hf:<name>[:<config>][@<split>] (split default train)
     eval: list[str] = field(default_factory=lambda: ["arith"])  # "arith" (held-out split) and/or files / hf: datasets (split default test)
     question_field: str = "problem"  # field mapping for data files (a known file or hf: dataset uses its preset)
-    answer_field: str | None = "answer"
+    answer_field: str | None = "answer"  # field holding the gold answer (null with answer_from_solution)
     answer_from_solution: str | None = None  # take the gold answer from the last \boxed{} of this field
     answer_after: str | None = None  # the gold answer is the text after this marker in the answer field (GSM8K: "####")
     template: str = "arith"  # prompt template: arith | zero | plain | chat | a string containing {question}
@@ -103,17 +104,17 @@ class DataConfig:
     transform: Literal["none", "integer_answer"] = "none"  # DAPO integer-answer rewrite of the training problems
     sample_filter: list[str] = field(default_factory=list)  # drop samples that are: repetitive, garbled, no_answer
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
-    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
-    arith: ArithConfig = field(default_factory=ArithConfig)
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)  # the order of the training problems
+    arith: ArithConfig = field(default_factory=ArithConfig)  # the built-in arithmetic task
 
 
 @dataclass
 class RolloutConfig:
-    engine: Literal["torch", "vllm"] = "torch"
+    engine: Literal["torch", "vllm"] = "torch"  # rollout engine: torch (KV cache, any device) or vllm
     prompts_per_step: int = 16  # problems per rollout batch
     n: int = 8  # samples per problem (the GRPO group size)
-    temperature: float = 1.0
-    top_p: float = 1.0
+    temperature: float = 1.0  # sampling temperature (> 0: training samples from the policy)
+    top_p: float = 1.0  # nucleus sampling: keep the most likely tokens holding this much probability
     max_new_tokens: int = 48  # maximum response length in tokens
     batch_size: int = 512  # sequences decoded together by the torch engine
 
@@ -129,7 +130,7 @@ class ClipConfig:
 class AdvConfig:
     estimator: Literal["grpo", "rloo", "reinforce_pp", "gae"] = "grpo"  # gae: PPO with a learned critic (algo.critic)
     std_normalize: bool = True  # divide by the reward std (GRPO); False is Dr. GRPO
-    std_scope: Literal["group", "batch"] = "group"
+    std_scope: Literal["group", "batch"] = "group"  # the std that normalises: per group or over the batch
 
 
 @dataclass
@@ -158,20 +159,20 @@ class RefGainClipConfig:
 
 @dataclass
 class EntropyConfig:
-    mode: Literal["none", "fixed", "adaptive", "skywork"] = "none"
+    mode: Literal["none", "fixed", "adaptive", "skywork"] = "none"  # entropy bonus: off, fixed coef, or a controller
     coef: float = 0.0  # the fixed coefficient, or the starting coefficient of a controller
     target: float = 0.2  # target token entropy (nats) of the adaptive and skywork controllers
     kp: float = 0.01  # adaptive: coef += kp * (target - entropy) each step
     step: float = 0.0005  # skywork: coef moves by this much toward the target each step
-    min_coef: float = 0.0
-    max_coef: float = 0.05
+    min_coef: float = 0.0  # the controllers keep coef within [min_coef, max_coef]
+    max_coef: float = 0.05  # upper bound of the controlled coefficient
     ref_gain_clip: RefGainClipConfig = field(default_factory=RefGainClipConfig)
 
 
 @dataclass
 class KLConfig:
     use: Literal["none", "loss", "reward"] = "none"  # KL to the reference model as a loss term or a reward penalty
-    estimator: Literal["k1", "k2", "k3"] = "k3"
+    estimator: Literal["k1", "k2", "k3"] = "k3"  # KL estimator (Schulman 2020): k1 log-ratio, k2 squared, k3 unbiased low-variance
     coef: float = 0.001  # fixed coefficient, or the starting one when `target` is set
     target: float | None = None  # adaptive controller (Ziegler et al. 2019): target per-token KL; None = fixed
     horizon: int = 10000  # adaptive controller horizon, in samples
@@ -192,14 +193,14 @@ class PosLMConfig:
 
 @dataclass
 class AlgoConfig:
-    clip: ClipConfig = field(default_factory=ClipConfig)
-    adv: AdvConfig = field(default_factory=AdvConfig)
+    clip: ClipConfig = field(default_factory=ClipConfig)  # PPO ratio clipping
+    adv: AdvConfig = field(default_factory=AdvConfig)  # advantage estimator
     critic: CriticConfig = field(default_factory=CriticConfig)
-    entropy: EntropyConfig = field(default_factory=EntropyConfig)
-    kl: KLConfig = field(default_factory=KLConfig)
-    ptx: PTXConfig = field(default_factory=PTXConfig)
-    pos_lm: PosLMConfig = field(default_factory=PosLMConfig)
-    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = "token_mean"
+    entropy: EntropyConfig = field(default_factory=EntropyConfig)  # entropy bonus and its controllers
+    kl: KLConfig = field(default_factory=KLConfig)  # KL to the reference model
+    ptx: PTXConfig = field(default_factory=PTXConfig)  # pretraining loss mixed in (InstructGPT PPO-ptx)
+    pos_lm: PosLMConfig = field(default_factory=PosLMConfig)  # LM loss on correct responses (VAPO)
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = "token_mean"  # how token losses are averaged (docs/tricks.md)
 
 
 @dataclass
@@ -208,11 +209,11 @@ class TrainConfig:
     mini_batch_size: int = 64  # sequences per optimizer step; rollout batch / this = updates per epoch
     epochs: int = 1  # passes over each rollout batch
     micro_batch_tokens: int = 8192  # token budget of one forward/backward (gradient accumulation)
-    lr: float = 2e-4
+    lr: float = 2e-4  # AdamW learning rate
     warmup_steps: int = 5  # optimizer steps of linear warm-up
-    weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
-    max_grad_norm: float = 1.0
+    weight_decay: float = 0.0  # AdamW weight decay
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])  # AdamW [beta1, beta2]
+    max_grad_norm: float = 1.0  # gradients are clipped to this global norm
     save_every: int = 10  # write a resumable checkpoint every N steps (0 = only the final model)
     keep_last: int = 2  # complete checkpoints kept (older ones are deleted once a newer one is complete)
     keep_every: int = 0  # also keep every checkpoint whose step is a multiple of this (0 = none)
@@ -231,19 +232,19 @@ class OverlongConfig:
 class RewardConfig:
     num_workers: int = 1  # verifier worker processes (0 = in-process, no timeout protection)
     timeout_s: float = 5.0  # per-item verification timeout
-    overlong: OverlongConfig = field(default_factory=OverlongConfig)
+    overlong: OverlongConfig = field(default_factory=OverlongConfig)  # truncated responses (DAPO section 3.4)
     kimi_length_coef: float = 0.0  # Kimi k1.5 length penalty coefficient (0 = off)
     length_bonus_coef: float = 0.0  # reward coef x length / max length (ablation only)
     length_schedule: list[list[int]] = field(default_factory=list)  # [[step, target_len], ...] (ablation only)
-    length_schedule_coef: float = 0.0
+    length_schedule_coef: float = 0.0  # weight of the length_schedule reward (ablation only)
 
 
 @dataclass
 class EvalConfig:
     every: int = 10  # evaluate every N steps (and always before the first and after the last)
     n: int = 8  # samples per problem: pass@1 is averaged over them (avg@n); pass@k for k <= n
-    temperature: float = 1.0
-    top_p: float = 1.0
+    temperature: float = 1.0  # sampling temperature; 0 is greedy decoding (then eval.n must be 1)
+    top_p: float = 1.0  # nucleus sampling of evaluation
     max_new_tokens: int | None = None  # default: rollout.max_new_tokens
     seed: int = 1234  # sampling seed of evaluation (fixed, so checkpoints are compared on equal draws)
 
@@ -253,24 +254,24 @@ class LogConfig:
     rollouts_per_step: int = 8  # samples of rollouts (with per-token logprobs) written to rollouts.jsonl
     tensorboard: bool = False  # also write <run_dir>/tensorboard (pip install tensorboard)
     wandb: bool = False  # also log to Weights & Biases (pip install wandb; WANDB_MODE=offline keeps it local)
-    wandb_project: str = "mathrl"
+    wandb_project: str = "mathrl"  # W&B project of the run
     mlflow: bool = False  # also log to MLflow at MLFLOW_TRACKING_URI (pip install mlflow-skinny)
-    mlflow_experiment: str = "mathrl"
+    mlflow_experiment: str = "mathrl"  # MLflow experiment of the run
 
 
 @dataclass
 class Config:
-    seed: int = 0
+    seed: int = 0  # seed of the training run (data order, sampling, dropout)
     run_dir: str | None = None  # default: runs/<timestamp>
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)  # the policy model
     base: BaseModelConfig = field(default_factory=BaseModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    algo: AlgoConfig = field(default_factory=AlgoConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    reward: RewardConfig = field(default_factory=RewardConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    log: LogConfig = field(default_factory=LogConfig)
+    data: DataConfig = field(default_factory=DataConfig)  # problems, prompts and which samples reach the loss
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)  # sampling the training responses
+    algo: AlgoConfig = field(default_factory=AlgoConfig)  # advantages, losses and their tricks
+    train: TrainConfig = field(default_factory=TrainConfig)  # steps, optimizer, checkpoints
+    reward: RewardConfig = field(default_factory=RewardConfig)  # verification and reward shaping
+    eval: EvalConfig = field(default_factory=EvalConfig)  # held-out evaluation during training
+    log: LogConfig = field(default_factory=LogConfig)  # what is written besides metrics.jsonl
 
     # -- derived sizes and cross-field rules, in one place -----------------------------------------
     @property
@@ -290,21 +291,13 @@ class Config:
     def validate(self, check_paths: bool = True) -> None:
         """Raise ConfigError listing every problem. `check_paths=False` skips the checks that local
         files exist (model, init_from checkpoint, data files): evaluating or inspecting a finished
-        run must not need its training data."""
-        errors = []
-        positive = {
-            "rollout.prompts_per_step": self.rollout.prompts_per_step,
-            "rollout.n": self.rollout.n,
-            "rollout.max_new_tokens": self.rollout.max_new_tokens,
-            "train.steps": self.train.steps,
-            "train.mini_batch_size": self.train.mini_batch_size,
-            "train.epochs": self.train.epochs,
-            "train.micro_batch_tokens": self.train.micro_batch_tokens,
-            "eval.n": self.eval.n,
-            "eval.every": self.eval.every,
-            "data.eval_size": self.data.eval_size,
-        }
-        errors += [f"{k} must be > 0, got {v}" for k, v in positive.items() if v <= 0]
+        run must not need its training data.
+
+        First every field against its domain (config_schema.DOMAINS: ranges, lengths, choices), then
+        the rules that tie fields together; every message names the key, the value and the fix."""
+        errors = check_domains(self)
+        if errors:  # cross-field rules assume each field is in its own domain
+            raise ConfigError("\n".join(errors))
         if self.train.mini_batch_size > self.rollout_batch_size:
             errors.append(
                 f"train.mini_batch_size={self.train.mini_batch_size} is larger than the rollout batch "
@@ -320,26 +313,30 @@ class Config:
                 f"algo.adv.estimator={self.algo.adv.estimator} needs groups of several samples; rollout.n is 1 "
                 "(every advantage would be 0). Raise rollout.n or use algo.adv.estimator=reinforce_pp or gae"
             )
-        if not (0 <= self.algo.clip.eps_low < 1 and self.algo.clip.eps_high >= 0):
-            errors.append("algo.clip.eps_low must be in [0, 1) and algo.clip.eps_high >= 0")
-        if self.algo.clip.dual_clip_c is not None and self.algo.clip.dual_clip_c <= 1:
-            errors.append(f"algo.clip.dual_clip_c must be > 1 (got {self.algo.clip.dual_clip_c})")
         ent = self.algo.entropy
         if ent.mode == "none" and (ent.ref_gain_clip.max_gain is not None or ent.ref_gain_clip.max_ratio is not None):
             errors.append("algo.entropy.ref_gain_clip is set but algo.entropy.mode is none: there is no bonus to clip")
-        if ent.ref_gain_clip.max_ratio is not None and ent.ref_gain_clip.max_ratio <= 0:
-            errors.append("algo.entropy.ref_gain_clip.max_ratio must be > 0")
         if not ent.min_coef <= ent.max_coef:
             errors.append("algo.entropy.min_coef must be <= algo.entropy.max_coef")
-        if self.algo.kl.coef < 0 or self.algo.ptx.coef < 0 or self.algo.pos_lm.coef < 0:
-            errors.append("algo.kl.coef, algo.ptx.coef and algo.pos_lm.coef must be >= 0")
         if self.algo.kl.target is not None and self.algo.kl.use == "none":
             errors.append("algo.kl.target is set but algo.kl.use is none")
         ds = self.data.dynamic_sampling
-        if not 0 <= ds.band_low <= ds.band_high <= 1:
-            errors.append("need 0 <= data.dynamic_sampling.band_low <= data.dynamic_sampling.band_high <= 1")
-        if ds.max_rounds < 1:
-            errors.append("data.dynamic_sampling.max_rounds must be >= 1")
+        if ds.band_low > ds.band_high:
+            errors.append(f"data.dynamic_sampling.band_low={ds.band_low} is above band_high={ds.band_high}; "
+                          "need band_low <= band_high")
+        for name, section in (("base", self.base), ("data.arith", self.data.arith)):
+            if section.min_digits > section.max_digits:
+                errors.append(f"{name}.min_digits={section.min_digits} is above {name}.max_digits={section.max_digits}")
+        if self.base.hidden_size % self.base.num_heads or self.base.num_heads % self.base.num_kv_heads:
+            errors.append(f"base: hidden_size={self.base.hidden_size} must be a multiple of num_heads={self.base.num_heads}, "
+                          f"and num_heads a multiple of num_kv_heads={self.base.num_kv_heads}")
+        if self.model.path == "tiny-arith" and max(self.rollout.max_new_tokens, self.eval_max_new_tokens) >= self.base.max_positions:
+            errors.append(f"rollout.max_new_tokens={self.rollout.max_new_tokens} / eval.max_new_tokens="
+                          f"{self.eval.max_new_tokens} leave no room for a prompt in the tiny base model's "
+                          f"{self.base.max_positions} positions (base.max_positions); lower them")
+        if self.eval.temperature == 0 and self.eval.n > 1:
+            errors.append(f"eval.temperature=0 is greedy decoding: all eval.n={self.eval.n} samples of a problem "
+                          "would be the same; set eval.n=1 with it")
         if ds.mode != "none" and self.rollout.n == 1:
             errors.append("data.dynamic_sampling needs groups: rollout.n is 1, so every group would be dropped")
         unknown = set(self.data.sample_filter) - {"repetitive", "garbled", "no_answer"}
@@ -347,18 +344,10 @@ class Config:
             errors.append(f"data.sample_filter: unknown reasons {sorted(unknown)}; choose from repetitive, garbled, no_answer")
         if self.reward.overlong.soft_punishment and not 0 < self.reward.overlong.cache_len <= self.rollout.max_new_tokens:
             errors.append("reward.overlong.cache_len must be in (0, rollout.max_new_tokens]")
-        if any(len(pair) != 2 for pair in self.reward.length_schedule):
-            errors.append("reward.length_schedule must be a list of [step, target_length] pairs")
         if self.data.curriculum.mode != "none" and self.data.train == "arith":
             errors.append("data.curriculum orders a fixed problem set: use it with a dataset as data.train")
         if self.data.transform != "none" and self.data.train == "arith":
             errors.append("data.transform rewrites dataset answers; the arithmetic task's answers are integers already")
-        if not 0 < self.rollout.temperature:
-            errors.append("rollout.temperature must be > 0")
-        if not 0 < self.rollout.top_p <= 1:
-            errors.append("rollout.top_p must be in (0, 1]")
-        if len(self.train.betas) != 2:
-            errors.append("train.betas must have two values")
         if self.model.path == "tiny-arith" and self.data.arith.heldout_permille > 50:
             errors.append(
                 "data.arith.heldout_permille > 50 would hold out problems the tiny base model was pretrained on "
@@ -370,19 +359,10 @@ class Config:
                               "or hf:<name>[:<config>][@<split>])")
         if check_paths:
             errors += self._missing_paths()
-        crit = self.algo.critic
-        if not (0 <= crit.lam_actor <= 1 and 0 <= crit.lam_critic <= 1 and 0 < crit.gamma <= 1):
-            errors.append("algo.critic: need 0 <= lam_actor, lam_critic <= 1 and 0 < gamma <= 1")
-        if crit.length_adaptive_alpha is not None and crit.length_adaptive_alpha <= 0:
-            errors.append("algo.critic.length_adaptive_alpha must be > 0 (VAPO uses 0.05) or null")
-        if crit.value_clip is not None and crit.value_clip <= 0:
-            errors.append("algo.critic.value_clip must be > 0 or null")
-        if crit.pretrain_steps < 0:
-            errors.append("algo.critic.pretrain_steps must be >= 0")
         if self.rollout.engine == "vllm":
             errors.append("rollout.engine=vllm is not available in this version; use rollout.engine=torch")
         if errors:
-            raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+            raise ConfigError("\n".join(errors))  # one line per problem
 
     def _missing_paths(self) -> list[str]:
         errors = []

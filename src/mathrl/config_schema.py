@@ -1,0 +1,314 @@
+"""The domain of every config field, the fields' docs, and the reference that `mathrl config` prints.
+
+`DOMAINS` maps each dotted key to the values it allows (a range, a length, a rule for strings);
+`Config.validate` checks every one of them before anything is built or loaded, and each message
+names the key, the value and what is allowed:
+
+    train.max_grad_norm=-1.0: must be > 0 (gradients are clipped to this norm; a negative limit flips their sign)
+
+The docs are the `#` comments beside the fields in config.py (and each section's docstring); they are
+read from the source once, so the file stays the one place where a field is documented.
+
+    from mathrl.config import Config
+    from mathrl.config_schema import reference
+    for entry in reference(Config): print(entry.key, entry.type, entry.default, entry.domain, entry.doc)
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import inspect
+import io
+import math
+import textwrap
+import tokenize
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["DOMAINS", "Domain", "FieldInfo", "Range", "Rule", "check_domains", "field_docs", "reference"]
+
+INF = math.inf
+SEED_MAX = 2**32 - 1  # numpy's seeds are 32-bit
+
+
+class Domain:
+    """The allowed values of one field; `problem(value)` is None when the value is allowed."""
+
+    text: str  # "> 0", "in [0, 1)", ...
+
+    def problem(self, value: Any) -> str | None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Range(Domain):
+    """A number in [low, high] (`open_low` / `open_high` make an end exclusive); NaN and inf never pass.
+    Applied to each item of a list, with `length` the list's required length."""
+
+    low: float = -INF
+    high: float = INF
+    open_low: bool = False
+    open_high: bool = False
+    why: str = ""
+    length: int | None = None
+
+    @property
+    def text(self) -> str:
+        if self.low == -INF and self.high == INF:
+            return "a finite number"
+        if self.high == INF:
+            return f"{'>' if self.open_low else '>='} {_num(self.low)}"
+        if self.low == -INF:
+            return f"{'<' if self.open_high else '<='} {_num(self.high)}"
+        return f"in {'(' if self.open_low else '['}{_num(self.low)}, {_num(self.high)}{')' if self.open_high else ']'}"
+
+    def _bad(self, x: Any) -> bool:
+        if not isinstance(x, (int, float)) or isinstance(x, bool) or not math.isfinite(x):
+            return True
+        return x < self.low or x > self.high or (self.open_low and x == self.low) or (self.open_high and x == self.high)
+
+    def problem(self, value: Any) -> str | None:
+        if value is None:
+            return None  # None is "off" / "default" where the type allows it (the type check has run)
+        if isinstance(value, list):
+            if self.length is not None and len(value) != self.length:
+                return f"must have {self.length} values, each {self.text}" + self._why()
+            if any(self._bad(x) for x in value):
+                return f"each value must be {self.text}" + self._why()
+            return None
+        return f"must be {self.text}" + self._why() if self._bad(value) else None
+
+    def _why(self) -> str:
+        return f" ({self.why})" if self.why else ""
+
+
+@dataclass(frozen=True)
+class Rule(Domain):
+    """Any other rule: `ok(value)` says whether the value is allowed; `text` says what is."""
+
+    ok: Callable[[Any], bool]
+    text: str
+
+    def problem(self, value: Any) -> str | None:
+        return None if self.ok(value) else f"must be {self.text}"
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else repr(x)
+
+
+def positive(why: str = "") -> Range:
+    return Range(0, open_low=True, why=why)
+
+
+def at_least(low: float, why: str = "") -> Range:
+    return Range(low, why=why)
+
+
+def unit(*, open_low: bool = False, open_high: bool = False, why: str = "") -> Range:
+    return Range(0, 1, open_low=open_low, open_high=open_high, why=why)
+
+
+COUNT = at_least(1)  # a size, a number of steps or samples
+NONNEG = at_least(0)
+FINITE = Range()
+SEED = Range(0, SEED_MAX)
+NON_EMPTY = Rule(lambda v: isinstance(v, str) and bool(v.strip()), "a non-empty string")
+
+
+def _template_ok(value: Any) -> bool:
+    from mathrl.tasks.prompts import TEMPLATES
+
+    return value == "chat" or value in TEMPLATES or "{question}" in str(value)
+
+
+def _schedule_ok(value: Any) -> bool:
+    return all(isinstance(p, list) and len(p) == 2 and p[0] >= 0 and p[1] >= 1 for p in value)
+
+
+# Every int and float field has an entry (tests/test_config.py checks it); strings and lists where a
+# value can be wrong beyond its type. Cross-field rules (min <= max, batch divisibility, ...) live in
+# Config.validate.
+DOMAINS: dict[str, Domain] = {
+    "seed": SEED,
+    "model.path": NON_EMPTY,
+    "model.logprob_chunk_size": COUNT,
+    "base.seed": SEED,
+    "base.min_digits": Range(1, 18),
+    "base.max_digits": Range(1, 18),
+    "base.hidden_size": COUNT,
+    "base.intermediate_size": COUNT,
+    "base.num_layers": COUNT,
+    "base.num_heads": COUNT,
+    "base.num_kv_heads": COUNT,
+    "base.max_positions": at_least(2),
+    "base.steps": NONNEG,
+    "base.batch_size": COUNT,
+    "base.lr": positive(),
+    "base.warmup_steps": NONNEG,
+    "base.slip_prob": unit(),
+    "data.train": NON_EMPTY,
+    "data.eval": Rule(lambda v: bool(v) and all(isinstance(s, str) and s.strip() for s in v),
+                      "a non-empty list of sources (arith, files, hf: datasets)"),
+    "data.question_field": NON_EMPTY,
+    "data.template": Rule(_template_ok, "arith, zero, plain, chat, or a string containing {question}"),
+    "data.max_prompt_tokens": COUNT,
+    "data.eval_size": COUNT,
+    "data.dynamic_sampling.band_low": unit(),
+    "data.dynamic_sampling.band_high": unit(),
+    "data.dynamic_sampling.max_rounds": COUNT,
+    "data.arith.min_digits": Range(1, 18),
+    "data.arith.max_digits": Range(1, 18),
+    "data.arith.heldout_permille": Range(1, 999),
+    "rollout.prompts_per_step": COUNT,
+    "rollout.n": COUNT,
+    "rollout.temperature": positive(
+        "training samples from the policy: at 0 (greedy) every sample of a group is the same, its advantages are 0, "
+        "and the sampling logprobs the loss needs are undefined; eval.temperature=0 is allowed"),
+    "rollout.top_p": unit(open_low=True),
+    "rollout.max_new_tokens": COUNT,
+    "rollout.batch_size": COUNT,
+    "algo.clip.eps_low": unit(open_high=True),
+    "algo.clip.eps_high": NONNEG,
+    "algo.clip.dual_clip_c": Range(1, open_low=True, why="the dual-clip bound sits above the ratio clip"),
+    "algo.critic.lr": positive(),
+    "algo.critic.gamma": unit(open_low=True),
+    "algo.critic.lam_actor": unit(),
+    "algo.critic.lam_critic": unit(),
+    "algo.critic.length_adaptive_alpha": positive("VAPO uses 0.05; null is off"),
+    "algo.critic.value_clip": positive("null is off"),
+    "algo.critic.pretrain_steps": NONNEG,
+    "algo.entropy.coef": NONNEG,
+    "algo.entropy.target": NONNEG,
+    "algo.entropy.kp": NONNEG,
+    "algo.entropy.step": NONNEG,
+    "algo.entropy.min_coef": NONNEG,
+    "algo.entropy.max_coef": NONNEG,
+    "algo.entropy.ref_gain_clip.max_gain": FINITE,
+    "algo.entropy.ref_gain_clip.max_ratio": positive(),
+    "algo.kl.coef": NONNEG,
+    "algo.kl.target": positive("null is a fixed coefficient"),
+    "algo.kl.horizon": COUNT,
+    "algo.ptx.coef": NONNEG,
+    "algo.ptx.data": NON_EMPTY,
+    "algo.ptx.batch_size": COUNT,
+    "algo.ptx.max_tokens": at_least(2),
+    "algo.pos_lm.coef": NONNEG,
+    "train.steps": COUNT,
+    "train.mini_batch_size": COUNT,
+    "train.epochs": COUNT,
+    "train.micro_batch_tokens": COUNT,
+    "train.lr": positive(),
+    "train.warmup_steps": NONNEG,
+    "train.weight_decay": NONNEG,
+    "train.betas": Range(0, 1, open_high=True, length=2, why="Adam's beta1 and beta2"),
+    "train.max_grad_norm": positive("gradients are clipped to this norm; a negative limit flips their sign"),
+    "train.save_every": NONNEG,
+    "train.keep_last": COUNT,
+    "train.keep_every": NONNEG,
+    "train.max_skipped_steps": COUNT,
+    "reward.num_workers": NONNEG,
+    "reward.timeout_s": positive(),
+    "reward.overlong.cache_len": COUNT,
+    "reward.kimi_length_coef": NONNEG,
+    "reward.length_bonus_coef": FINITE,
+    "reward.length_schedule": Rule(_schedule_ok, "a list of [step >= 0, target_length >= 1] pairs"),
+    "reward.length_schedule_coef": NONNEG,
+    "eval.every": COUNT,
+    "eval.n": COUNT,
+    "eval.temperature": Range(0, why="0 is greedy decoding"),
+    "eval.top_p": unit(open_low=True),
+    "eval.max_new_tokens": COUNT,
+    "eval.seed": SEED,
+    "log.rollouts_per_step": NONNEG,
+}
+
+
+def check_domains(cfg: Any, domains: dict[str, Domain] = DOMAINS) -> list[str]:
+    """One message per field of `cfg` whose value is outside its domain: "key=value: must be ..."."""
+    errors = []
+    for key, domain in domains.items():
+        value = cfg
+        for part in key.split("."):
+            value = getattr(value, part)
+        problem = domain.problem(value)
+        if problem:
+            errors.append(f"{key}={value!r}: {problem}")
+    return errors
+
+
+# --------------------------------------------------------------------------------------------------
+# docs and the reference listing
+# --------------------------------------------------------------------------------------------------
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """{field name: the `#` comment on its line} for a dataclass defined in a source file ({} if the
+    source cannot be read, e.g. from a zip)."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    comments: dict[int, str] = {}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            comments[tok.start[0]] = tok.string.lstrip("#").strip()
+    (node,) = ast.parse(source).body
+    docs = {}
+    for stmt in node.body:
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+            lines = range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1)
+            text = " ".join(comments[i] for i in lines if i in comments)
+            if text:
+                docs[stmt.target.id] = text
+    return docs
+
+
+@dataclass(frozen=True)
+class FieldInfo:
+    key: str  # dotted, e.g. rollout.temperature
+    type: str
+    default: Any
+    domain: str  # "" when only the type constrains it
+    doc: str
+    section: bool = False  # a section (its doc is the dataclass docstring)
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        return " | ".join(str(a) for a in typing.get_args(tp))
+    args = typing.get_args(tp)
+    if origin is not None and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        return " | ".join(_type_name(a) for a in rest) + " | null"
+    if origin is list:
+        return f"list[{_type_name(args[0])}]"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _class_doc(cls: type) -> str:
+    doc = cls.__doc__ or ""
+    if doc.startswith(cls.__name__ + "("):  # the signature dataclasses writes when there is no docstring
+        return ""
+    return " ".join(inspect.cleandoc(doc).split())
+
+
+def reference(cls: type, prefix: str = "") -> list[FieldInfo]:
+    """Every key of the config dataclass `cls` (sections too), in declaration order."""
+    out = []
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    for f in dataclasses.fields(cls):
+        key, tp = prefix + f.name, hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            out.append(FieldInfo(key, "section", None, "", docs.get(f.name) or _class_doc(tp), section=True))
+            out += reference(tp, key + ".")
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        domain = DOMAINS.get(key)
+        out.append(FieldInfo(key, _type_name(tp), default, domain.text if domain else "", docs.get(f.name, "")))
+    return out
