@@ -97,8 +97,11 @@ class SweepSettings:
             errors.append("--seeds needs at least one seed")
         elif len(set(self.seeds)) != len(self.seeds):
             errors.append(f"--seeds has duplicates {self.seeds}: a repeated seed repeats the same draws and shrinks the CI falsely")
-        if not self.temperature > 0:
-            errors.append(f"--temperature must be > 0, got {self.temperature}")
+        if not self.temperature >= 0:
+            errors.append(f"--temperature must be >= 0 (0 is greedy decoding), got {self.temperature}")
+        elif self.temperature == 0 and self.n > 1:
+            errors.append(f"--temperature 0 is greedy decoding: all --n {self.n} samples of a problem would be the "
+                          "same; add --n 1")
         if not 0 < self.top_p <= 1:
             errors.append(f"--top-p must be in (0, 1], got {self.top_p}")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:

@@ -11,51 +11,14 @@ vLLM engine is compared against.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import inspect
+from collections.abc import Iterable
 
 import torch
 
+from mathrl.rollout.base import RolloutBatch, concat_rollouts, full_tensor, left_pad, select_rollout_rows
 
-@dataclass
-class RolloutBatch:
-    """Sampled continuations of N prompts.
-
-    prompt_ids:    [N, P] long, LEFT-padded with pad_token_id
-    prompt_mask:   [N, P] long, 1 on real prompt tokens
-    response_ids:  [N, T] long, RIGHT-padded with pad_token_id after the end
-    response_mask: [N, T] float, 1 on sampled tokens (the EOS that ended a response included)
-    logprobs:      [N, T] float, log-prob of each sampled token under the sampling distribution
-                   (temperature applied, before top-p truncation), 0 where response_mask is 0
-    truncated:     [N] bool, True if the response hit max_new_tokens without an EOS
-    """
-
-    prompt_ids: torch.Tensor
-    prompt_mask: torch.Tensor
-    response_ids: torch.Tensor
-    response_mask: torch.Tensor
-    logprobs: torch.Tensor
-    truncated: torch.Tensor
-
-    @property
-    def response_lengths(self) -> torch.Tensor:  # [N]
-        return self.response_mask.sum(-1).long()
-
-    def __len__(self) -> int:
-        return self.response_ids.shape[0]
-
-
-def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """[N, max_len] ids left-padded with pad_id, and the [N, max_len] mask of real tokens."""
-    width = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for i, s in enumerate(sequences):
-        if s:
-            ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
-            mask[i, width - len(s) :] = 1
-    return ids, mask
+__all__ = ["TorchEngine", "RolloutBatch", "concat_rollouts", "left_pad", "sample_top_p", "select_rollout_rows"]
 
 
 def sample_top_p(logits: torch.Tensor, top_p: float, generator: torch.Generator) -> torch.Tensor:
@@ -72,7 +35,12 @@ def sample_top_p(logits: torch.Tensor, top_p: float, generator: torch.Generator)
 
 
 class TorchEngine:
-    """Batched sampling with a KV cache from a Hugging Face causal LM (any device, any dtype)."""
+    """Batched sampling with a KV cache from a Hugging Face causal LM (any device, any dtype).
+
+    It usually samples from the training model itself, so `update_weights` has nothing to do; given
+    its own copy of the model (e.g. an unsharded one beside an FSDP-sharded trainer) it copies the
+    trainer's tensors into that copy.
+    """
 
     def __init__(self, model, *, eos_token_id: int, pad_token_id: int, batch_size: int = 512):
         self.model = model
@@ -82,6 +50,31 @@ class TorchEngine:
         # transformers >= 5.2x renamed the cache argument of forward() from `past_key_values` to `cache`
         params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+
+    @torch.no_grad()
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy the given tensors (Hugging Face names) into the engine's model; tensors that already are
+        the model's own (the engine shares the trainer's model) are skipped, so that case costs nothing."""
+        own = self.model.state_dict(keep_vars=True)  # tied weights appear under every name that uses them
+        for name, tensor in named_tensors:
+            if name not in own:
+                raise KeyError(f"update_weights: the engine's model has no tensor named {name!r}; "
+                               "send the names of the model's state_dict()")
+            target = own[name]
+            if target is tensor:
+                continue
+            tensor = full_tensor(tensor)
+            if target.data_ptr() != tensor.data_ptr():
+                target.data.copy_(tensor)
+
+    def sleep(self) -> None:
+        """Nothing to free: the KV cache only lives during `generate`."""
+
+    def wake_up(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
     @torch.no_grad()
     def generate(
@@ -142,8 +135,12 @@ class TorchEngine:
         logits = out.logits[:, -1, :]  # [A, V]
         rows = torch.arange(n, device=device)  # [A]: the output row of each still-active cache row
         for t in range(max_new_tokens):
-            scaled = logits.float() / temperature  # [A, V]
-            token = sample_top_p(scaled, top_p, generator)  # [A]
+            if temperature == 0:  # greedy: the most likely token; logprobs of the untempered model
+                scaled = logits.float()  # [A, V]
+                token = scaled.argmax(-1)  # [A]
+            else:
+                scaled = logits.float() / temperature  # [A, V]
+                token = sample_top_p(scaled, top_p, generator)  # [A]
             tokens[rows, t] = token
             logprobs[rows, t] = torch.log_softmax(scaled, dim=-1).gather(-1, token[:, None]).squeeze(-1)
             mask[rows, t] = 1.0
@@ -185,32 +182,3 @@ def _output_cache(out):
     """The KV cache of a forward's output (`cache` in transformers >= 5.2x, `past_key_values` before)."""
     cache = out.get("cache") if hasattr(out, "get") else None
     return cache if cache is not None else out.past_key_values
-
-
-def concat_rollouts(chunks: list[RolloutBatch], pad_id: int) -> RolloutBatch:
-    """One RolloutBatch from several, re-padding prompts (left) and responses (right) to a common width."""
-    if len(chunks) == 1:
-        return chunks[0]
-    p = max(c.prompt_ids.shape[1] for c in chunks)
-    t = max(c.response_ids.shape[1] for c in chunks)
-
-    def pad(x: torch.Tensor, width: int, value, left: bool) -> torch.Tensor:
-        extra = width - x.shape[1]
-        if extra == 0:
-            return x
-        filler = torch.full((x.shape[0], extra), value, dtype=x.dtype)
-        return torch.cat([filler, x] if left else [x, filler], dim=1)
-
-    return RolloutBatch(
-        prompt_ids=torch.cat([pad(c.prompt_ids, p, pad_id, True) for c in chunks]),
-        prompt_mask=torch.cat([pad(c.prompt_mask, p, 0, True) for c in chunks]),
-        response_ids=torch.cat([pad(c.response_ids, t, pad_id, False) for c in chunks]),
-        response_mask=torch.cat([pad(c.response_mask, t, 0.0, False) for c in chunks]),
-        logprobs=torch.cat([pad(c.logprobs, t, 0.0, False) for c in chunks]),
-        truncated=torch.cat([c.truncated for c in chunks]),
-    )
-
-
-def select_rollout_rows(batch: RolloutBatch, rows: torch.Tensor | list[int]) -> RolloutBatch:
-    rows = torch.as_tensor(rows, dtype=torch.long)
-    return RolloutBatch(**{k: v[rows] for k, v in batch.__dict__.items()})
