@@ -1,0 +1,118 @@
+"""Rollout/trainer mismatch correction (algo.rollout_correction) against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from mathrl.algo.losses import aggregate, policy_loss
+from mathrl.algo.rollout_correction import correction_weights, log_ratio, mismatch_metrics
+
+LN2, LN3 = math.log(2.0), math.log(3.0)
+
+# Two rows of three tokens; row 0 has all three sampled, row 1 only the first two (third is padding).
+# old - rollout per token: row 0 = [ln 2, 0, -ln 2] (ratios 2, 1, 1/2), row 1 = [ln 3, ln 3, <pad>].
+OLD = torch.tensor([[LN2, 0.0, -LN2], [LN3, LN3, 99.0]])
+ROLLOUT = torch.zeros(2, 3)
+MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+
+CASES = [
+    # (mode, level, cap, expected weights, expected over_cap, why)
+    ("tis", "token", 2.5, [[2.0, 1.0, 0.5], [2.5, 2.5, 0.0]], [[0, 0, 0], [1, 1, 0]],
+     "token TIS caps ratio 3 at C=2.5 and keeps ratios under the cap as they are (0.5 stays 0.5: no lower cap)"),
+    ("mis", "token", 2.5, [[2.0, 1.0, 0.5], [0.0, 0.0, 0.0]], [[0, 0, 0], [1, 1, 0]],
+     "token MIS drops the two ratio-3 tokens instead of capping them; kept tokens keep their ratio"),
+    ("tis", "sequence", 2.5, [[1.0, 1.0, 1.0], [2.5, 2.5, 0.0]], [[0, 0, 0], [1, 1, 0]],
+     "row 0's sequence ratio is 2 * 1 * 1/2 = 1; row 1's is 3 * 3 = 9, capped at 2.5 on every token"),
+    ("mis", "sequence", 2.5, [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]], [[0, 0, 0], [1, 1, 0]],
+     "sequence MIS drops all of row 1 (ratio 9 > 2.5) and keeps row 0 whole although one token has ratio 2"),
+    ("tis", "token", 10.0, [[2.0, 1.0, 0.5], [3.0, 3.0, 0.0]], [[0] * 3, [0] * 3],
+     "with a cap above every ratio TIS is plain importance sampling"),
+    ("mis", "sequence", 10.0, [[1.0, 1.0, 1.0], [9.0, 9.0, 0.0]], [[0] * 3, [0] * 3],
+     "sequence ratio 9 is under C=10 and kept with its full weight"),
+]
+
+
+@pytest.mark.parametrize("mode, level, cap, weights, over, why", CASES, ids=[f"{c[0]}-{c[1]}-{c[2]}" for c in CASES])
+def test_weights_match_hand_computed_values(mode, level, cap, weights, over, why):
+    w, o = correction_weights(OLD, ROLLOUT, MASK, mode=mode, level=level, cap=cap)
+    assert_close(w, torch.tensor(weights), msg=why)
+    assert_close(o, torch.tensor(over, dtype=torch.float32), msg=why)
+
+
+def test_identical_logprobs_give_weight_one_everywhere():
+    # The torch engine samples from the trainer's own float32 weights: no correction must change nothing.
+    lp = torch.randn(3, 5)
+    for mode in ("tis", "mis"):
+        for level in ("token", "sequence"):
+            w, o = correction_weights(lp, lp.clone(), torch.ones(3, 5), mode=mode, level=level, cap=2.0)
+            assert_close(w, torch.ones(3, 5))
+            assert o.sum() == 0
+
+
+def test_sequence_ratio_far_over_the_cap_does_not_overflow():
+    # 100 tokens each 1 nat apart: the sequence ratio is e^100 (inf in float32 after exp without the clamp).
+    old, rollout, mask = torch.ones(1, 100), torch.zeros(1, 100), torch.ones(1, 100)
+    w, _ = correction_weights(old, rollout, mask, mode="tis", level="sequence", cap=2.0)
+    assert_close(w, torch.full((1, 100), 2.0))
+    w, _ = correction_weights(old, rollout, mask, mode="mis", level="sequence", cap=2.0)
+    assert torch.isfinite(w).all() and w.sum() == 0
+
+
+def test_padding_never_enters_the_sequence_ratio():
+    # Row 1's padded third token has old - rollout = 99; counting it would make the ratio e^101.
+    lr = log_ratio(OLD, ROLLOUT, MASK, level="sequence")
+    assert_close(lr, torch.tensor([[0.0, 0.0, 0.0], [2 * LN3, 2 * LN3, 0.0]]))
+
+
+def test_weights_carry_no_gradient():
+    old = OLD.clone().requires_grad_(True)
+    w, _ = correction_weights(old, ROLLOUT, MASK, mode="tis", level="token", cap=2.5)
+    assert not w.requires_grad
+
+
+def test_weighted_policy_loss_scales_each_tokens_gradient_by_its_weight():
+    # At ratio 1 (new == old) the per-token loss is -A * ratio, so d loss / d logprob_t = -A_t * w_t / N.
+    logprobs = OLD.clone().requires_grad_(True)
+    adv = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]])
+    w, _ = correction_weights(OLD, ROLLOUT, MASK, mode="tis", level="token", cap=2.5)
+    per_token, _ = policy_loss(logprobs, OLD, adv, MASK)
+    loss = aggregate(per_token * w, MASK, mode="token_mean", num_tokens=5, num_seqs=2)
+    loss.backward()
+    expected = -adv * torch.tensor([[2.0, 1.0, 0.5], [2.5, 2.5, 0.0]]) / 5
+    assert_close(logprobs.grad, expected)
+
+
+def test_mismatch_metrics_hand_computed():
+    w, o = correction_weights(OLD, ROLLOUT, MASK, mode="tis", level="token", cap=2.5)
+    m = mismatch_metrics(OLD, ROLLOUT, MASK, w, o)
+    # |diff| over the 5 counted tokens: ln2, 0, ln2, ln3, ln3 (the padded 99 is not counted).
+    assert_close(m["abs_logp_diff"], torch.tensor((2 * LN2 + 2 * LN3) / 5))
+    assert_close(m["max_abs_logp_diff"], torch.tensor(LN3))
+    # rollout - old: -ln2, 0, ln2, -ln3, -ln3 -> mean -2 ln3 / 5
+    assert_close(m["kl_rollout_old"], torch.tensor(-2 * LN3 / 5))
+    assert_close(m["weight_mean"], torch.tensor((2.0 + 1.0 + 0.5 + 2.5 + 2.5) / 5))
+    assert_close(m["over_cap_frac"], torch.tensor(2 / 5))
+    assert set(mismatch_metrics(OLD, ROLLOUT, MASK)) == {"abs_logp_diff", "max_abs_logp_diff", "kl_rollout_old"}
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(mode="tis", level="token", cap=1.0), "cap must be"),  # ratio 1 is on-policy: a cap of 1 drops everything
+        (dict(mode="tis", level="token", cap=float("inf")), "cap must be"),
+        (dict(mode="clip", level="token", cap=2.0), "unknown mode"),
+        (dict(mode="tis", level="row", cap=2.0), "unknown level"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        correction_weights(OLD, ROLLOUT, MASK, **kwargs)
+
+
+def test_shape_mismatch_is_an_error():
+    with pytest.raises(ValueError, match="same shape"):
+        correction_weights(OLD, ROLLOUT[:, :2], MASK, mode="tis", level="token", cap=2.0)
