@@ -91,6 +91,10 @@ class TorchEngine:
         The same seed, prompts and batch size give the same samples. Each chunk of `batch_size`
         prompts draws from its own generator seeded by (seed, chunk index), so results do not
         depend on what else was in the call.
+
+        temperature=0 is greedy decoding (evaluation only; the config refuses it for training): the
+        most likely token at every step, the seed unused, and `logprobs` those of the untempered
+        model (temperature 1), since the greedy point mass would give 0 for every token.
         """
         was_training = self.model.training
         self.model.eval()
