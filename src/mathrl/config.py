@@ -63,6 +63,7 @@ class ModelConfig:
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # weights and compute precision
     logprob_chunk_size: int = 1024  # positions per chunk when computing logprobs and entropy
     gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, more time)
+    init: Literal["pretrained", "random"] = "pretrained"  # random: path config:<name> (model/configs/*.json, or config:<file>.json) with random weights and the character tokenizer (benchmarks, smoke tests)
 
 
 @dataclass
@@ -109,6 +110,24 @@ class DataConfig:
 
 
 @dataclass
+class VLLMConfig:
+    """The vLLM rollout engine (rollout.engine: vllm): one colocated, in-process engine per training process,
+    weights synced in memory after every update. Install: README "Rollouts with vLLM"."""
+
+    gpu_memory_utilization: float = 0.5  # share of GPU memory vLLM may take (weights, activations, KV cache); the trainer needs the rest
+    kv_cache_gb: float | None = None  # KV cache size in GiB, overriding gpu_memory_utilization; null: vLLM sizes it on a GPU, 1 GiB on a CPU
+    max_model_len: int | None = None  # longest prompt + response in tokens; null: the model's context (max_position_embeddings)
+    tensor_parallel_size: int = 1  # GPUs one engine shards the model over (the colocated engine supports 1)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # vLLM's weights and compute; auto: model.dtype
+    enforce_eager: bool = False  # no CUDA graphs / compilation: slower decoding, faster start
+    enable_sleep_mode: bool = False  # GPU only: free the KV cache during the policy update, wake before generating
+    sleep_level: Literal[1, 2] = 1  # 1: weights moved to host memory while asleep; 2: dropped (the sync refills them)
+    enable_prefix_caching: bool = True  # the n samples of a prompt share its KV blocks
+    max_num_seqs: int | None = None  # sequences decoded together; null: vLLM's default
+    max_num_batched_tokens: int | None = None  # tokens per scheduler step; null: vLLM's default
+
+
+@dataclass
 class RolloutConfig:
     engine: Literal["torch", "vllm"] = "torch"  # rollout engine: torch (KV cache, any device) or vllm
     prompts_per_step: int = 16  # problems per rollout batch
@@ -117,6 +136,7 @@ class RolloutConfig:
     top_p: float = 1.0  # nucleus sampling: keep the most likely tokens holding this much probability
     max_new_tokens: int = 48  # maximum response length in tokens
     batch_size: int = 512  # sequences decoded together by the torch engine
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)  # settings of the vllm engine
 
 
 @dataclass
@@ -192,6 +212,15 @@ class PosLMConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    """Importance weights between the rollout engine's and the trainer's logprobs (algo.rollout_correction)."""
+
+    mode: Literal["none", "tis", "mis"] = "none"  # tis: weight min(ratio, cap) (Yao et al. 2025); mis: drop ratio > cap (Liu, Li et al. 2025)
+    level: Literal["token", "sequence"] = "token"  # ratio per token, or of the whole response
+    cap: float = 2.0  # C > 1: the truncation (tis) or rejection (mis) threshold of the ratio pi_trainer / pi_rollout
+
+
+@dataclass
 class AlgoConfig:
     clip: ClipConfig = field(default_factory=ClipConfig)  # PPO ratio clipping
     adv: AdvConfig = field(default_factory=AdvConfig)  # advantage estimator
@@ -200,6 +229,7 @@ class AlgoConfig:
     kl: KLConfig = field(default_factory=KLConfig)  # KL to the reference model
     ptx: PTXConfig = field(default_factory=PTXConfig)  # pretraining loss mixed in (InstructGPT PPO-ptx)
     pos_lm: PosLMConfig = field(default_factory=PosLMConfig)  # LM loss on correct responses (VAPO)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)  # rollout/trainer mismatch (TIS, MIS)
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = "token_mean"  # how token losses are averaged (docs/tricks.md)
 
 
@@ -359,10 +389,53 @@ class Config:
                               "or hf:<name>[:<config>][@<split>])")
         if check_paths:
             errors += self._missing_paths()
-        if self.rollout.engine == "vllm":
-            errors.append("rollout.engine=vllm is not available in this version; use rollout.engine=torch")
+        errors += self._model_init_errors(check_paths)
+        errors += self._vllm_errors()
         if errors:
             raise ConfigError("\n".join(errors))  # one line per problem
+
+    def _model_init_errors(self, check_paths: bool) -> list[str]:
+        """model.init=random goes with model.path=config:<name> (a shipped architecture or a config.json), and only with it."""
+        from mathrl.model.init import architecture_names, parse_config_path
+
+        arch, names = parse_config_path(self.model.path), ", ".join(architecture_names())
+        if self.model.init == "pretrained":
+            if arch is None:
+                return []
+            return [f"model.path={self.model.path!r} names an architecture without weights: add model.init=random "
+                    "(or give a model directory or hub id)"]
+        if arch is None:
+            return [f"model.init=random needs model.path=config:<name> (one of {names}) or config:<file>.json, "
+                    f"got model.path={self.model.path!r}"]
+        if arch in architecture_names():
+            return []
+        if not arch.endswith(".json"):
+            return [f"model.path={self.model.path!r}: unknown architecture {arch!r}; choose one of {names} or give config:<file>.json"]
+        if check_paths and not Path(arch).expanduser().is_file():
+            return [f"model.path={self.model.path!r}: no such config file {arch!r}"]
+        return []
+
+    def _vllm_errors(self) -> list[str]:
+        """rollout.vllm: the settings that can be judged before vLLM (or the model) is loaded."""
+        v, errors = self.rollout.vllm, []
+        if self.rollout.engine != "vllm":
+            return errors
+        longest = max(self.rollout.max_new_tokens, self.eval_max_new_tokens)
+        if v.max_model_len is not None and v.max_model_len <= longest:
+            errors.append(f"rollout.vllm.max_model_len={v.max_model_len} leaves no room for a prompt before "
+                          f"{longest} new tokens; raise it or lower rollout.max_new_tokens / eval.max_new_tokens")
+        if v.tensor_parallel_size != 1:
+            errors.append(f"rollout.vllm.tensor_parallel_size={v.tensor_parallel_size}: the colocated engine runs one "
+                          "unsharded vLLM per training process; use 1 (scale out with more training processes)")
+        if v.sleep_level != 1 and not v.enable_sleep_mode:
+            errors.append("rollout.vllm.sleep_level is set but rollout.vllm.enable_sleep_mode is false")
+        import importlib.util
+
+        from mathrl.rollout.vllm_engine import INSTALL_HINT
+
+        if importlib.util.find_spec("vllm") is None:  # cheap; an install that fails to import is caught at engine start
+            errors.append(f"rollout.engine=vllm but vLLM is not installed; {INSTALL_HINT}")
+        return errors
 
     def _missing_paths(self) -> list[str]:
         errors = []

@@ -17,9 +17,19 @@ def load_model_and_tokenizer(path: str | Path, *, dtype: str = "float32", device
     """(model, tokenizer) from a local Hugging Face directory (or a hub id, where the machine has network).
 
     The tokenizer gets a pad token if it has none (the EOS token), since batched rollouts pad.
+    `config:<name>` (with `model.init=random`) builds a shipped architecture with random weights
+    instead (`model.init.build_random_model`, fixed seed: every load gives the same weights).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from mathrl.model.init import build_random_model, parse_config_path
+
+    architecture = parse_config_path(str(path))
+    if architecture is not None:
+        try:
+            return build_random_model(architecture, dtype=dtype, device=device)
+        except ValueError as e:
+            raise ModelLoadError(f"model.path {str(path)!r}: {e}") from None
     local = Path(path)
     if not local.exists() and (str(path).startswith((".", "/", "~")) or local.suffix):
         raise ModelLoadError(f"model.path {str(path)!r} does not exist; give a Hugging Face model directory or hub id")

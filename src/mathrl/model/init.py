@@ -1,0 +1,152 @@
+"""Real architectures with random weights, built from configs shipped in the package (no download).
+
+`model.path=config:<name> model.init=random` trains, benchmarks or smoke-tests a model of real size
+(Qwen2.5-0.5B ... Qwen2.5-Math-7B) on a machine that has no network and no checkpoint. The
+architecture numbers in `configs/<name>.json` are those of the public `config.json` of each model
+(hidden size, layers, heads, kv heads, intermediate size, vocabulary, rope theta, max positions, tied
+embeddings); `config:<path>.json` builds any other Hugging Face causal-LM config file.
+
+The tokenizer: a real one cannot be downloaded here, so a random-init model gets the local
+character tokenizer of the tiny base model (`model.tiny.build_char_tokenizer`: one token per
+printable character) padded with placeholder tokens `<id>` up to the architecture's vocabulary size.
+The embedding and output matrices, the logits and every softmax therefore have the real size, so
+compute and memory are those of the real model; prompts are encoded one character per token, and
+sampled placeholder ids decode to visible `<12345>` text. Its EOS and pad ids (1 and 0) replace the
+real model's in the config so the rollout engine stops on them. This is for benchmarks and smoke
+tests: the model knows nothing, and rewards stay at zero.
+
+Weights are drawn with the architecture's own initialiser under a fixed seed inside a private RNG
+scope, so building twice gives the same model (the reference model equals the starting policy) and
+the caller's random state is untouched.
+
+    from mathrl.model.init import build_random_model, architecture_names
+    model, tokenizer = build_random_model("qwen2.5-0.5b", dtype="bfloat16", device="cuda")
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+__all__ = [
+    "CONFIG_PREFIX",
+    "architecture_names",
+    "architecture_config",
+    "build_random_model",
+    "random_init_tokenizer",
+    "parse_config_path",
+]
+
+CONFIG_PREFIX = "config:"
+CONFIG_DIR = Path(__file__).with_name("configs")
+
+
+def architecture_names() -> list[str]:
+    """Names of the architectures shipped in `model/configs/` (file stems), sorted."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.json"))
+
+
+def parse_config_path(path: str) -> str | None:
+    """The name or .json path after `config:`, or None when `path` is not a `config:` path."""
+    if not path.startswith(CONFIG_PREFIX):
+        return None
+    return path[len(CONFIG_PREFIX) :]
+
+
+def _config_file(name_or_path: str) -> Path:
+    if name_or_path in architecture_names():
+        return CONFIG_DIR / f"{name_or_path}.json"
+    path = Path(name_or_path).expanduser()
+    if path.suffix == ".json" and path.is_file():
+        return path
+    raise ValueError(
+        f"unknown architecture {name_or_path!r}: give one of {', '.join(architecture_names())} "
+        "or the path of a Hugging Face config.json file"
+    )
+
+
+def architecture_config(name_or_path: str, *, vocab_size: int | None = None):
+    """The transformers config of a shipped architecture (name) or of a config.json file (path).
+
+    The EOS / BOS / pad ids are those of the random-init tokenizer (see the module docstring).
+    `vocab_size` overrides the architecture's (tests build small variants this way).
+    """
+    from transformers import AutoConfig
+
+    raw = json.loads(_config_file(name_or_path).read_text())
+    raw.pop("_name_or_path", None)
+    model_type = raw.pop("model_type", None)
+    if model_type is None:
+        raise ValueError(f"{name_or_path}: config has no model_type")
+    if vocab_size is not None:
+        raw["vocab_size"] = vocab_size
+    raw.update(pad_token_id=_PAD_ID, eos_token_id=_EOS_ID, bos_token_id=None)
+    return AutoConfig.for_model(model_type, **raw)
+
+
+_PAD_ID, _EOS_ID = 0, 1  # ids of <pad> and <eos> in the character tokenizer (model.tiny)
+
+
+@lru_cache(maxsize=4)
+def random_init_tokenizer(vocab_size: int):
+    """The character tokenizer padded with placeholder tokens `<id>` to `vocab_size` entries.
+
+    Encoding is unchanged (one token per character: the placeholders have no merges, so text never
+    maps onto them); decoding shows a sampled placeholder as its id in angle brackets.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from mathrl.model.tiny import EOS, PAD, UNK, _byte_level_symbols
+
+    to_symbol = _byte_level_symbols()
+    chars = list(string.printable[:95]) + ["\n"]
+    tokens = [PAD, EOS, UNK, *(to_symbol[ord(c)] for c in chars)]
+    if vocab_size < len(tokens):
+        raise ValueError(f"vocab_size {vocab_size} is smaller than the character tokenizer ({len(tokens)} tokens)")
+    tokens += [f"<{i}>" for i in range(len(tokens), vocab_size)]
+    tok = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, [], unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    out = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=UNK)
+    assert (out.pad_token_id, out.eos_token_id) == (_PAD_ID, _EOS_ID)
+    return out
+
+
+def build_random_model(
+    name_or_config,
+    *,
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+):
+    """(model, tokenizer): the architecture `name_or_config` (a shipped name, a config.json path or
+    a transformers config object) with weights drawn from its initialiser under `seed`.
+
+    The model is built directly on `device` in `dtype` (a 7B model never exists in float32 on the
+    CPU when asked for bfloat16 on a GPU). Same arguments, same weights.
+    """
+    from transformers import AutoModelForCausalLM
+
+    from mathrl.model.io import DTYPES
+
+    config = architecture_config(name_or_config) if isinstance(name_or_config, (str, Path)) else name_or_config
+    torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    device = torch.device(device)
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(torch_dtype)  # parameters are created in this dtype
+        try:
+            with device:
+                model = AutoModelForCausalLM.from_config(config)
+        finally:
+            torch.set_default_dtype(previous)
+    model.generation_config.pad_token_id = _PAD_ID
+    model.generation_config.eos_token_id = _EOS_ID
+    return model, random_init_tokenizer(config.vocab_size)
