@@ -124,3 +124,13 @@ def test_config_validation_names_the_field_and_the_fix(overrides, match):
 def test_shipped_name_validates():
     cfg = load_config(None, ["model.path=config:qwen2.5-math-7b", "model.init=random"])
     assert cfg.model.init == "random"
+
+
+def test_critic_of_a_random_init_policy_has_the_architecture_and_a_zero_head(tmp_path):
+    # PPO's critic starts from the starting policy's path; for config: paths that is a random backbone.
+    from mathrl.model.value import load_critic
+
+    critic = load_critic(f"config:{_small_config_file(tmp_path)}")
+    assert critic.config.hidden_size == 32 and critic.config.num_hidden_layers == 2
+    values = critic(input_ids=torch.tensor([[5, 6, 7]])).logits
+    assert values.shape == (1, 3, 1) and torch.equal(values, torch.zeros_like(values))

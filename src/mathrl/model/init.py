@@ -123,15 +123,19 @@ def build_random_model(
     dtype: str | torch.dtype = "float32",
     device: str | torch.device = "cpu",
     seed: int = 0,
+    head=None,
 ):
     """(model, tokenizer): the architecture `name_or_config` (a shipped name, a config.json path or
     a transformers config object) with weights drawn from its initialiser under `seed`.
 
     The model is built directly on `device` in `dtype` (a 7B model never exists in float32 on the
-    CPU when asked for bfloat16 on a GPU). Same arguments, same weights.
+    CPU when asked for bfloat16 on a GPU). Same arguments, same weights. `head` is the transformers
+    auto class to build (default `AutoModelForCausalLM`; the critic uses
+    `AutoModelForTokenClassification`).
     """
     from transformers import AutoModelForCausalLM
 
+    head = head or AutoModelForCausalLM
     from mathrl.model.io import DTYPES
 
     config = architecture_config(name_or_config) if isinstance(name_or_config, (str, Path)) else name_or_config
@@ -144,9 +148,10 @@ def build_random_model(
         torch.set_default_dtype(torch_dtype)  # parameters are created in this dtype
         try:
             with device:
-                model = AutoModelForCausalLM.from_config(config)
+                model = head.from_config(config)
         finally:
             torch.set_default_dtype(previous)
-    model.generation_config.pad_token_id = _PAD_ID
-    model.generation_config.eos_token_id = _EOS_ID
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.pad_token_id = _PAD_ID
+        model.generation_config.eos_token_id = _EOS_ID
     return model, random_init_tokenizer(config.vocab_size)

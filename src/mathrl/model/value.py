@@ -23,6 +23,16 @@ def load_critic(path: str | Path, *, dtype: str = "float32", device: str | torch
     """A critic from a causal LM directory (new zero head) or a saved critic directory."""
     from transformers import AutoConfig, AutoModelForTokenClassification
 
+    from mathrl.model.init import architecture_config, build_random_model, parse_config_path
+
+    architecture = parse_config_path(str(path))
+    if architecture is not None:  # model.init=random: a random backbone of that architecture, zero head
+        config = architecture_config(architecture)
+        config.num_labels, config.classifier_dropout = 1, 0.0
+        critic = build_random_model(config, dtype=dtype, device=device, head=AutoModelForTokenClassification)[0]
+        with torch.no_grad():
+            critic.score.weight.zero_()
+        return critic
     try:
         config = AutoConfig.from_pretrained(str(path), num_labels=1)
         config.classifier_dropout = 0.0
