@@ -1,20 +1,106 @@
-"""What the terminal shows: a progress bar with the key metrics of each step, and the final table."""
+"""What the terminal shows: a progress bar with the key metrics of each step, and the final table.
+
+On a terminal the bars redraw in place. When the output is not a terminal (piped, `nohup`, `tee`, a
+scheduler's log file) a redrawn bar would show nothing until the run ends, so each bar prints plain
+log lines instead, flushed as they are written: one per RL step, and one at least every
+`PlainProgress.every_s` seconds for the smaller units of other bars. Consoles from `make_console`
+never cut a line or a table at 80 columns when the output is not a terminal.
+
+    console = make_console()                 # stdout; make_console(stderr=True) for status lines
+    with make_progress(console, "eval") as bar:
+        task = bar.add_task("eval", total=12, info="")
+        bar.update(task, info="step_10 | arith | seed 0"); bar.advance(task)
+"""
 
 from __future__ import annotations
 
+import time
+
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-from rich.table import Table
+from rich.table import Column, Table
+
+PIPE_WIDTH = 1000  # columns of a console whose output is not a terminal: wide enough never to cut a table
+
+
+def make_console(*, stderr: bool = False) -> Console:
+    """A Console on stdout (or stderr); when that stream is not a terminal, lines and tables keep their
+    full width instead of being cut or wrapped at 80 columns."""
+    console = Console(stderr=stderr)
+    if not console.is_terminal:
+        console = Console(stderr=stderr, width=PIPE_WIDTH, soft_wrap=True)
+    return console
+
+
+def _clock(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class PlainProgress:
+    """The subset of `rich.progress.Progress` the bars here use, printing plain lines: one whenever a
+    task advances and `every_s` seconds have passed since the last line (always for the first and the
+    last unit), each with done/total, the task's info, elapsed time and the remaining-time estimate."""
+
+    def __init__(self, console: Console, label: str, *, every_s: float = 30.0):
+        self.console, self.label, self.every_s = console, label, every_s
+        self._tasks: dict[int, dict] = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def add_task(self, description: str, *, total: int, completed: int = 0, **fields) -> int:
+        task_id = len(self._tasks)
+        self._tasks[task_id] = {"total": total, "completed": completed, "start_done": completed,
+                                "t0": time.monotonic(), "last": float("-inf"), "fields": dict(fields)}
+        return task_id
+
+    def update(self, task_id: int, *, completed: int | None = None, advance: int = 0, **fields) -> None:
+        task = self._tasks[task_id]
+        task["fields"].update(fields)
+        before = task["completed"]
+        task["completed"] = (completed if completed is not None else before) + advance
+        if task["completed"] != before:
+            self._maybe_print(task)
+
+    def advance(self, task_id: int, advance: int = 1) -> None:
+        self.update(task_id, advance=advance)
+
+    def _maybe_print(self, task: dict) -> None:
+        now = time.monotonic()
+        done, total = task["completed"], task["total"]
+        first = done - task["start_done"] <= 1
+        if not (first or done >= total or now - task["last"] >= self.every_s):
+            return
+        task["last"] = now
+        elapsed = now - task["t0"]
+        rate = (done - task["start_done"]) / elapsed if elapsed > 0 else 0.0
+        eta = _clock((total - done) / rate) if rate > 0 else "?"
+        info = " | ".join(str(v) if k == "info" else f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                          for k, v in task["fields"].items() if v != "")
+        self.console.print(f"{self.label} {done}/{total}" + (f" | {info}" if info else "")
+                           + f" | elapsed {_clock(elapsed)} | eta {eta}", markup=False, highlight=False)
+
+
+def make_progress(console: Console, label: str, *fields: str, every_s: float = 30.0) -> Progress | PlainProgress:
+    """A progress display for `console`: a rich bar on a terminal (the info text `{task.fields[info]}`
+    last, cut with an ellipsis, so the times stay visible), plain log lines otherwise."""
+    if not console.is_terminal:
+        return PlainProgress(console, label, every_s=every_s)
+    columns = [TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn()]
+    columns += [TextColumn(text, table_column=Column(no_wrap=True, overflow="ellipsis")) for text in fields
+                or ("{task.fields[info]}",)]
+    return Progress(*columns, console=console)
 
 
 class BuildProgress:
     """Progress of the tiny base model's pretraining."""
 
     def __init__(self, console: Console, total: int):
-        self._progress = Progress(
-            TextColumn("pretraining"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]:.3f}"),
-            TimeElapsedColumn(), TimeRemainingColumn(), console=console,
-        )
+        self._progress = make_progress(console, "pretraining", "loss {task.fields[loss]:.3f}")
         self._task = self._progress.add_task("pretrain", total=total, loss=float("nan"))
 
     def __enter__(self):
@@ -29,14 +115,12 @@ class BuildProgress:
 
 
 class StepProgress:
-    """One bar for the RL steps; its text shows the latest reward, held-out pass@1, entropy and length."""
+    """One bar for the RL steps; its text shows the latest reward, held-out pass@1, entropy and length.
+    Not on a terminal: one plain line per step."""
 
     def __init__(self, console: Console, total: int, completed: int = 0):
         self.console = console
-        self._progress = Progress(
-            TextColumn("[bold]RL"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(), TimeRemainingColumn(), console=console,
-        )
+        self._progress = make_progress(console, "RL step", every_s=0.0)
         self._task = self._progress.add_task("rl", total=total, completed=completed, info="")
 
     def __enter__(self):
@@ -47,6 +131,8 @@ class StepProgress:
         return self._progress.__exit__(*exc)
 
     def note(self, text: str) -> None:
+        if isinstance(self._progress, PlainProgress):  # a log gets the note as its own line
+            self.console.print(text, markup=False, highlight=False)
         self._progress.update(self._task, info=text)
 
     def advance_empty(self) -> None:
