@@ -212,7 +212,6 @@ def test_literal_typo_suggests_the_closest_choice(override, choice):
         (["train.betas=[0.9]"], "train.betas"),
         (["train.steps=0"], "train.steps"),
         (["eval.every=0"], "eval.every"),
-        (["rollout.engine=vllm"], "rollout.engine"),
     ],
 )
 def test_impossible_combinations_name_the_field(overrides, field_name):
@@ -422,3 +421,44 @@ def test_bad_values_name_key_value_and_range(override, message):
 def test_greedy_evaluation_is_allowed_with_one_sample():
     cfg = load_config(None, ["eval.temperature=0", "eval.n=1"])
     assert cfg.eval.temperature == 0.0
+
+
+def test_model_paths_that_cannot_load_fail_at_config_time(tmp_path, monkeypatch):
+    # Bug story: a bare name that was no directory was tried as a hub id, retrying the network for ~23 s;
+    # a directory without config.json failed later with a misleading "install sentencepiece".
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notamodel").mkdir()
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    cases = {
+        "notamodel": "is a directory but not a Hugging Face model (no config.json)",
+        "mymodel": "does not exist",
+        "weights.bin": "is a file",
+        "notamodel/sub": "does not exist",  # org/name-shaped, but its first part is a local directory
+    }
+    for path, message in cases.items():
+        with pytest.raises(ConfigError, match=re.escape(f"model.path={path!r} {message}")):
+            load_config(None, [f"model.path={path}"])
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(ConfigError, match="not in the local cache, and HF_HUB_OFFLINE is set"):
+        load_config(None, ["model.path=SomeOrg/some-model"])
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    assert load_config(None, ["model.path=model"]).model.path == "model"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"\x89PNG\r\n\x1a\n\x00\xff", "is not a text file (byte 0 is not UTF-8)"),
+        (b"rollout:\n  n: 4\n   top_p: 1\n", ":3:9: not valid YAML: mapping values are not allowed here"),
+    ],
+)
+def test_recipe_errors_name_the_file(tmp_path, content, message):
+    # a binary file gave a UnicodeDecodeError traceback; a syntax error named "<unicode string>"
+    recipe = tmp_path / "r.yaml"
+    recipe.write_bytes(content)
+    with pytest.raises(ConfigError, match=re.escape(message)) as info:
+        load_config(recipe)
+    assert "r.yaml" in str(info.value) and "<unicode string>" not in str(info.value)
+    assert len(str(info.value).splitlines()) == 1

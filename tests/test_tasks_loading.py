@@ -90,7 +90,7 @@ def test_math_train_raise_names_file_and_first_null_line() -> None:
     null, _ = _bad_answer_lines(path)
     with pytest.raises(DataError) as info:
         load_problems(path)
-    assert str(info.value) == f"{path}:{null[0]}: field 'answer' is null"
+    assert str(info.value) == f"{path}:{null[0]}: field 'answer' is null (use data.on_error=skip to skip and count such rows)"
     assert (info.value.line, info.value.reason) == (null[0], "field 'answer' is null")
 
 
@@ -254,7 +254,7 @@ def test_parquet_bad_row_names_file_and_row_or_is_skipped(tmp_path: Path) -> Non
     parquet = _write_parquet(rows, tmp_path / "small.parquet")
     with pytest.raises(DataError) as info:
         load_problems(parquet)
-    assert str(info.value) == f"{parquet}:3: field 'answer' is null"
+    assert str(info.value) == f"{parquet}:3: field 'answer' is null (use data.on_error=skip to skip and count such rows)"
     result = load_problems(parquet, on_error="skip")
     assert [p.id for p in result.problems] == ["small:1", "small:2"]
     assert result.skipped_reasons == {"field 'answer' is null": 1}
@@ -312,7 +312,7 @@ def test_hf_local_folder_loads_each_split_with_row_numbers(tmp_path: Path) -> No
     assert [(p.id, p.answer, p.meta) for p in train] == [("tiny_math_train:1", "2", {"level": 1})]
     with pytest.raises(DataError) as info:
         load_problems(f"hf:{folder}", default_split="test")
-    assert str(info.value) == f"hf:{folder}@test:2: field 'answer' is empty"
+    assert str(info.value) == f"hf:{folder}@test:2: field 'answer' is empty (use data.on_error=skip to skip and count such rows)"
     with pytest.raises(ValueError, match=r"could not load hf:.*@validation"):
         load_problems(f"hf:{folder}@validation")
 
@@ -449,3 +449,30 @@ def test_long_prompts_are_dropped_and_counted_never_truncated(tmp_path: Path, ch
     cfg.data.max_prompt_tokens = 5  # shorter than any rendered prompt
     with pytest.raises(ValueError, match="has no problems left"):
         build_eval_sets(cfg, char_tokenizer, limit=cfg.data.eval_size)
+
+
+# --------------------------------------------------------------------------------------------------
+# messages that say what to set
+# --------------------------------------------------------------------------------------------------
+def test_non_utf8_row_names_file_and_line_and_is_skippable(tmp_path):
+    # Bug story: one Latin-1 byte in a row raised a bare UnicodeDecodeError from the file iterator,
+    # naming neither file nor line, and data.on_error=skip could not skip it.
+    path = tmp_path / "mixed.jsonl"
+    path.write_bytes(b'{"problem": "1+1", "answer": "2"}\n{"problem": "caf\xe9", "answer": "3"}\n{"problem": "2+2", "answer": "4"}\n')
+    with pytest.raises(DataError, match=r"mixed.jsonl:2: not UTF-8 text \(byte 16 .*data.on_error=skip"):
+        load_problems(path)
+    result = load_problems(path, on_error="skip")
+    assert [p.answer for p in result.problems] == ["2", "4"]
+    assert result.skipped_reasons == {"not UTF-8 text": 1}
+
+
+def test_field_map_miss_suggests_the_config_keys(tmp_path):
+    # A GSM8K-shaped file under another name misses the default 'problem' field: the message lists the
+    # row's fields and the settings that map them.
+    path = tmp_path / "word_problems.jsonl"
+    path.write_text(json.dumps({"question": "Tom has 3 apples...", "answer": "3 + 4 = 7 #### 7"}) + "\n")
+    with pytest.raises(DataError) as info:
+        load_problems(path)
+    assert str(info.value) == (f"{path}:1: missing field 'problem' (the row has fields question, answer; try "
+                               "data.question_field=question data.answer_after='####')")
+    assert info.value.reason == "missing field 'problem'"  # the skip counter's key does not vary by row

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import yaml
 
-from mathrl.config_schema import check_domains
+from mathrl.config_schema import check_domains, model_path_problem
 from mathrl.tasks.loading import DATA_FILE_SUFFIXES
 
 _FLOAT_RE = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
@@ -439,10 +439,10 @@ class Config:
 
     def _missing_paths(self) -> list[str]:
         errors = []
-        model_path = Path(self.model.path).expanduser()
-        if self.model.path.startswith(("/", ".", "~")) and not model_path.exists():
-            errors.append(f"model.path={self.model.path!r} does not exist (give a Hugging Face model directory, "
-                          "a hub id such as Qwen/Qwen2.5-Math-1.5B, or tiny-arith)")
+        if self.model.path != "tiny-arith" and not self.model.path.startswith("config:"):
+            problem = model_path_problem(self.model.path)
+            if problem:
+                errors.append(f"model.path={self.model.path!r} {problem}")
         if self.train.init_from is not None and not (Path(self.train.init_from) / "trainer_state.pt").exists():
             errors.append(f"train.init_from={self.train.init_from!r} is not a complete checkpoint directory "
                           "(expected e.g. runs/X/checkpoints/step_000050 with trainer_state.pt)")
@@ -598,10 +598,22 @@ def load_config(
         path = Path(recipe)
         if not path.exists():
             raise ConfigError(f"recipe {str(path)!r} does not exist")
+        if not path.is_file():
+            raise ConfigError(f"recipe {str(path)!r} is not a file; give a .yaml recipe")
         try:
-            loaded = yaml.safe_load(path.read_text()) or {}
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"recipe {str(path)!r} is not a text file (byte {e.start} is not UTF-8); "
+                              "a recipe is a YAML file") from None
+        except OSError as e:
+            raise ConfigError(f"recipe {str(path)!r} cannot be read: {e.strerror}") from None
+        try:
+            loaded = yaml.safe_load(text) or {}
         except yaml.YAMLError as e:
-            raise ConfigError(f"recipe {str(path)!r} is not valid YAML: {e}") from None
+            mark = getattr(e, "problem_mark", None)
+            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+            what = " ".join(str(x) for x in (getattr(e, "context", None), getattr(e, "problem", None)) if x) or str(e)
+            raise ConfigError(f"recipe {where}: not valid YAML: {' '.join(what.split())}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"recipe {str(path)!r} must be a mapping at the top level")
         tree = loaded

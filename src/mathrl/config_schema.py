@@ -22,14 +22,17 @@ import functools
 import inspect
 import io
 import math
+import os
+import re
 import textwrap
 import tokenize
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-__all__ = ["DOMAINS", "Domain", "FieldInfo", "Range", "Rule", "check_domains", "field_docs", "reference"]
+__all__ = ["DOMAINS", "Domain", "FieldInfo", "Range", "Rule", "check_domains", "field_docs", "model_path_problem", "reference"]
 
 INF = math.inf
 SEED_MAX = 2**32 - 1  # numpy's seeds are 32-bit
@@ -246,6 +249,35 @@ def check_domains(cfg: Any, domains: dict[str, Domain] = DOMAINS) -> list[str]:
         if problem:
             errors.append(f"{key}={value!r}: {problem}")
     return errors
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # org/name
+_OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
+def model_path_problem(path: str) -> str | None:
+    """Why `path` cannot be a model to load, or None: a local Hugging Face directory (with config.json),
+    or a hub id `org/name` (which must be in the local cache when HF_HUB_OFFLINE is set). Checked before
+    anything loads: a bare name that is neither would otherwise be tried against the hub, with retries."""
+    local = Path(path).expanduser()
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            return ("is a directory but not a Hugging Face model (no config.json); give the directory that holds "
+                    "config.json, the weights and the tokenizer files")
+        return None
+    if local.exists():
+        return "is a file; give a Hugging Face model directory (with config.json) or a hub id such as Qwen/Qwen2.5-Math-1.5B"
+    hint = "give a Hugging Face model directory, a hub id such as Qwen/Qwen2.5-Math-1.5B, or tiny-arith"
+    if path.startswith(("/", ".", "~")) or not _HUB_ID.match(path) or Path(path.split("/")[0]).is_dir():
+        return f"does not exist ({hint})"
+    if any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on") for v in _OFFLINE_VARS):
+        try:
+            from huggingface_hub import try_to_load_from_cache
+        except ImportError:  # pragma: no cover - transformers depends on it
+            return None
+        if not isinstance(try_to_load_from_cache(path, "config.json"), str):
+            return "is a hub id that is not in the local cache, and HF_HUB_OFFLINE is set (download it first, or unset it)"
+    return None
 
 
 # --------------------------------------------------------------------------------------------------

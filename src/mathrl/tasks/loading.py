@@ -232,8 +232,14 @@ Row = dict[str, Any] | DataError  # a decoded row, or why it could not be decode
 
 
 def _jsonl_rows(path: Path) -> Iterator[tuple[int, Row]]:
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
+    with path.open("rb") as f:  # decoded line by line: one bad line is one bad row, named by its line number
+        for line_no, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield line_no, DataError(path, line_no, "not UTF-8 text", f"byte {e.start} of the line; re-save the "
+                                         "file as UTF-8, or use data.on_error=skip to skip such rows")
+                continue
             if not line.strip():
                 continue
             try:
@@ -313,12 +319,12 @@ def _collect(
 # ----------------------------------------------------------------------------- one row
 
 
-_Fail = Callable[[str], DataError]  # builds a DataError located at the current row
+_Fail = Callable[..., DataError]  # (reason, detail=None): a DataError located at the current row
 
 
 def _row_to_problem(row: dict[str, Any], fields: FieldMap, where: str, stem: str, row_no: int) -> Problem:
-    def fail(reason: str) -> DataError:
-        return DataError(where, row_no, reason)
+    def fail(reason: str, detail: str | None = None) -> DataError:
+        return DataError(where, row_no, reason, detail)
 
     question = _required_field(row, fields.question, fail)
     if not isinstance(question, str):
@@ -356,17 +362,42 @@ def _row_to_problem(row: dict[str, Any], fields: FieldMap, where: str, stem: str
     return Problem(id=f"{stem}:{key}", question=question, answer=answer, meta=meta)
 
 
+_SKIP_HINT = "use data.on_error=skip to skip and count such rows"
+
+
 def _required_field(row: dict[str, Any], name: str, fail: _Fail) -> Any:
     if name not in row:
-        raise fail(f"missing field {name!r}")
+        raise fail(f"missing field {name!r}", _field_map_hint(row))
     value = row[name]
     if value is None:
-        raise fail(f"field {name!r} is null")
+        raise fail(f"field {name!r} is null", _SKIP_HINT)
     if isinstance(value, (str, list)) and not value:
-        raise fail(f"field {name!r} is empty")
+        raise fail(f"field {name!r} is empty", _SKIP_HINT)
     if isinstance(value, str) and not value.strip():
-        raise fail(f"field {name!r} is empty")
+        raise fail(f"field {name!r} is empty", _SKIP_HINT)
     return value
+
+
+_QUESTION_NAMES = ("problem", "question", "prompt", "input", "query", "instruction")
+_ANSWER_NAMES = ("answer", "final_answer", "solution", "output", "target", "response")
+
+
+def _field_map_hint(row: dict[str, Any]) -> str:
+    """Which config keys map this row's fields: the fields it has, and the likely settings."""
+    keys = [str(k) for k in row]
+    hint = [f"the row has fields {', '.join(keys[:12])}"]
+    question = next((k for k in _QUESTION_NAMES if k in row), None)
+    answer = next((k for k in _ANSWER_NAMES if k in row and k != question), None)
+    if question:
+        hint.append(f"data.question_field={question}")
+    if answer and answer != "answer":  # "answer" is the default
+        hint.append(f"data.answer_field={answer}")
+    if answer:
+        if isinstance(row[answer], str) and "####" in row[answer]:  # GSM8K: "... #### 72"
+            hint.append("data.answer_after='####'")
+    if len(hint) == 1:
+        return hint[0] + "; set data.question_field and data.answer_field (or data.answer_from_solution) to them"
+    return hint[0] + "; try " + " ".join(hint[1:])
 
 
 def _answer_to_str(value: Any, sep: str, name: str, fail: _Fail) -> str:
