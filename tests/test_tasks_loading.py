@@ -476,3 +476,53 @@ def test_field_map_miss_suggests_the_config_keys(tmp_path):
     assert str(info.value) == (f"{path}:1: missing field 'problem' (the row has fields question, answer; try "
                                "data.question_field=question data.answer_after='####')")
     assert info.value.reason == "missing field 'problem'"  # the skip counter's key does not vary by row
+
+
+def test_unencodable_characters_are_counted_and_warned_once(char_tokenizer) -> None:
+    # Bug story: the character tokenizer drops what it does not know, so a CJK question "三加四=?"
+    # reached the model as the prompt "=" with no word of warning.
+    from mathrl.tasks.base import Problem
+    from mathrl.tasks.prompts import PromptEncoder
+
+    warnings = []
+    enc = PromptEncoder(char_tokenizer, template="arith", max_prompt_tokens=100, max_new_tokens=8,
+                        context_length=1000, warn=warnings.append)
+    problems = [Problem(id="a", question="12+3", answer="15"), Problem(id="b", question="三加四", answer="7"),
+                Problem(id="c", question="四加四", answer="8")]
+    kept, ids, _ = enc.encode(problems)
+    assert [p.id for p in kept] == ["a", "b", "c"]  # kept (a dataset is not emptied), but counted
+    assert enc.unencodable == 6  # 三 加 四, 四 加 四
+    assert len(warnings) == 1 and "'三加四'" in warnings[0] and "data/unencodable_chars" in warnings[0]
+    assert enc.lost_chars("12+3=") == []
+
+
+def test_prompts_that_leave_no_room_for_the_response_are_dropped(char_tokenizer, tmp_path: Path) -> None:
+    # prompt + max_new_tokens must fit the model's context (max_position_embeddings): a 400-character
+    # prompt on a 128-position model passed before, and the model then read positions it never had.
+    from mathrl.tasks.base import Problem
+    from mathrl.tasks.prompts import PromptEncoder, model_context_length
+
+    short, long = Problem(id="s", question="1+1", answer="2"), Problem(id="l", question="9" * 60, answer="9")
+    enc = PromptEncoder(char_tokenizer, template="arith", max_prompt_tokens=512, max_new_tokens=48, context_length=100)
+    kept, ids, _ = enc.encode([short, long])
+    assert [p.id for p in kept] == ["s"] and enc.dropped == 1 and enc.max_tokens == 52
+    assert "context of 100 positions" in enc.limit
+    with pytest.raises(ValueError, match="max_new_tokens=100 leaves no room for a prompt"):
+        PromptEncoder(char_tokenizer, template="arith", max_prompt_tokens=512, max_new_tokens=100, context_length=100)
+
+    model_dir = tmp_path / "model"
+    char_tokenizer.save_pretrained(model_dir)
+    (model_dir / "config.json").write_text(json.dumps({"max_position_embeddings": 128}))
+    from transformers import AutoTokenizer
+
+    assert model_context_length(AutoTokenizer.from_pretrained(model_dir)) == 128
+    assert model_context_length(char_tokenizer) is None or isinstance(model_context_length(char_tokenizer), int)
+
+
+def test_arith_template_on_word_problems_gives_a_hint() -> None:
+    from mathrl.tasks.prompts import template_hint
+
+    hint = template_hint("arith", "gsm8k_like.jsonl", ["Natalia sold clips to 48 of her friends."])
+    assert "data.template=zero" in hint and "gsm8k_like.jsonl" in hint
+    assert template_hint("arith", "sums.jsonl", ["12+34", "5+6"]) is None
+    assert template_hint("zero", "gsm8k_like.jsonl", ["Natalia sold clips"]) is None
