@@ -78,9 +78,11 @@ def test_same_seed_same_weights_and_caller_rng_untouched(tmp_path):
     assert not torch.equal(pa, pc)
 
 
-def test_dtype_is_applied_at_construction(tmp_path):
-    model, _ = build_random_model(str(_small_config_file(tmp_path)), dtype="bfloat16")
-    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_dtype_is_applied_at_construction(tmp_path, dtype):
+    # The shipped configs say torch_dtype bfloat16 (the checkpoints' storage); the caller's dtype wins.
+    model, _ = build_random_model(str(_small_config_file(tmp_path)), dtype=dtype)
+    assert {p.dtype for p in model.parameters()} == {getattr(torch, dtype)}
     assert torch.get_default_dtype() == torch.float32
 
 

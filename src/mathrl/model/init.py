@@ -39,6 +39,7 @@ __all__ = [
     "build_random_model",
     "random_init_tokenizer",
     "parse_config_path",
+    "shipped_architecture_of",
 ]
 
 CONFIG_PREFIX = "config:"
@@ -55,6 +56,17 @@ def parse_config_path(path: str) -> str | None:
     if not path.startswith(CONFIG_PREFIX):
         return None
     return path[len(CONFIG_PREFIX) :]
+
+
+def shipped_architecture_of(hub_id: str) -> str | None:
+    """The shipped architecture whose source model is the Hugging Face hub id `hub_id` (the
+    `_name_or_path` in its config file, compared case-insensitively), or None. Lets `mathrl plan`
+    size a recipe that names a hub model on a machine that has never downloaded it."""
+    for name in architecture_names():
+        source = json.loads((CONFIG_DIR / f"{name}.json").read_text()).get("_name_or_path", "")
+        if source.lower() == hub_id.lower():
+            return name
+    return None
 
 
 def _config_file(name_or_path: str) -> Path:
@@ -79,6 +91,7 @@ def architecture_config(name_or_path: str, *, vocab_size: int | None = None):
 
     raw = json.loads(_config_file(name_or_path).read_text())
     raw.pop("_name_or_path", None)
+    raw.pop("torch_dtype", None)  # the checkpoint's storage dtype; build_random_model chooses the dtype
     model_type = raw.pop("model_type", None)
     if model_type is None:
         raise ValueError(f"{name_or_path}: config has no model_type")
@@ -151,6 +164,7 @@ def build_random_model(
                 model = head.from_config(config)
         finally:
             torch.set_default_dtype(previous)
+    model.to(torch_dtype)  # transformers may also take a dtype from the config object; the caller's wins
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.pad_token_id = _PAD_ID
         model.generation_config.eos_token_id = _EOS_ID

@@ -1,0 +1,70 @@
+"""The real-size recipes (recipes/real/*.yaml): valid configs, their published settings, data that
+exists, and a memory plan for each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mathrl.config import load_config
+from mathrl.model.plan import estimate_memory
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPES = sorted((REPO / "recipes" / "real").glob("*.yaml"))
+STAGES = [REPO / "recipes" / "real" / f"deepscaler_1.5b_{k}k.yaml" for k in (8, 16, 24)]
+
+
+def test_the_real_recipes_are_there():
+    names = {p.name for p in RECIPES}
+    assert {"deepscaler_1.5b_8k.yaml", "deepscaler_1.5b_16k.yaml", "deepscaler_1.5b_24k.yaml",
+            "dapo_qwen2.5_math_7b.yaml"} <= names
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+def test_recipe_loads_and_plans(recipe):
+    # Paths are not checked: the data and earlier stages' checkpoints live on the training machine.
+    cfg = load_config(recipe, check_paths=False)
+    plan = estimate_memory(cfg, gpus=8, gpu_mem_gib=80)
+    assert plan.arch.params > 1e9 and plan.total > 0
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+def test_local_data_files_exist_in_the_shared_folder(recipe, shared_math, monkeypatch):
+    # Relative data paths are written from the repository root, like every command in the README.
+    if not shared_math.is_dir():
+        pytest.skip(f"shared math data not found at {shared_math}")
+    cfg = load_config(recipe, check_paths=False)
+    monkeypatch.chdir(REPO)
+    for where, source in cfg._data_files():
+        path = Path(source)
+        if not path.is_file():  # the folder may sit elsewhere (MATHRL_SHARED_DATA): same file name there
+            path = shared_math / path.name
+        assert path.is_file(), f"{recipe.name}: {where} {source!r} does not exist"
+
+
+def test_deepscaler_stages_grow_the_context_and_chain_their_checkpoints():
+    cfgs = [load_config(p, check_paths=False) for p in STAGES]
+    assert [c.rollout.max_new_tokens for c in cfgs] == [8192, 16384, 24576]
+    assert [c.rollout.n for c in cfgs] == [8, 16, 16]
+    assert cfgs[0].train.init_from is None
+    for previous, stage in zip(cfgs, cfgs[1:]):
+        # the stage continues the previous run's last checkpoint, which that run's save_every writes
+        assert stage.train.init_from == f"{previous.run_dir}/checkpoints/step_{previous.train.steps:06d}"
+        assert previous.train.steps % previous.train.save_every == 0
+    for c in cfgs:  # DeepScaleR's published settings
+        assert (c.train.lr, c.rollout.prompts_per_step, c.rollout.temperature) == (1e-6, 128, 0.6)
+        assert (c.algo.kl.use, c.algo.kl.estimator, c.algo.kl.coef) == ("loss", "k3", 0.001)
+        assert c.train.mini_batch_size == 64 * c.rollout.n  # 64 prompts per mini-batch
+        assert c.model.path == "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"
+
+
+def test_dapo_recipe_has_the_papers_settings():
+    c = load_config(REPO / "recipes" / "real" / "dapo_qwen2.5_math_7b.yaml", check_paths=False)
+    assert (c.rollout.prompts_per_step, c.rollout.n, c.train.mini_batch_size) == (512, 16, 512)
+    assert c.rollout_batch_size // c.train.mini_batch_size == 16  # 16 gradient updates per rollout step
+    assert (c.algo.clip.eps_low, c.algo.clip.eps_high, c.algo.loss_agg, c.algo.kl.use) == (0.2, 0.28, "token_mean", "none")
+    assert c.data.dynamic_sampling.mode == "nonconstant" and c.data.transform == "integer_answer"
+    assert (c.rollout.max_new_tokens, c.reward.overlong.soft_punishment, c.reward.overlong.cache_len) == (20480, True, 4096)
+    assert (c.train.lr, c.train.warmup_steps) == (1e-6, 20 * 16)  # warm-up over 20 rollout steps
+    assert (c.eval.n, c.eval.top_p) == (32, 0.7)
