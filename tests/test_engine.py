@@ -315,3 +315,46 @@ def test_sample_top_p_is_reproducible_from_the_generator():
     a = sample_top_p(logits, 0.9, torch.Generator().manual_seed(3))
     b = sample_top_p(logits, 0.9, torch.Generator().manual_seed(3))
     assert torch.equal(a, b)
+
+
+# --------------------------------------------------------------------------------------------------
+# update_weights: a no-op on the shared training model, a copy into an engine's own model
+# --------------------------------------------------------------------------------------------------
+def test_update_weights_is_free_when_the_engine_shares_the_model(make_tiny_qwen2):
+    # The usual CPU setup: the engine samples from the trainer's model itself. Syncing must not copy
+    # (the tensors are the model's own) and must leave every parameter as it was.
+    model = make_tiny_qwen2(seed=2)
+    engine = make_engine(model)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    pointers = {k: v.data_ptr() for k, v in model.state_dict().items()}
+    engine.update_weights(model.state_dict().items())
+    engine.update_weights(model.named_parameters())
+    assert {k: v.data_ptr() for k, v in model.state_dict().items()} == pointers
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_update_weights_copies_into_an_own_copy(make_tiny_qwen2, prompts):
+    # An engine holding its own model (the unsharded copy beside an FSDP trainer): after a sync it
+    # samples exactly what an engine on the trainer's model samples, tied head included.
+    trainer, copy = make_tiny_qwen2(seed=2), make_tiny_qwen2(seed=3)
+    own = make_engine(copy)
+    a = own.generate(prompts, max_new_tokens=8, seed=1)
+    b = make_engine(trainer).generate(prompts, max_new_tokens=8, seed=1)
+    assert not torch.equal(a.logprobs, b.logprobs)  # different weights before the sync
+    own.update_weights(trainer.named_parameters())  # a tied model lists the embedding only
+    a = own.generate(prompts, max_new_tokens=8, seed=1)
+    assert torch.equal(a.response_ids, b.response_ids)
+    assert_close(a.logprobs, b.logprobs)
+    assert copy.lm_head.weight is copy.model.embed_tokens.weight  # still tied after the copy
+
+
+def test_update_weights_rejects_unknown_names(make_tiny_qwen2):
+    engine = make_engine(make_tiny_qwen2(seed=2))
+    with pytest.raises(KeyError, match="no tensor named 'model.layers.9.mlp.up_proj.weight'"):
+        engine.update_weights([("model.layers.9.mlp.up_proj.weight", torch.zeros(1))])
+
+
+def test_torch_engine_is_an_engine(tiny_model):
+    from mathrl.rollout.base import Engine
+
+    assert isinstance(make_engine(tiny_model), Engine)

@@ -1,0 +1,131 @@
+"""The rollout interface: what every engine takes and returns, and helpers shared by engines.
+
+An engine turns prompt token ids into sampled continuations with the per-token logprobs of the
+distribution it sampled from. The training loop, evaluation and `mathrl eval` depend only on the
+`Engine` protocol below, so a new engine (SGLang, a remote server) is one new module plus a line in
+`rollout/factory.py`:
+
+    engine = build_engine(cfg, model=model, tokenizer=tokenizer, model_path=path)
+    out = engine.generate(prompts, max_new_tokens=48, temperature=1.0, top_p=1.0, seed=step)
+    ...  # the trainer updates its model
+    engine.update_weights(model.state_dict().items())  # before the next generate
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass
+class RolloutBatch:
+    """Sampled continuations of N prompts.
+
+    prompt_ids:    [N, P] long, LEFT-padded with pad_token_id
+    prompt_mask:   [N, P] long, 1 on real prompt tokens
+    response_ids:  [N, T] long, RIGHT-padded with pad_token_id after the end
+    response_mask: [N, T] float, 1 on sampled tokens (the EOS that ended a response included)
+    logprobs:      [N, T] float, log-prob of each sampled token under the sampling distribution
+                   (temperature applied; with top_p = 1 this is exactly log_softmax(logits / T)),
+                   0 where response_mask is 0. With top_p < 1 engines differ: TorchEngine reports the
+                   distribution before the nucleus cut, VLLMEngine the one renormalised over it.
+    truncated:     [N] bool, True if the response hit max_new_tokens without an EOS
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    logprobs: torch.Tensor
+    truncated: torch.Tensor
+
+    @property
+    def response_lengths(self) -> torch.Tensor:  # [N]
+        return self.response_mask.sum(-1).long()
+
+    def __len__(self) -> int:
+        return self.response_ids.shape[0]
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A rollout engine: token ids in; ids, sampling logprobs and truncation flags out.
+
+    Contract (tests/test_engine.py and tests/test_vllm_engine.py check it for each engine):
+    - `generate` samples one continuation per prompt (repeat a prompt n times for n samples). The
+      same seed, prompts and engine settings give the same samples; no global RNG is used.
+    - `update_weights` makes the engine sample from the given weights (Hugging Face parameter
+      names, the full unsharded tensors or DTensors) from the next `generate` on; never via disk.
+    - `sleep` may free memory (KV cache, weights) between generations; `generate` and
+      `update_weights` wake the engine as needed, so callers never have to.
+    - `close` releases the engine; it is not usable afterwards.
+    """
+
+    def generate(
+        self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
+        seed: int,
+    ) -> RolloutBatch: ...
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
+
+    def sleep(self) -> None: ...
+
+    def wake_up(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def row_seed(seed: int, row: int) -> int:
+    """The sampling seed of row `row` of a call seeded with `seed`: a fixed function of both, so a row's
+    sample does not depend on the other rows of the call (nor on how an engine batches them)."""
+    return (seed * 1_000_003 + row) % (2**63 - 1)
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor behind `t` (a DTensor, e.g. an FSDP2-sharded parameter, is gathered; a
+    collective, so every rank must call it in the same order)."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, max_len] ids left-padded with pad_id, and the [N, max_len] mask of real tokens."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for i, s in enumerate(sequences):
+        if s:
+            ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
+            mask[i, width - len(s) :] = 1
+    return ids, mask
+
+
+def concat_rollouts(chunks: list[RolloutBatch], pad_id: int) -> RolloutBatch:
+    """One RolloutBatch from several, re-padding prompts (left) and responses (right) to a common width."""
+    if len(chunks) == 1:
+        return chunks[0]
+    p = max(c.prompt_ids.shape[1] for c in chunks)
+    t = max(c.response_ids.shape[1] for c in chunks)
+
+    def pad(x: torch.Tensor, width: int, value, left: bool) -> torch.Tensor:
+        extra = width - x.shape[1]
+        if extra == 0:
+            return x
+        filler = torch.full((x.shape[0], extra), value, dtype=x.dtype)
+        return torch.cat([filler, x] if left else [x, filler], dim=1)
+
+    return RolloutBatch(
+        prompt_ids=torch.cat([pad(c.prompt_ids, p, pad_id, True) for c in chunks]),
+        prompt_mask=torch.cat([pad(c.prompt_mask, p, 0, True) for c in chunks]),
+        response_ids=torch.cat([pad(c.response_ids, t, pad_id, False) for c in chunks]),
+        response_mask=torch.cat([pad(c.response_mask, t, 0.0, False) for c in chunks]),
+        logprobs=torch.cat([pad(c.logprobs, t, 0.0, False) for c in chunks]),
+        truncated=torch.cat([c.truncated for c in chunks]),
+    )
+
+
+def select_rollout_rows(batch: RolloutBatch, rows: torch.Tensor | list[int]) -> RolloutBatch:
+    rows = torch.as_tensor(rows, dtype=torch.long)
+    return RolloutBatch(**{k: v[rows] for k, v in batch.__dict__.items()})

