@@ -12,7 +12,7 @@ Run: python -m pytest tests/test_eval_sweep.py -q
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import io
 import json
 import zlib
@@ -25,10 +25,8 @@ from mathrl.config import dump_yaml, load_config
 from mathrl.evaluation.metrics import default_ks, mean_std_ci95
 from mathrl.evaluation.sweep import (
     SweepSettings,
-    add_arguments,
     neighbourhood_average,
     resolve_targets,
-    run,
     sweep,
 )
 from mathrl.model.io import save_model
@@ -82,10 +80,16 @@ def report(run_dir: Path) -> dict:
     return sweep([str(run_dir)], settings, console=quiet_console(), verifier=HashVerifier())
 
 
-def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    return parser.parse_args(argv)
+def parse(argv: list[str]) -> list[str]:
+    return ["eval", *argv]
+
+
+def run(argv: list[str], console: Console) -> int:
+    """`mathrl eval` through the command line's one entry point, its stdout and stderr into console.file."""
+    from mathrl.cli import main
+
+    with contextlib.redirect_stdout(console.file), contextlib.redirect_stderr(console.file):
+        return main(argv)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -216,7 +220,7 @@ def test_neighbours_without_step_is_rejected(run_dir: Path) -> None:
 
 
 def test_tiny_arith_target_resolves_to_the_cached_base_model(monkeypatch, run_dir: Path) -> None:
-    import mathrl.tasks.sources as sources
+    import mathrl.model.paths as paths
 
     seen = {}
 
@@ -224,7 +228,7 @@ def test_tiny_arith_target_resolves_to_the_cached_base_model(monkeypatch, run_di
         seen["path"], seen["steps"] = cfg.model.path, cfg.base.steps
         return str(run_dir / "final")
 
-    monkeypatch.setattr(sources, "resolve_model_path", fake_resolve)
+    monkeypatch.setattr(paths, "resolve_model_path", fake_resolve)
     (ckpt,) = resolve_targets(["tiny-arith"], overrides=["base.steps=7"], settings=SweepSettings(), console=quiet_console())
     assert ckpt.label == "tiny-arith" and ckpt.path == str(run_dir / "final") and ckpt.step is None
     assert seen == {"path": "tiny-arith", "steps": 7}  # base.* overrides choose which cached model

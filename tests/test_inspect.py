@@ -7,7 +7,7 @@ Run: python -m pytest tests/test_inspect.py -q
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import io
 import json
 import math
@@ -15,10 +15,8 @@ import re
 
 import pytest
 import torch
-from rich.console import Console
 from torch.testing import assert_close
 
-from mathrl.analysis import inspect_cli
 from mathrl.analysis.token_html import render_html, write_html
 from mathrl.analysis.tokens import (
     ClassSummary,
@@ -269,15 +267,13 @@ def test_tokenizer_mismatch_is_reported(char_tokenizer):
 # ---------------------------------------------------------------------------- the command
 
 
-def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="mathrl inspect")
-    inspect_cli.add_arguments(parser)
-    return parser.parse_args(argv)
-
-
 def run_cli(argv: list[str]) -> tuple[int, str]:
+    """`mathrl inspect` through the command line's one entry point; (exit status, stdout + stderr)."""
+    from mathrl.cli import main
+
     buf = io.StringIO()
-    rc = inspect_cli.run(parse(argv), Console(file=buf, width=200))
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+        rc = main(["inspect", *argv])
     return rc, buf.getvalue()
 
 

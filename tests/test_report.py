@@ -11,7 +11,7 @@ Run: python -m pytest tests/test_report.py -q
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import io
 import json
 import math
@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from rich.console import Console
 
-from mathrl.analysis.report import add_arguments, build_report, flatten, format_tick, nice_ticks, run, run_labels
+from mathrl.analysis.report import build_report, flatten, format_tick, nice_ticks, run_labels
 
 STEPS = 6
 EVAL_EVERY = 3
@@ -185,16 +184,21 @@ def test_pngs_beside_the_html(report):
 
 def test_command_line(tmp_path):
     a = write_run(tmp_path / "a", eps_high=0.2, lift=0.1)
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    console = Console(file=io.StringIO(), width=200)
+    from mathrl.cli import main
+
+    buf = io.StringIO()
+
+    def run(argv: list[str]) -> int:
+        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+            return main(["report", *argv])
+
     # --no-png keeps this fast; the module fixture checks the PNGs
-    assert run(parser.parse_args([str(a), "--out", str(tmp_path / "r.html"), "--no-png"]), console) == 0
+    assert run([str(a), "--out", str(tmp_path / "r.html"), "--no-png"]) == 0
     assert (tmp_path / "r.html").exists() and not (tmp_path / "r_plots").exists()
-    assert run(parser.parse_args([str(tmp_path / "missing")]), console) == 1
+    assert run([str(tmp_path / "missing")]) == 1
     (tmp_path / "empty").mkdir()
-    assert run(parser.parse_args([str(tmp_path / "empty")]), console) == 1
-    assert "not a run directory" in console.file.getvalue()
+    assert run([str(tmp_path / "empty")]) == 1
+    assert "not a run directory" in buf.getvalue()
 
 
 def test_run_still_writing(tmp_path):

@@ -315,7 +315,7 @@ def test_cli_unknown_key_exits_2_with_suggestion(capsys, no_training):
     from mathrl.cli import main
 
     assert main(["train", "n=3"]) == 2
-    out = " ".join(capsys.readouterr().out.split())  # rich may wrap long lines
+    out = capsys.readouterr().err  # errors: one line each on stderr
     assert "unknown config key 'n'" in out and "'rollout.n'" in out
     assert no_training == []
 
@@ -324,7 +324,7 @@ def test_cli_override_without_equals_exits_2(capsys, no_training):
     from mathrl.cli import main
 
     assert main(["train", "rollout.n"]) == 2
-    assert "key.path=value" in " ".join(capsys.readouterr().out.split())
+    assert "key.path=value" in capsys.readouterr().err
     assert no_training == []
 
 
@@ -363,7 +363,7 @@ def test_cli_refuses_to_reuse_a_run_dir(tmp_path, monkeypatch, capsys):
     code = main(["train", *TINY_BASE, "train.steps=1", "rollout.prompts_per_step=2", "rollout.n=2",
                  "train.mini_batch_size=4", "data.eval_size=2", "--run-dir", str(run)])
     assert code == 1
-    out = " ".join(capsys.readouterr().out.split())
+    out = capsys.readouterr().err
     assert "already holds a run" in out
     assert (run / "metrics.jsonl").read_text() == '{"step": 1}\n'
     assert (run / "config.yaml").read_text() == "old: config\n"

@@ -6,15 +6,15 @@
 
 Loads the base and RL models (and any `--checkpoints`, one at a time), scores the response with each,
 prints the summary tables and writes one self-contained HTML page. `cli.py` registers the subcommand
-with `add_arguments(parser)` and calls `run(ns, console)`; the computation is in `analysis/tokens.py`
+and calls `inspect(InspectOptions(...), console)`; the computation is in `analysis/tokens.py`
 and the page in `analysis/token_html.py`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -28,7 +28,6 @@ from mathrl.analysis.tokens import (
     EXPLORATION_PS,
     TOKEN_CLASSES,
     InspectReport,
-    TokenizerMismatchError,
     check_same_tokenizer,
     compare,
     context_text,
@@ -36,45 +35,38 @@ from mathrl.analysis.tokens import (
     probe_checkpoint,
     token_probs,
 )
-from mathrl.model.io import ModelLoadError, load_model_and_tokenizer
+from mathrl.model.io import load_model_and_tokenizer
+from mathrl.train.run_dir import RunDir
 
 
 class InspectError(ValueError):
     """A problem with the inspect command's inputs, worded for the user."""
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `mathrl inspect` options (the parser is the subcommand's)."""
-    src = parser.add_argument_group("the response: --prompt and --response, or a rollouts.jsonl record")
-    src.add_argument("--prompt", help="prompt text (tokenized with the tokenizer's special tokens, as in training)")
-    src.add_argument("--response", help="response text (tokenized without special tokens)")
-    src.add_argument("--rollouts", metavar="FILE", help="a rollouts.jsonl file; the record is picked by --index (and --step)")
-    src.add_argument("--run", metavar="DIR", help="a run directory: reads DIR/rollouts.jsonl, and defaults --model to "
-                     "DIR/final and --base to the run's starting model (config.yaml model.path)")
-    src.add_argument("--step", type=int, help="only records of this RL step count for --index")
-    src.add_argument("--index", type=int, default=0, help="which record (0-based; within --step if given) [0]")
-    src.add_argument("--chat-prompt", action="store_true", help="the prompt is a rendered chat template that already "
-                     "holds its special tokens (automatic for runs with data.template: chat)")
+@dataclass
+class InspectOptions:
+    """What `mathrl inspect` was asked for (cli.py lists each option's meaning)."""
 
-    mod = parser.add_argument_group("models (Hugging Face directories with the same tokenizer)")
-    mod.add_argument("--base", metavar="PATH", help="the model before RL")
-    mod.add_argument("--model", metavar="PATH", help="the model after RL")
-    mod.add_argument("--checkpoints", metavar="PATH", nargs="+", default=[],
-                     help="more checkpoints for the entropy probe, shown between base and model in the given order")
-    mod.add_argument("--device", default=None, help="torch device [cuda if available, else cpu]")
-    mod.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="[float32]")
-
-    view = parser.add_argument_group("views")
-    view.add_argument("--out", default="inspect.html", help="the HTML file to write [inspect.html]")
-    view.add_argument("--threshold", type=float, default=0.1, help="a token 'moved' when |p_rl - p_base| exceeds this [0.1]")
-    view.add_argument("--confident", type=float, default=0.9,
-                      help="over-confident: p_base >= this, p_rl > p_base and p_rl >= --saturated [0.9]")
-    view.add_argument("--saturated", type=float, default=0.99, help="see --confident [0.99]")
-    view.add_argument("--top-k", type=int, default=10, help="how many most-moved tokens to list [10]")
-    view.add_argument("--entropy-k", type=int, default=5, help="highest-entropy positions per checkpoint [5]")
-    view.add_argument("--position", type=int, default=None,
-                      help="response token index for the next-token distribution [the most-moved token]")
-    view.add_argument("--dist-k", type=int, default=5, help="tokens shown of that distribution [5]")
+    prompt: str | None = None
+    response: str | None = None
+    rollouts: str | None = None
+    run: str | None = None
+    step: int | None = None
+    index: int = 0
+    chat_prompt: bool = False
+    base: str | None = None
+    model: str | None = None
+    checkpoints: list[str] = field(default_factory=list)
+    device: str | None = None
+    dtype: str = "float32"
+    out: str | None = None  # default: inspect.html in the run directory (--run / --rollouts), else ./inspect.html
+    threshold: float = 0.1
+    confident: float = 0.9
+    saturated: float = 0.99
+    top_k: int = 10
+    entropy_k: int = 5
+    position: int | None = None
+    dist_k: int = 5
 
 
 # ---------------------------------------------------------------------------- inputs
@@ -109,14 +101,15 @@ def read_rollout(path: str | Path, *, index: int, step: int | None = None) -> di
 
 def _run_config(run_dir: Path | None, console: Console):
     """The run's resolved config (config.yaml), or None (absent, or unreadable by this mathrl version)."""
-    if run_dir is None or not (run_dir / "config.yaml").is_file():
+    if run_dir is None or not RunDir(run_dir).config_path.is_file():
         return None
     from mathrl.config import ConfigError, load_config
 
+    config_path = RunDir(run_dir).config_path
     try:
-        return load_config(run_dir / "config.yaml", check_paths=False)
+        return load_config(config_path, check_paths=False)
     except ConfigError as e:
-        console.print(f"[yellow]note:[/yellow] could not read {run_dir / 'config.yaml'} ({e}); give --base, and "
+        console.print(f"[yellow]note:[/yellow] could not read {config_path} ({e}); give --base, and "
                       "--chat-prompt if the run used data.template: chat")
         return None
 
@@ -134,7 +127,7 @@ def _response_source(ns) -> tuple[str, str, str | list[int], str, Path | None]:
     if not from_file:
         raise InspectError("no response to inspect: give --prompt and --response, or --run DIR (or --rollouts FILE) "
                            "with --step and --index")
-    path = Path(ns.rollouts) if ns.rollouts else Path(ns.run) / "rollouts.jsonl"
+    path = Path(ns.rollouts) if ns.rollouts else RunDir(ns.run).rollouts_path
     rec = read_rollout(path, index=ns.index, step=ns.step)
     for key in ("prompt", "token_ids"):
         if key not in rec:
@@ -149,20 +142,26 @@ def _response_source(ns) -> tuple[str, str, str | list[int], str, Path | None]:
 # ---------------------------------------------------------------------------- the command
 
 
-def run(ns: argparse.Namespace, console: Console) -> int:
-    """Run `mathrl inspect`; 0 on success, 1 on an input or model error (printed in red)."""
-    try:
-        report = build_report(ns, console)
-    except (InspectError, TokenizerMismatchError, ModelLoadError, ValueError, FileNotFoundError) as e:
-        console.print(f"[red]error:[/red] {e}")
-        return 1
+def default_out(ns: InspectOptions) -> Path:
+    """inspect.html in the run directory the response came from (where `mathrl report` finds it), else here."""
+    if ns.out:
+        return Path(ns.out)
+    if ns.run or ns.rollouts:
+        return (Path(ns.run) if ns.run else Path(ns.rollouts).parent) / "inspect.html"
+    return Path("inspect.html")
+
+
+def inspect(ns: InspectOptions, console: Console) -> Path:
+    """`mathrl inspect`: build the report, print its tables and write the HTML page; returns its path.
+    Raises InspectError, TokenizerMismatchError, ModelLoadError or ValueError on bad inputs."""
+    report = build_report(ns, console)
     print_report(report, console)
-    out = write_html(report, ns.out)
+    out = write_html(report, default_out(ns))
     console.print(f"[bold]wrote[/bold] {out}")
-    return 0
+    return out
 
 
-def build_report(ns: argparse.Namespace, console: Console) -> InspectReport:
+def build_report(ns: InspectOptions, console: Console) -> InspectReport:
     """Pick the response, load the models (base and RL together, then each checkpoint alone), score and
     probe: the orchestration; every number comes from `analysis/tokens.py`."""
     for name in ("top_k", "entropy_k", "dist_k"):
@@ -174,14 +173,14 @@ def build_report(ns: argparse.Namespace, console: Console) -> InspectReport:
     cfg = _run_config(run_dir, console)
     add_special = not (ns.chat_prompt or (cfg is not None and cfg.data.template == "chat"))
 
-    model_path = ns.model or (str(Path(ns.run) / "final") if ns.run else None)
+    model_path = ns.model or (str(RunDir(ns.run).final) if ns.run else None)
     if model_path is None:
         raise InspectError("--model is required (or --run DIR, whose final/ model is used)")
     base_path = ns.base
     if base_path is None:
         if cfg is None:
             raise InspectError("--base is required (or --run DIR with a config.yaml naming the starting model)")
-        from mathrl.tasks.sources import resolve_model_path
+        from mathrl.model.paths import resolve_model_path
 
         base_path = resolve_model_path(cfg, console)
     device = ns.device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -1,0 +1,252 @@
+"""The front door: every class of bad input gets one line on stderr, a non-zero exit, no traceback, and
+leaves the run directory as it was. Ctrl-C and piped output are checked on a real (tiny) run.
+
+Most cases run the command in-process (`mathrl.cli.main([...])`) with pytest's capsys; a guard
+replaces the training loop, so a case that wrongly got past the checks fails instead of training.
+Two subprocess tests (SIGINT to a running training, its piped progress lines) take a few seconds each.
+
+Run: python -m pytest tests/test_cli_errors.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mathrl.cli import main
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    """train() replaced: a case that gets past the checks is recorded instead of starting a run."""
+    import mathrl.train.loop
+
+    calls = []
+    monkeypatch.setattr(mathrl.train.loop, "train", lambda cfg, console=None, resume=True: calls.append(cfg))
+    return calls
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, make_tiny_qwen2, char_tokenizer) -> Path:
+    """A tiny random Hugging Face model directory (no base-model build needed)."""
+    from mathrl.model.io import save_model
+
+    path = tmp_path_factory.mktemp("model") / "tiny"
+    save_model(make_tiny_qwen2(seed=0, max_positions=128), char_tokenizer, path)
+    return path
+
+
+def _one_line_error(capsys, code: int, *, expect: str, status: int | None = None) -> str:
+    captured = capsys.readouterr()
+    lines = [ln for ln in captured.err.splitlines() if ln.strip()]
+    assert code != 0 and (status is None or code == status), (code, captured.err)
+    assert len(lines) == 1, captured.err
+    assert "Traceback" not in captured.err + captured.out
+    assert lines[0].startswith("mathrl: ") and expect in lines[0], lines[0]
+    return lines[0]
+
+
+def _tree(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+# --------------------------------------------------------------------------------------------------
+# the table: (why, argv, text the one line must hold, exit status)
+# --------------------------------------------------------------------------------------------------
+BAD_VALUES = [
+    ("torch clips to a negative norm by flipping the gradient", ["train.max_grad_norm=-1"], "train.max_grad_norm=-1.0: must be > 0", 2),
+    ("stopped the run with a false '0 consecutive steps' message", ["train.max_skipped_steps=0"], "train.max_skipped_steps=0: must be >= 1", 2),
+    ("a raw range() error naming no field", ["rollout.batch_size=0"], "rollout.batch_size=0: must be >= 1", 2),
+    ("a raw error naming no field", ["model.logprob_chunk_size=0"], "model.logprob_chunk_size=0: must be >= 1", 2),
+    ("silently accepted", ["train.save_every=-1"], "train.save_every=-1: must be >= 0", 2),
+    ("caught only after the model loaded", ["train.lr=-1"], "train.lr=-1.0: must be > 0", 2),
+    ("caught only after the model loaded", ["train.betas=[0.9, 1.5]"], "train.betas=[0.9, 1.5]: each value must be in [0, 1)", 2),
+    ("caught only after the model loaded", ["reward.num_workers=-1"], "reward.num_workers=-1: must be >= 0", 2),
+    ("caught only after the model loaded", ["data.template=arihm"], "data.template='arihm': must be arith, zero", 2),
+    ("'probability tensor contains inf/nan' after loading", ["eval.top_p=0"], "eval.top_p=0.0: must be in (0, 1]", 2),
+    ("'probability tensor contains inf/nan' after loading", ["eval.max_new_tokens=-3"], "eval.max_new_tokens=-3: must be >= 1", 2),
+    ("greedy needs one sample per problem", ["eval.temperature=0"], "eval.temperature=0 is greedy decoding", 2),
+    ("training samples from the policy", ["rollout.temperature=0"], "rollout.temperature=0.0: must be > 0 (training", 2),
+    ("a typo gets the closest key", ["rollout.temprature=0.5"], "did you mean 'rollout.temperature'", 2),
+    ("a key at the wrong level", ["n=3"], "did you mean 'rollout.n'", 2),
+    ("an override without a value", ["rollout.n"], "must look like key.path=value", 2),
+    ("an unknown option", ["--bogus"], "unrecognized arguments: --bogus (see mathrl train --help)", 2),
+    ("a bare name that is no directory was retried against the hub for 23 s", ["model.path=mymodel"], "model.path='mymodel' does not exist", 2),
+    ("a missing data file", ["data.train=nope.jsonl"], "data.train: no such file 'nope.jsonl'", 2),
+]
+
+
+@pytest.mark.parametrize(("why", "args", "expect", "status"), BAD_VALUES, ids=[c[2].split(":")[0][:40] for c in BAD_VALUES])
+def test_bad_values_are_one_line_before_anything_runs(tmp_path, monkeypatch, capsys, no_training, why, args, expect, status):
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    code = main(["train", *args, "--run-dir", str(run)])
+    _one_line_error(capsys, code, expect=expect, status=status)
+    assert no_training == [] and not run.exists()  # nothing started, nothing half-made
+
+
+def test_overrides_after_options_are_accepted(tmp_path, capsys, no_training, model_dir):
+    # argparse rejected `mathrl eval runs/x --n 2 rollout.n=3`; overrides may now stand anywhere after the verb
+    code = main(["train", "--run-dir", str(tmp_path / "r"), "rollout.n=4", "--no-resume", "train.mini_batch_size=32"])
+    assert code == 0 and no_training[0].rollout.n == 4 and no_training[0].train.mini_batch_size == 32
+    # an eval option's own value is not taken for an override, and an override after --seeds is one
+    code = main(["eval", str(model_dir), "--seeds", "0", "1", "rollout.n=0", "--template", "Q={question}"])
+    _one_line_error(capsys, code, expect="rollout.n=0: must be >= 1", status=2)
+
+
+def test_help_works_for_every_verb(capsys):
+    # Bug story: `mathrl --help` crashed with "unsupported format character 'C'" ("95% CIs" in a help string).
+    from mathrl.cli import VERBS
+
+    for argv in (["--help"], ["-h"], *([verb, "--help"] for verb in VERBS)):
+        assert main(argv) == 0, argv
+        out = capsys.readouterr().out
+        assert out.startswith("usage: mathrl"), argv
+    assert main(["--help"]) == 0 and "95% CIs" in " ".join(capsys.readouterr().out.split())
+    _one_line_error(capsys, main([]), expect="the following arguments are required", status=2)
+
+
+@pytest.mark.parametrize(
+    ("content", "expect"),
+    [
+        (b"\x89PNG\r\n\x1a\n\x00\xff\xfe", "is not a text file (byte 0 is not UTF-8)"),
+        (b"rollout: [1, 2\n", "bad.yaml:2:1: not valid YAML"),
+        (b"- 1\n- 2\n", "must be a mapping at the top level"),
+    ],
+)
+def test_bad_recipe_files_name_the_file(tmp_path, capsys, no_training, content, expect):
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_bytes(content)
+    line = _one_line_error(capsys, main(["train", str(recipe)]), expect=expect, status=2)
+    assert "bad.yaml" in line and no_training == []
+
+
+def test_run_dir_that_cannot_be_written(tmp_path, monkeypatch, capsys, no_training):
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("keep me")
+    _one_line_error(capsys, main(["train", "--run-dir", str(a_file)]), expect="is a file, not a directory", status=2)
+    _one_line_error(capsys, main(["train", "--run-dir", str(a_file / "run")]), expect="is a file, so no directory", status=2)
+    assert a_file.read_text() == "keep me"
+    # read-only mount or no permission: what os.access reports (root passes permission bits, so it is simulated)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == locked else real_access(p, mode))
+    _one_line_error(capsys, main(["train", "--run-dir", str(locked / "run")]), expect="cannot be written", status=2)
+    assert no_training == [] and list(locked.iterdir()) == []
+
+
+def test_model_directory_that_is_not_a_model(tmp_path, capsys, no_training):
+    (tmp_path / "empty_dir").mkdir()
+    _one_line_error(capsys, main(["train", f"model.path={tmp_path / 'empty_dir'}"]),
+                    expect="is a directory but not a Hugging Face model (no config.json)", status=2)
+
+
+@pytest.mark.parametrize(
+    ("rows", "expect"),
+    [
+        ([b'{"problem": "1+1", "answer": "2"}', b'{"problem": "caf\xe9", "answer": "3"}'], "train.jsonl:2: not UTF-8 text"),
+        ([b'{"question": "Tom has 3", "answer": "3 #### 3"}'], "data.question_field=question data.answer_after='####'"),
+        ([b'{"problem": "1+1", "answer": null}'], "field 'answer' is null (use data.on_error=skip"),
+    ],
+)
+def test_bad_data_rows_fail_before_the_model_loads(tmp_path, capsys, no_training, rows, expect):
+    data = tmp_path / "train.jsonl"
+    data.write_bytes(b"\n".join(rows) + b"\n")
+    run = tmp_path / "run"
+    code = main(["train", f"data.train={data}", "data.template=plain", "--run-dir", str(run)])
+    _one_line_error(capsys, code, expect=expect, status=1)
+    assert no_training == [] and not run.exists()
+    if b"null" in rows[0] or b"\xe9" in rows[-1]:  # ... and data.on_error=skip skips them
+        assert main(["train", f"data.train={data}", "data.template=plain", "data.on_error=skip", "--run-dir", str(run)]) == 0
+
+
+def test_a_finished_or_unresumable_run_is_left_as_it_was(tmp_path, capsys):
+    # A run directory with metrics but no checkpoint: refused (one line), nothing touched, nothing built.
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    (run / "config.yaml").write_text("old: config\n")
+    before = _tree(run)
+    code = main(["train", "train.steps=1", "model.path=" + str(tmp_path / "no-model"), "--run-dir", str(run)])
+    _one_line_error(capsys, code, expect="does not exist", status=2)  # the config error comes first
+    assert _tree(run) == before
+
+
+def test_inspect_writes_into_the_run_directory_by_default(tmp_path):
+    from mathrl.analysis.inspect_cli import InspectOptions, default_out
+
+    assert default_out(InspectOptions(run=str(tmp_path / "r"))) == tmp_path / "r" / "inspect.html"
+    assert default_out(InspectOptions(rollouts=str(tmp_path / "r" / "rollouts.jsonl"))) == tmp_path / "r" / "inspect.html"
+    assert default_out(InspectOptions(prompt="1+1=", response="2")) == Path("inspect.html")
+    assert default_out(InspectOptions(run=str(tmp_path / "r"), out="x.html")) == Path("x.html")
+
+
+def test_base_prints_only_the_path_on_stdout(tmp_path, monkeypatch, capsys):
+    # `$(mathrl base)` in the docs: stdout must be the path alone; status lines go to stderr.
+    monkeypatch.setenv("MATHRL_CACHE", str(tmp_path / "cache"))
+    small = ["base.steps=2", "base.hidden_size=16", "base.intermediate_size=32", "base.num_layers=1",
+             "base.num_heads=2", "base.num_kv_heads=1"]
+    for _ in range(2):  # built, then found in the cache
+        assert main(["base", *small]) == 0
+        captured = capsys.readouterr()
+        (line,) = captured.out.splitlines()
+        assert Path(line).is_dir() and (Path(line) / "config.json").exists()
+        assert "tiny base model" in captured.err
+
+
+# --------------------------------------------------------------------------------------------------
+# a real run in a child process: Ctrl-C and piped progress
+# --------------------------------------------------------------------------------------------------
+def test_ctrl_c_says_where_to_resume_and_piped_output_has_progress_lines(tmp_path, model_dir):
+    # Bug stories: Ctrl-C printed a 30-frame KeyboardInterrupt traceback and exited -2; piped output
+    # (nohup, tee) showed nothing until the run ended.
+    run = tmp_path / "run"
+    argv = [sys.executable, "-m", "mathrl.cli", "train", f"model.path={model_dir}", "train.steps=200",
+            "rollout.prompts_per_step=2", "rollout.n=2", "train.mini_batch_size=4", "rollout.max_new_tokens=8",
+            "data.eval_size=2", "eval.n=1", "eval.every=1000", "train.save_every=1", "train.keep_last=1",
+            "reward.num_workers=1", "data.arith.max_digits=2", "--run-dir", str(run)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "0"}  # block-buffered stdout, as under nohup: lines must be flushed
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                             start_new_session=True)  # its own process group, which Ctrl-C signals as a whole
+    try:
+        deadline = time.monotonic() + 240
+        while not any((run / "checkpoints").glob("step_*/trainer_state.json")) or _steps_logged(run) < 3:
+            assert child.poll() is None, child.communicate()
+            assert time.monotonic() < deadline, "no checkpoint after 240 s"
+            time.sleep(0.2)
+        os.killpg(child.pid, signal.SIGINT)
+        out, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+    assert child.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    from mathrl.train.checkpoint import latest_checkpoint
+
+    saved = json.loads((latest_checkpoint(run / "checkpoints") / "trainer_state.json").read_text())["step"]
+    logged = _steps_logged(run)
+    assert lines[-1].startswith(f"mathrl: interrupted at step {logged + 1}; rerun the same command to resume from "
+                                f"step {saved} "), lines[-1]
+    progress = [ln for ln in out.splitlines() if ln.startswith("RL step ")]
+    assert len(progress) >= 2 and "/200 | reward " in progress[0] and "eta" in progress[0], out
+
+
+def _steps_logged(run: Path) -> int:
+    path = run / "metrics.jsonl"
+    steps = [0]
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                steps.append(int(json.loads(line)["step"]))
+            except (ValueError, KeyError):
+                pass
+    return max(steps)
