@@ -462,3 +462,17 @@ def test_recipe_errors_name_the_file(tmp_path, content, message):
         load_config(recipe)
     assert "r.yaml" in str(info.value) and "<unicode string>" not in str(info.value)
     assert len(str(info.value).splitlines()) == 1
+
+
+def test_mathrl_config_lists_every_key_with_type_default_domain_and_doc(capsys):
+    from mathrl.cli import main
+    from mathrl.config_schema import reference
+
+    assert main(["config", "rollout.n=4"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    keys = [e.key for e in reference(Config) if not e.section]
+    listed = [ln.split(":", 1)[0] for ln in lines if " = " in ln and "  # " in ln]  # sections have no " = "
+    assert listed == keys  # every key once, in declaration order, each with a doc
+    assert "rollout.n: int = 4 (default 8)  [>= 1]  # samples per problem (the GRPO group size)" in lines
+    assert main(["config", "--yaml", "rollout.n=4"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["rollout"]["n"] == 4

@@ -415,6 +415,9 @@ def main(argv: list[str] | None = None) -> int:
         return VERBS[ns.command][2](ns, console)
     except KeyboardInterrupt:
         return _fail("", interrupt_message(ns), EXIT_INTERRUPTED)
+    except BrokenPipeError:  # `mathrl config | head`: the reader has gone; nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a writer whose reader left
     except ConfigError as e:
         if debug:
             raise
