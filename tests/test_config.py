@@ -476,3 +476,15 @@ def test_mathrl_config_lists_every_key_with_type_default_domain_and_doc(capsys):
     assert "rollout.n: int = 4 (default 8)  [>= 1]  # samples per problem (the GRPO group size)" in lines
     assert main(["config", "--yaml", "rollout.n=4"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["rollout"]["n"] == 4
+
+
+def test_config_changes_name_every_changed_key():
+    # Resuming with a changed config used to warn without saying which fields changed.
+    from mathrl.config_schema import config_changes
+
+    old = to_dict(load_config(None, ["rollout.n=8", "train.lr=2e-4"]))
+    new = to_dict(load_config(None, ["rollout.n=4", "train.lr=1e-4", "data.eval=[arith, arith]"]))
+    assert config_changes(old, new) == ["data.eval: ['arith'] -> ['arith', 'arith']", "rollout.n: 8 -> 4",
+                                        "train.lr: 0.0002 -> 0.0001"]
+    assert config_changes(old, old) == []
+    assert config_changes({"a": {"b": 1}}, {"a": {"c": 1}}) == ["a.c: '<absent>' -> 1", "a.b: 1 -> '<absent>'"]

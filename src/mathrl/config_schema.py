@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DOMAINS", "Domain", "FieldInfo", "Range", "Rule", "check_domains", "field_docs", "model_path_problem", "reference"]
+__all__ = ["DOMAINS", "Domain", "FieldInfo", "Range", "Rule", "check_domains", "config_changes", "field_docs", "model_path_problem", "reference"]
 
 INF = math.inf
 SEED_MAX = 2**32 - 1  # numpy's seeds are 32-bit
@@ -278,6 +278,19 @@ def model_path_problem(path: str) -> str | None:
         if not isinstance(try_to_load_from_cache(path, "config.json"), str):
             return "is a hub id that is not in the local cache, and HF_HUB_OFFLINE is set (download it first, or unset it)"
     return None
+
+
+def config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """`key: old -> new` for every leaf that differs between two config trees (e.g. two config.yaml files
+    loaded with yaml.safe_load), keys in the new tree's order; keys only one side has count as changes."""
+    changes = []
+    for key in list(new) + [k for k in old if k not in new]:
+        a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
+        if isinstance(a, dict) and isinstance(b, dict):
+            changes += config_changes(a, b, f"{prefix}{key}.")
+        elif a != b:
+            changes.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return changes
 
 
 # --------------------------------------------------------------------------------------------------
