@@ -250,3 +250,31 @@ def _steps_logged(run: Path) -> int:
             except (ValueError, KeyError):
                 pass
     return max(steps)
+
+
+def test_piped_tables_and_bars_are_not_cut(capsys):
+    # Bug story: piped, `mathrl eval`'s table came out as "chec…", "pass…" (rich's 80-column default
+    # for non-terminals), and bars printed nothing until the end.
+    from rich.table import Table
+
+    from mathrl.track.console import PlainProgress, make_console, make_progress
+
+    console = make_console()  # capsys: not a terminal
+    table = Table()
+    for name in ("checkpoint", "pass@1 mean ± std [95% CI]", "pass@2", "maj@8", "no-answer", "repetitive", "garbled"):
+        table.add_column(name)
+    table.add_row("run_with_a_long_name/step_000120", "0.512 ± 0.013 [0.480, 0.544]", *["0.500"] * 5)
+    console.print(table)
+    out = capsys.readouterr().out
+    assert "run_with_a_long_name/step_000120" in out and "pass@1 mean ± std [95% CI]" in out and "…" not in out
+
+    bar = make_progress(console, "eval", every_s=3600)
+    assert isinstance(bar, PlainProgress)
+    with bar:
+        task = bar.add_task("eval", total=3, info="")
+        for i in range(3):
+            bar.update(task, info=f"seed {i}")
+            bar.advance(task)
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split(" | ")[0] for ln in lines] == ["eval 1/3", "eval 3/3"]  # first and last; the rest throttled
+    assert "seed 0" in lines[0] and "eta" in lines[0]
