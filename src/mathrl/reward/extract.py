@@ -1,4 +1,7 @@
-"""Pull the final answer out of a completion: the content of its last ``\\boxed{...}``.
+"""Pull the final answer out of a completion: the content of its ``\\boxed{...}`` answers.
+
+`extract_boxed` returns the last box; `extract_boxes` every closed box; `final_answers` applies the
+box policy (``reward.boxed``): which boxes make up the answer that is scored.
 
 Model text is adversarial by accident (runaway generations, megabytes of braces, broken unicode),
 so extraction is a linear scan: two regexes with no nested quantifiers, no recursion, and a cap on
@@ -13,8 +16,9 @@ how much text is looked at.
 from __future__ import annotations
 
 import re
+from typing import Literal
 
-__all__ = ["extract_boxed"]
+__all__ = ["BOX_POLICIES", "BoxPolicy", "extract_boxed", "extract_boxes", "final_answers"]
 
 # `\boxed{` or `\fbox{`, allowing spaces before the brace as LaTeX does. The lookahead rejects
 # longer command names that merely start with these (`\fboxsep`, `\boxedanswer`).
@@ -61,3 +65,84 @@ def extract_boxed(text: str, *, max_chars: int = 1_000_000) -> str | None:
             if depth == 0:
                 return text[start : token.start()].strip()
     return None  # unterminated: the model ran out of tokens mid-answer
+
+
+def extract_boxes(text: str, *, max_chars: int = 1_000_000) -> list[tuple[int, int, str]]:
+    """Every closed top-level ``\\boxed{...}`` as ``(start, end, content)``, in order.
+
+    ``start``/``end`` delimit the whole ``\\boxed{...}`` in the (tail-cut) text. A box nested inside
+    another is part of the outer one's content. An unclosed box ends the scan (everything after it is
+    inside it). Linear time, like `extract_boxed`.
+    """
+    if max_chars < 1:
+        raise ValueError(f"max_chars must be >= 1, got {max_chars}")
+    if len(text) > max_chars:
+        text = text[-max_chars:]
+    boxes: list[tuple[int, int, str]] = []
+    position = 0
+    while True:
+        opening = _BOX_OPEN.search(text, position)
+        if opening is None:
+            return boxes
+        depth = 1
+        for token in _BRACE_TOKEN.finditer(text, opening.end()):
+            brace = token.group()
+            if brace == "{":
+                depth += 1
+            elif brace == "}":
+                depth -= 1
+                if depth == 0:
+                    boxes.append((opening.start(), token.end(), text[opening.end() : token.start()].strip()))
+                    position = token.end()
+                    break
+        else:
+            return boxes  # unclosed: the model ran out of tokens inside it
+
+
+BoxPolicy = Literal["last", "all", "any"]
+BOX_POLICIES: tuple[str, ...] = ("last", "all", "any")
+
+# What may stand between the boxes of one final answer: math delimiters, spacing, punctuation, the
+# words "and"/"or", and a short label such as `x =` or `y=`. Anything else (a sentence) starts over.
+_CONNECTOR = re.compile(
+    r"(?:\\[()\[\]]|\$|\\[,;:! ]|\\q?quad|[\s,;.:&]|\band\b|\bor\b|\\text\{\s*(?:and|or|,)?\s*\}|"
+    r"\\(?:quad|qquad)|[A-Za-z](?:_\{?[A-Za-z0-9]+\}?)?\s*=)*"
+)
+
+
+def final_answers(text: str, policy: BoxPolicy = "all", *, max_chars: int = 1_000_000) -> list[str] | None:
+    """The answer(s) to score under a box policy; ``None`` when there is no closed box.
+
+    * ``last``: the last box only (a final box that is unclosed means no answer).
+    * ``all``: the boxes of the final answer as one answer: the last box and the boxes just before it
+      that are separated from it only by delimiters, commas, "and"/"or" or labels like ``y =``,
+      joined with commas, repeats dropped. ``$\\boxed{1}$, $\\boxed{2}$ and $\\boxed{3}$`` is ``1, 2, 3``;
+      a box followed by a sentence and another box is just the last one.
+    * ``any``: every box, each scored on its own; the completion is correct if one is. For scoring
+      other people's outputs only: a policy can box every candidate, so never train with it.
+
+    In every policy an unclosed box after the last closed one (a cut-off final answer) means no
+    answer: the final answer is what counts.
+    """
+    boxes = extract_boxes(text, max_chars=max_chars)
+    if not boxes:
+        return None
+    if len(text) > max_chars:
+        text = text[-max_chars:]
+    if _BOX_OPEN.search(text, boxes[-1][1]) is not None:
+        return None  # the last box was never closed
+    if policy == "last":
+        return [boxes[-1][2]]
+    if policy == "any":
+        return [content for _, _, content in boxes]
+    group = [boxes[-1]]
+    for previous in reversed(boxes[:-1]):
+        between = text[previous[1] : group[0][0]]
+        if len(between) > 80 or _CONNECTOR.fullmatch(between) is None:
+            break
+        group.insert(0, previous)
+    contents: list[str] = []
+    for _, _, content in group:
+        if content not in contents:
+            contents.append(content)
+    return [", ".join(contents)]

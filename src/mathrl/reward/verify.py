@@ -1,23 +1,23 @@
-"""Score a completion against a reference answer: 1.0 if its last boxed answer is equivalent, else 0.0.
+"""Score a completion against a reference answer: 1.0 if its final boxed answer is equivalent, else 0.0.
 
 Two layers, both of which never raise on model text:
 
-* ``verify_one(completion, reference)`` checks one pair in the calling process. Plain decimal numbers
-  (``27.0`` vs ``27``, ``1,000`` vs ``1000``) are compared exactly with ``Decimal``; everything else
-  goes to math-verify (LaTeX -> SymPy, then numeric/symbolic equality).
+* ``verify_one(completion, reference, boxed=...)`` checks one pair in the calling process: the box
+  policy (`extract.final_answers`) picks the answer, `equivalence.answers_equal` compares it (exact
+  decimals, lists by the reference's form, then math-verify: LaTeX -> SymPy).
 * ``Verifier`` runs ``verify_one`` in persistent worker processes with a wall-clock timeout per item,
   because SymPy can hang or blow up on adversarial expressions (``10^{10^{10}}``, deep nesting) and
   math-verify's own SIGALRM timeout only works in a main thread and cannot interrupt C code.
 
 Usage::
 
-    with Verifier(num_workers=4, timeout_s=5.0) as verifier:
+    with Verifier(num_workers=4, timeout_s=5.0, boxed="all") as verifier:
         results = verifier.score(completions, references)   # list[RewardResult], input order
     rewards = [r.score for r in results]
 
-Reasons (``RewardResult.reason``): ``correct``, ``wrong``, ``no_answer`` (no box, an unterminated box
-or an empty box), ``timeout`` (the worker was killed after ``timeout_s``), ``error`` (an exception,
-a crashed worker, or a reference that math-verify cannot parse).
+Reasons (``RewardResult.reason``): ``correct``, ``wrong``, ``no_answer`` (no box, an unterminated final
+box or an empty box), ``timeout`` (the worker was killed after ``timeout_s``), ``error`` (an exception,
+a crashed worker, or a reference that is empty or cannot be parsed).
 """
 
 from __future__ import annotations
@@ -25,34 +25,27 @@ from __future__ import annotations
 import collections
 import multiprocessing
 import multiprocessing.connection
-import re
+import functools
 import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Literal
 
-from mathrl.reward.extract import extract_boxed
+from mathrl.reward.equivalence import UnparsableReference, answers_equal
+from mathrl.reward.extract import BOX_POLICIES, BoxPolicy, extract_boxed, final_answers
 
-__all__ = ["RewardResult", "Reason", "Verifier", "verify_one"]
+__all__ = ["DEFAULT_BOX_POLICY", "RewardResult", "Reason", "Verifier", "verify_one"]
 
 Reason = Literal["correct", "wrong", "no_answer", "timeout", "error"]
 
 MAX_COMPLETION_CHARS = 1_000_000
 """Completions are cut to their last this-many characters before extraction or sending to a worker."""
 
-_MAX_PLAIN_NUMBER_CHARS = 10_000
-"""Longer "numbers" skip the exact fast path and go to math-verify (and the worker timeout)."""
-
-_MAX_MATH_VERIFY_CHARS = 10_000
-"""Longer answers are scored wrong without parsing. No real answer is this long, SymPy time grows
-with length, and math-verify logs the whole input at WARNING level when it times out."""
-
-_MATH_VERIFY_TIMEOUT_S = 5
-"""math-verify's own SIGALRM timeout per parse/compare, used only on a main thread. It must be an int:
-it is passed to ``signal.alarm``. Inside ``Verifier`` workers the outer kill usually fires first."""
+DEFAULT_BOX_POLICY: BoxPolicy = "all"
+"""The final answer's boxes, joined as one answer (``\\boxed{1}, \\boxed{2}`` is ``1, 2``). Not
+hackable by boxing candidates: the joined list must equal the reference exactly."""
 
 _WORKER_START_TIMEOUT_S = 120.0
 """How long a fresh worker may take to import SymPy/math-verify before we give up (slow shared CPUs)."""
@@ -65,7 +58,7 @@ class RewardResult:
     score: float
     """1.0 if the extracted answer equals the reference, else 0.0."""
     extracted: str | None
-    """The content of the last ``\\boxed{...}``; ``None`` if there was none."""
+    """The answer that was scored (the final box, or the final boxes joined); ``None`` if there was none."""
     reason: Reason
     """One of ``correct``, ``wrong``, ``no_answer``, ``timeout``, ``error``."""
     detail: str = ""
@@ -76,25 +69,6 @@ class RewardResult:
 # In-process check
 # ---------------------------------------------------------------------------------------------------
 
-# A plain decimal: optional sign, digits with optional comma thousands separators, optional fraction.
-# `1,5` or `1,2,3` do not match (not groups of three), so tuples and European decimals go to math-verify.
-_PLAIN_NUMBER = re.compile(r"[+-]?(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]*)?|[+-]?\.[0-9]+")
-_WHITESPACE = re.compile(r"\s+")
-
-
-def _plain_number(text: str) -> Decimal | None:
-    """``Decimal`` value of a plain decimal number such as ``$1,000``, ``27.0``, ``-3``; else ``None``.
-
-    Decimal construction and comparison are exact, so ``27.0 == 27`` and ``0.1 + 0.2``-style float
-    surprises cannot happen. Spaces, dollar signs and LaTeX's ``{,}`` thousands separator are removed.
-    """
-    if len(text) > _MAX_PLAIN_NUMBER_CHARS:
-        return None
-    text = _WHITESPACE.sub("", text).replace("\\$", "").replace("$", "").replace("{,}", ",")
-    if not _PLAIN_NUMBER.fullmatch(text):
-        return None
-    return Decimal(text.replace(",", ""))
-
 
 def _sanitize(text: str) -> str:
     """Replace lone surrogates (text decoded with ``errors='surrogateescape'``) so every later step,
@@ -104,80 +78,44 @@ def _sanitize(text: str) -> str:
     return text.encode("utf-8", errors="replace").decode("utf-8")
 
 
-def _as_gold_latex(reference: str) -> str:
-    """Wrap a bare reference (``\\frac{1}{2}``, ``27.0``) in ``\\boxed{}`` so math-verify's LaTeX
-    extractor takes all of it; references that already carry a box are passed through."""
-    if "\\boxed" in reference or "\\fbox" in reference:
-        return reference
-    return "\\boxed{" + reference + "}"
-
-
-def _math_verify_equal(answer: str, reference: str) -> RewardResult:
-    # Imported here so `import mathrl.reward` stays cheap; workers import it once while warming up.
-    import math_verify
-
-    # math-verify guards parse/verify with signal.alarm, which raises ValueError off the main thread.
-    # There we pass None (no inner timeout) and rely on the Verifier's process-level timeout.
-    on_main_thread = threading.current_thread() is threading.main_thread()
-    inner_timeout = _MATH_VERIFY_TIMEOUT_S if on_main_thread else None
-    started = time.monotonic()
-
-    def negative(reason_detail: str) -> RewardResult:
-        # math-verify swallows its own timeouts (logs a warning, returns [] or False), so a timeout
-        # would read as "wrong". Elapsed time is the only trace it leaves.
-        if inner_timeout is not None and time.monotonic() - started >= 0.95 * inner_timeout:
-            return RewardResult(0.0, answer, "timeout", f"math-verify's own {inner_timeout} s alarm")
-        return RewardResult(0.0, answer, "wrong", reason_detail)
-
-    gold = math_verify.parse(_as_gold_latex(reference), parsing_timeout=inner_timeout)
-    if not gold:
-        return RewardResult(0.0, answer, "error", "reference did not parse")
-    # `answer` came out of a balanced box, so re-boxing it is well formed. Model text is parsed as
-    # LaTeX only: math-verify's other extractor (plain expressions) hands text to sympy's parse_expr,
-    # which evaluates Python code. On MATH500 the gold answers match themselves and reject a
-    # perturbed copy identically either way.
-    target = math_verify.parse(
-        "\\boxed{" + answer + "}",
-        extraction_config=[math_verify.LatexExtractionConfig()],
-        parsing_timeout=inner_timeout,
-    )
-    if not target:
-        return negative("answer did not parse")
-    if math_verify.verify(gold, target, timeout_seconds=inner_timeout):
-        return RewardResult(1.0, answer, "correct", "math-verify")
-    return negative("math-verify")
-
-
-def _verify(completion: str, reference: str) -> RewardResult:
+def _verify(completion: str, reference: str, boxed: BoxPolicy) -> RewardResult:
     completion = _sanitize(completion[-MAX_COMPLETION_CHARS:])
     reference = _sanitize(reference)
 
-    answer = extract_boxed(completion, max_chars=MAX_COMPLETION_CHARS)
-    if answer is None:
+    answers = final_answers(completion, boxed, max_chars=MAX_COMPLETION_CHARS)
+    if answers is None:
         return RewardResult(0.0, None, "no_answer", "no closed \\boxed{...}")
-    if not answer:
-        return RewardResult(0.0, answer, "no_answer", "empty \\boxed{}")
+    answers = [answer for answer in answers if answer]
+    if not answers:
+        return RewardResult(0.0, "", "no_answer", "empty \\boxed{}")
+    if not reference.strip():
+        return RewardResult(0.0, answers[-1], "error", "empty reference")
 
-    # Fast exact path: most math-RL references (GSM8K, AIME) are integers.
-    answer_number, reference_number = _plain_number(answer), _plain_number(reference)
-    if answer_number is not None and reference_number is not None:
-        if answer_number == reference_number:
-            return RewardResult(1.0, answer, "correct", "exact number")
-        return RewardResult(0.0, answer, "wrong", "exact number")
+    timed_out = None
+    for answer in reversed(answers):  # one answer except under boxed="any"
+        try:
+            verdict = answers_equal(answer, reference)
+        except UnparsableReference:
+            return RewardResult(0.0, answer, "error", "reference did not parse")
+        if verdict.equal:
+            return RewardResult(1.0, answer, "correct", verdict.detail)
+        if verdict.timed_out and timed_out is None:
+            timed_out = RewardResult(0.0, answer, "timeout", verdict.detail)
+    if timed_out is not None:
+        return timed_out
+    return RewardResult(0.0, answers[-1], "wrong", verdict.detail)
 
-    if len(answer) > _MAX_MATH_VERIFY_CHARS:
-        return RewardResult(0.0, answer, "wrong", f"answer over {_MAX_MATH_VERIFY_CHARS} chars, not parsed")
-    return _math_verify_equal(answer, reference)
 
-
-def verify_one(completion: str, reference: str) -> RewardResult:
+def verify_one(completion: str, reference: str, *, boxed: BoxPolicy = DEFAULT_BOX_POLICY) -> RewardResult:
     """Score one completion against its reference in this process. Never raises.
 
-    The answer is the content of the completion's last ``\\boxed{...}``. There is no wall-clock bound
-    beyond math-verify's own SIGALRM timeouts (main thread only): use ``Verifier`` for model text.
+    ``boxed`` picks the boxes that make the answer (see `mathrl.reward.extract.final_answers`): the
+    final answer's boxes joined as one (``all``, default), the last box (``last``), or any box
+    (``any``, hackable: evaluation of third-party outputs only). There is no wall-clock bound beyond
+    math-verify's own SIGALRM timeouts (main thread only): use ``Verifier`` for model text.
     """
     try:
-        return _verify(completion, reference)
+        return _verify(completion, reference, boxed)
     except Exception as e:  # a reward must never take down training
         return RewardResult(0.0, None, "error", type(e).__name__)
     except BaseException as e:
@@ -277,6 +215,8 @@ class Verifier:
     Args:
         num_workers: worker processes; 0 runs ``verify_one`` in-process (no timeout; for debugging).
         timeout_s: wall-clock seconds allowed per item, counted from when it is sent to a worker.
+        boxed: box policy, ``all`` (default), ``last`` or ``any`` (see ``verify_one``; config
+            ``reward.boxed``).
         _item_fn: testing hook. A picklable module-level ``(completion, reference) -> RewardResult``
             that workers call instead of ``verify_one``, e.g. one that hangs on a marked input.
 
@@ -284,15 +224,24 @@ class Verifier:
     """
 
     def __init__(
-        self, *, num_workers: int = 1, timeout_s: float = 5.0, _item_fn: ItemFn | None = None
+        self,
+        *,
+        num_workers: int = 1,
+        timeout_s: float = 5.0,
+        boxed: BoxPolicy = DEFAULT_BOX_POLICY,
+        _item_fn: ItemFn | None = None,
     ) -> None:
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0 (0 = in-process), got {num_workers}")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s}")
+        if boxed not in BOX_POLICIES:
+            raise ValueError(f"boxed must be one of {', '.join(BOX_POLICIES)}, got {boxed!r}")
         self.num_workers = num_workers
         self.timeout_s = float(timeout_s)
-        self._item_fn: ItemFn = _item_fn if _item_fn is not None else verify_one
+        self.boxed = boxed
+        # A partial of a module-level function pickles by name, so spawned workers can receive it.
+        self._item_fn: ItemFn = _item_fn if _item_fn is not None else functools.partial(verify_one, boxed=boxed)
         self._context = multiprocessing.get_context("spawn")
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()

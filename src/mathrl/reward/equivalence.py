@@ -1,0 +1,363 @@
+"""Is an extracted answer equivalent to the reference? Structure first, then values.
+
+    >>> answers_equal("4, 10, -2", "10, 4, -2").equal       # a bare list is a set of solutions
+    True
+    >>> answers_equal("(4, 10, -2)", "(10, 4, -2)").equal   # a tuple compares in order
+    False
+
+The reference's form decides how lists compare (the answer does not get to choose):
+
+* ``(a, b)``, ``[a, b)``, ``\\left( ... \\right]``: a tuple or interval, compared in order, brackets
+  included; an answer may drop the parentheses of a tuple (``2, 3`` for ``(2, 3)``), not the
+  brackets of an interval. An interval answer may be written as an inequality (``-2 \\le x \\le 7``).
+* ``\\{a, b\\}``, a bare ``a, b`` and ``a \\pm b``: the set of all solutions, compared as a multiset
+  (same elements, same count, any order). In MATH every bare comma list is "all solutions, separated
+  by commas", so ordered answers must be written as tuples in the reference.
+* anything else is one value: an answer with several values (a list, ``\\pm``) is wrong.
+
+Values compare exactly: plain decimals with ``Decimal``, mixed numbers as fractions, and everything
+else with math-verify (LaTeX -> SymPy), with a decimal answer turned into the exact fraction it
+writes so that a rounded ``0.333`` never equals ``\\frac{1}{3}``. Unions, matrices and relations
+between expressions go to math-verify whole.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from dataclasses import dataclass
+from fractions import Fraction
+
+from mathrl.reward.normalize import (
+    choice_letter,
+    expand_plus_minus,
+    inequality_to_interval,
+    mixed_number,
+    plain_number,
+    scientific_number,
+    split_top_level,
+    strip_answer_prose,
+    strip_delimiters,
+    strip_units,
+    strip_variable,
+    text_answer,
+)
+
+__all__ = ["MAX_MATH_VERIFY_CHARS", "UnparsableReference", "Verdict", "answers_equal", "value_equal"]
+
+MAX_MATH_VERIFY_CHARS = 10_000
+"""Longer answers are scored wrong without parsing. No real answer is this long, SymPy time grows
+with length, and math-verify logs the whole input at WARNING level when it times out."""
+
+MAX_LIST_ITEMS = 64
+"""Lists longer than this are not compared item by item (each item may cost a SymPy parse)."""
+
+_MATH_VERIFY_TIMEOUT_S = 5
+"""math-verify's own SIGALRM timeout per parse/compare, used only on a main thread. It must be an int:
+it is passed to ``signal.alarm``. Inside ``Verifier`` workers the outer kill usually fires first."""
+
+
+class UnparsableReference(ValueError):
+    """The reference answer (data, not model text) could not be parsed: a data problem to report."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    equal: bool
+    detail: str
+    """Which rule decided: ``exact number``, ``list (in order)``, ``math-verify``, ..."""
+    timed_out: bool = False
+    """math-verify's own alarm fired (it swallows it and answers "not equal")."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Cleaning and structure
+# ---------------------------------------------------------------------------------------------------
+
+_UNICODE = (("−", "-"), ("∞", "\\infty"), ("×", "\\times"), ("·", "\\cdot"), ("π", "\\pi"), ("√", "\\sqrt"))
+# `\text{13}` and `\text{A,B}` are a number and a list of letters that happen to be set in text mode.
+_TEXT_NUMBER = re.compile(r"^\\(?:text|textnormal|mbox|mathrm|textbf)\s*\{\s*(-?[0-9][0-9.,]*|[A-Z](?:\s*,\s*[A-Z])+)\s*\}$")
+
+
+def _clean(text: str) -> str:
+    for before, after in _UNICODE:
+        text = text.replace(before, after)
+    text = strip_answer_prose(strip_delimiters(text))
+    text = strip_delimiters(text)
+    match = _TEXT_NUMBER.match(text)
+    return match.group(1) if match else text
+
+
+@dataclass(frozen=True)
+class _Shape:
+    kind: str  # "tuple" (ordered, with brackets), "set" (unordered), "whole" (math-verify), "value"
+    items: tuple[str, ...]
+    brackets: str = ""  # for tuples: "()", "[)", ...
+
+
+_OPEN = re.compile(r"^(?:\\left\s*)?([(\[])")
+_CLOSE = re.compile(r"(?:\\right\s*)?([)\]])$")
+_WHOLE_MARKERS = ("\\begin", "\\cup", "\\cap", "\\setminus", "\\mathbb")
+_SET_OPEN = re.compile(r"^(?:\\left\s*)?\\\{")
+_SET_CLOSE = re.compile(r"(?:\\right\s*)?\\\}$")
+
+
+def _shape(text: str) -> _Shape:
+    if any(marker in text for marker in _WHOLE_MARKERS):
+        return _Shape("whole", (text,))
+    opened, closed = _OPEN.match(text), _CLOSE.search(text)
+    if opened and closed and _encloses(text, opened.end() - 1, closed.start(1)):
+        items = split_top_level(text[opened.end() : closed.start()])
+        if len(items) >= 2:
+            return _Shape("tuple", tuple(items), opened.group(1) + closed.group(1))
+    opened, closed = _SET_OPEN.match(text), _SET_CLOSE.search(text)
+    if opened and closed:
+        inner = text[opened.end() : closed.start()]
+        if "\\{" not in inner:
+            return _Shape("set", tuple(_expanded(split_top_level(inner))))
+    items = split_top_level(text)
+    if len(items) >= 2:
+        return _Shape("set", tuple(_expanded(items)))
+    expanded = expand_plus_minus(text)
+    if len(expanded) == 2:
+        return _Shape("set", tuple(expanded))
+    return _Shape("value", (text,))
+
+
+def _expanded(items: list[str]) -> list[str]:
+    return [part for item in items for part in expand_plus_minus(strip_variable(item)[1])]
+
+
+def _encloses(text: str, open_index: int, close_index: int) -> bool:
+    """True if the bracket at ``open_index`` is closed only at ``close_index`` (so ``(1,2)\\cdot(3,4)``
+    is not one tuple). Any closing bracket type counts: ``[0, 1)`` is one interval."""
+    depth = 0
+    for i in range(open_index, close_index + 1):
+        char = text[i]
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+            if depth == 0 and i != close_index:
+                return False
+    return depth == 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# Comparison
+# ---------------------------------------------------------------------------------------------------
+
+
+def answers_equal(answer: str, gold: str) -> Verdict:
+    """Compare an extracted answer with the reference (both LaTeX-ish strings). Pure; may raise only
+    on programming errors (the caller turns exceptions into an ``error`` verdict)."""
+    answer, gold = _clean(answer), _clean(gold)
+    if not answer:
+        return Verdict(False, "empty answer")
+
+    # Fast exact path first: most math-RL references are integers.
+    answer_number, gold_number = plain_number(strip_units(answer)), plain_number(strip_units(gold))
+    if answer_number is not None and gold_number is not None:
+        if answer_number != gold_number and _percent_match(answer, answer_number, gold, gold_number):
+            return Verdict(True, "percent as a fraction of one")
+        return Verdict(answer_number == gold_number, "exact number")
+    if len(answer) > MAX_MATH_VERIFY_CHARS:
+        return Verdict(False, f"answer over {MAX_MATH_VERIFY_CHARS} chars, not parsed")
+
+    names = _strip_names(answer, gold)
+    if isinstance(names, Verdict):
+        return names
+    answer_rest, gold_rest = names
+    gold_shape = _shape(gold_rest)
+
+    if gold_shape.kind in ("tuple", "whole"):
+        interval = inequality_to_interval(answer_rest)
+        if interval is not None:
+            answer_rest = interval
+    elif gold_shape.kind == "value" and _OPEN.match(answer_rest):
+        interval = inequality_to_interval(gold_rest)
+        if interval is not None:
+            gold_rest, gold_shape = interval, _shape(interval)
+    answer_shape = _shape(answer_rest)
+
+    if gold_shape.kind == "whole" or answer_shape.kind == "whole":
+        if gold_shape.kind != answer_shape.kind and "\\begin" not in gold_rest + answer_rest:
+            return _math_verify_equal(answer_rest, gold_rest, "union or set")
+        return _math_verify_equal(answer_rest, gold_rest, "math-verify (whole)")
+    if gold_shape.kind == "tuple":
+        return _compare_tuple(answer_shape, gold_shape)
+    if gold_shape.kind == "set":
+        return _compare_set(answer_shape, gold_shape)
+    if answer_shape.kind != "value":
+        return Verdict(False, f"a {answer_shape.kind} of {len(answer_shape.items)} for a single value")
+    return value_equal(answer_rest, gold_rest)
+
+
+def _compare_tuple(answer: _Shape, gold: _Shape) -> Verdict:
+    if answer.kind == "tuple":
+        if answer.brackets != gold.brackets:
+            return Verdict(False, f"brackets {answer.brackets} for {gold.brackets}")
+    elif not (answer.kind == "set" and gold.brackets == "()" and len(answer.items) == len(gold.items)):
+        return Verdict(False, f"a {answer.kind} for a tuple")
+    if len(answer.items) != len(gold.items):
+        return Verdict(False, f"{len(answer.items)} items for {len(gold.items)}")
+    if len(gold.items) > MAX_LIST_ITEMS:
+        return Verdict(False, f"over {MAX_LIST_ITEMS} items, not compared")
+    for answer_item, gold_item in zip(answer.items, gold.items):
+        verdict = value_equal(answer_item, gold_item)
+        if not verdict.equal:
+            return Verdict(False, "list (in order): " + verdict.detail, verdict.timed_out)
+    return Verdict(True, "list (in order)")
+
+
+def _compare_set(answer: _Shape, gold: _Shape) -> Verdict:
+    if answer.kind == "tuple":
+        return Verdict(False, "a tuple for a set of solutions")
+    if answer.kind != "set" or len(answer.items) != len(gold.items):
+        return Verdict(False, f"{len(answer.items)} items for {len(gold.items)}")
+    if len(gold.items) > MAX_LIST_ITEMS:
+        return Verdict(False, f"over {MAX_LIST_ITEMS} items, not compared")
+    unmatched = list(gold.items)
+    for answer_item in answer.items:
+        for index, gold_item in enumerate(unmatched):
+            verdict = value_equal(answer_item, gold_item)
+            if verdict.timed_out:
+                return Verdict(False, "set: " + verdict.detail, True)
+            if verdict.equal:
+                del unmatched[index]
+                break
+        else:
+            return Verdict(False, f"set: {answer_item[:40]!r} matches no remaining item")
+    return Verdict(True, "set (any order)")
+
+
+_RELATION = re.compile(r"=|<|>|\\[lg]eq?(?![A-Za-z])|\\[lg]t(?![A-Za-z])|\\neq?(?![A-Za-z])|≤|≥")
+
+
+def value_equal(answer: str, gold: str) -> Verdict:
+    """One value against one value: units, words, choices, numbers, then math-verify."""
+    answer, gold = _clean(answer), _clean(gold)
+    names = _strip_names(answer, gold)
+    if isinstance(names, Verdict):
+        return names
+    answer, gold = names
+    with_units = answer, gold
+    answer, gold = strip_delimiters(strip_units(answer)), strip_delimiters(strip_units(gold))
+    if not answer:
+        return Verdict(False, "empty answer")
+    values = _exact_value(answer), _exact_value(gold)
+    if None not in values and _percent_match(with_units[0], values[0], with_units[1], values[1]):
+        return Verdict(True, "percent as a fraction of one")
+
+    letter = choice_letter(gold)
+    if letter is not None and choice_letter(answer) is not None:
+        return Verdict(choice_letter(answer) == letter, "choice letter")
+    word = text_answer(gold) if ("\\" in gold or len(gold) >= 3) else None
+    if word is not None:
+        return Verdict(text_answer(answer) == word, "word")
+
+    exact = _exact_value(answer), _exact_value(gold)
+    if exact[0] is not None and exact[1] is not None:
+        return Verdict(exact[0] == exact[1], "exact number")
+    if _RELATION.search(answer) and not _RELATION.search(gold):
+        return Verdict(False, "a relation for a value")
+    verdict = _math_verify_equal(_as_exact_latex(answer), _as_exact_latex(gold), "math-verify")
+    if verdict.equal and _letters(answer) != _letters(gold) and _letters(answer).lower() == _letters(gold).lower():
+        return Verdict(False, "variables differ in case")
+    return verdict
+
+
+def _exact_value(text: str) -> Fraction | None:
+    number = plain_number(text)
+    if number is None:
+        number = scientific_number(text)
+    if number is not None:
+        return Fraction(number)
+    return mixed_number(text)
+
+
+_PERCENT_END = re.compile(r"(?:\\%|%|percent)\s*\}?\s*$")
+
+
+def _percent_match(answer: str, answer_value, gold: str, gold_value) -> bool:
+    """``50\\%`` is both "50" (the number of percent a question asks for) and 0.5: a side written with
+    a percent sign also matches the other side's value times 100."""
+    if _PERCENT_END.search(gold) and answer_value * 100 == gold_value:
+        return True
+    return bool(_PERCENT_END.search(answer)) and gold_value * 100 == answer_value
+
+
+def _strip_names(answer: str, gold: str) -> tuple[str, str] | Verdict:
+    """Drop ``x =`` from both sides (``x = 3`` vs ``3``). Names that differ make the answer wrong; an
+    answer's name is kept when the reference is an equation without one (``y = 2x`` vs ``2x - y = 0``)."""
+    gold_name, gold_rest = strip_variable(gold)
+    answer_name, answer_rest = strip_variable(answer)
+    if gold_name and answer_name and gold_name != answer_name:
+        return Verdict(False, f"answer names {answer_name}, the reference {gold_name}")
+    if answer_name and not gold_name and "=" in gold:
+        answer_rest = answer
+    return answer_rest, gold_rest
+
+
+def _as_exact_latex(text: str) -> str:
+    """``0.333`` -> ``\\frac{333}{1000}`` and ``2\\frac{1}{2}`` -> ``\\frac{5}{2}``, so that SymPy compares
+    the exact value written, not a float rounded to some digits."""
+    value = _exact_value(text)
+    if value is None:
+        return text
+    if value.denominator == 1:
+        return str(value.numerator)
+    return f"\\frac{{{value.numerator}}}{{{value.denominator}}}"
+
+
+_COMMAND = re.compile(r"\\[A-Za-z]+")
+
+
+def _letters(text: str) -> str:
+    """The variable letters of an expression, sorted (command names such as ``\\frac`` removed)."""
+    return "".join(sorted(set(re.findall(r"[A-Za-z]", _COMMAND.sub("", text)))))
+
+
+def _math_verify_equal(answer: str, gold: str, detail: str) -> Verdict:
+    # Imported here so `import mathrl.reward` stays cheap; workers import it once while warming up.
+    import math_verify
+
+    if len(answer) > MAX_MATH_VERIFY_CHARS:
+        return Verdict(False, f"answer over {MAX_MATH_VERIFY_CHARS} chars, not parsed")
+    # math-verify guards parse/verify with signal.alarm, which raises ValueError off the main thread.
+    # There we pass None (no inner timeout) and rely on the Verifier's process-level timeout.
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    inner_timeout = _MATH_VERIFY_TIMEOUT_S if on_main_thread else None
+    started = time.monotonic()
+
+    def negative(reason: str) -> Verdict:
+        # math-verify swallows its own timeouts (logs a warning, returns [] or False), so a timeout
+        # would read as "wrong". Elapsed time is the only trace it leaves.
+        if inner_timeout is not None and time.monotonic() - started >= 0.95 * inner_timeout:
+            return Verdict(False, f"math-verify's own {inner_timeout} s alarm", timed_out=True)
+        return Verdict(False, reason)
+
+    parsed_gold = _parse_gold(gold, inner_timeout)
+    if not parsed_gold:
+        raise UnparsableReference(gold[:80])
+    # Model text is parsed as LaTeX only: math-verify's other extractor (plain expressions) hands
+    # text to sympy's parse_expr, which evaluates Python code.
+    target = math_verify.parse(
+        "\\boxed{" + answer + "}",
+        extraction_config=[math_verify.LatexExtractionConfig()],
+        parsing_timeout=inner_timeout,
+    )
+    if not target:
+        return negative("answer did not parse")
+    if math_verify.verify(parsed_gold, target, timeout_seconds=inner_timeout):
+        return Verdict(True, detail)
+    return negative(detail)
+
+
+def _parse_gold(gold: str, inner_timeout: int | None) -> list:
+    import math_verify
+
+    # A braced reference is re-boxed whole so math-verify's extractor takes all of it.
+    return math_verify.parse("\\boxed{" + gold + "}", parsing_timeout=inner_timeout)
+
