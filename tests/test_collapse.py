@@ -1,4 +1,4 @@
-"""Table-driven tests of the collapse detectors in mathrl.analysis.collapse.
+"""Table-driven tests of the collapse detectors in mathrl.reward.collapse.
 
 Each case says why it is what it is. Run: python -m pytest tests/test_collapse.py -q
 """
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from mathrl.analysis.collapse import is_garbled, is_repetitive
+from mathrl.reward.collapse import is_garbled, is_repetitive
 
 HEALTHY = "7+9+0=16,4+8+1=13,3+5+1=09,\\boxed{936}"
 

@@ -169,7 +169,7 @@ def test_load_critic_starts_at_zero_from_an_lm_and_keeps_a_saved_head(tmp_path, 
 
 
 def test_outcome_token_rewards_sit_on_the_last_token() -> None:
-    from mathrl.train.loop import outcome_token_rewards
+    from mathrl.train.critic import outcome_token_rewards
 
     mask = t([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]])
     assert_close(outcome_token_rewards(torch.tensor([1.0, 0.5, 1.0]), mask),
@@ -178,7 +178,7 @@ def test_outcome_token_rewards_sit_on_the_last_token() -> None:
 
 def critic_update(micro_batch_tokens: int):
     from mathrl.config import load_config
-    from mathrl.train.loop import update_critic
+    from mathrl.train.critic import update_critic
     from test_loop_update import random_batch  # the same random rollout batch as the policy-update tests
 
     cfg = load_config(None, ["rollout.max_new_tokens=6", "rollout.prompts_per_step=2", "rollout.n=4",

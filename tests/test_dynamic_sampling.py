@@ -14,7 +14,7 @@ from mathrl.config import load_config
 from mathrl.reward.verify import RewardResult
 from mathrl.rollout.engine import RolloutBatch
 from mathrl.tasks.sources import ProblemStream
-from mathrl.train.loop import DynamicSamplingExhausted, collect_rollouts
+from mathrl.train.collect import DynamicSamplingExhausted, collect_rollouts
 
 PROMPTS, N = 4, 4
 

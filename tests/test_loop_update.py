@@ -10,7 +10,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from mathrl.config import load_config
 from mathrl.train.batching import TrainBatch
-from mathrl.train.loop import update_policy
+from mathrl.train.update import update_policy
 
 
 def tiny_model(seed: int = 0) -> Qwen2ForCausalLM:

@@ -142,15 +142,15 @@ def test_consecutive_non_finite_steps_stop_the_run_with_its_checkpoint_intact(tm
     from mathrl.train import loop
 
     monkeypatch.setenv("MATHRL_CACHE", str(tmp_path / "cache"))
-    real = loop.compute_advantages
+    real = loop.critic_free_advantages
     calls = {"n": 0}
 
-    def nan_from_step_3(cfg, rewards, group_ids):
+    def nan_from_step_3(*args, **kwargs):
         calls["n"] += 1
-        adv = real(cfg, rewards, group_ids)
+        adv = real(*args, **kwargs)
         return adv * float("nan") if calls["n"] >= 3 else adv
 
-    monkeypatch.setattr(loop, "compute_advantages", nan_from_step_3)
+    monkeypatch.setattr(loop, "critic_free_advantages", nan_from_step_3)
     cfg = load_config(None, [*OVERRIDES, "train.max_skipped_steps=2", f"run_dir={tmp_path / 'run'}"])
     with pytest.raises(loop.NonFiniteError, match="step_000002"):
         loop.train(cfg, console=Console(quiet=True))

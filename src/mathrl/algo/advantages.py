@@ -6,7 +6,8 @@ positions. The loop picks an estimator with ``algo.adv.estimator``:
 
     grpo          group_advantages(rewards, group_ids, std_normalize=..., std_scope=...)
     rloo          rloo_advantages(rewards, group_ids)
-    reinforce_pp  whiten_advantages(discounted_returns(token_rewards, mask), mask)
+    reinforce_pp  reinforce_pp_advantages(rewards, response_mask, kl_rewards=..., loss_mask=...)
+                  = whiten_advantages(discounted_returns(token_rewards, mask), loss_mask)
 
 then broadcasts sequence-level advantages to tokens with ``expand_to_tokens``.
 
@@ -26,6 +27,7 @@ __all__ = [
     "rloo_advantages",
     "whiten_advantages",
     "discounted_returns",
+    "reinforce_pp_advantages",
     "expand_to_tokens",
 ]
 
@@ -220,6 +222,46 @@ def discounted_returns(token_rewards: Tensor, mask: Tensor, *, gamma: float = 1.
             columns.append(running)
         returns = torch.stack(columns[::-1], dim=1)  # [B, T]
     return torch.where(m, returns, torch.zeros_like(returns))
+
+
+def reinforce_pp_advantages(
+    rewards: Tensor,
+    response_mask: Tensor,
+    *,
+    kl_rewards: Tensor | None = None,
+    loss_mask: Tensor | None = None,
+) -> Tensor:
+    """REINFORCE++ token advantages (Hu 2025, "REINFORCE++", §3; OpenRLHF's ``reinforce`` estimator).
+
+    The token reward is the outcome reward on the last response token plus the per-token KL penalty
+    (``kl_rewards``, already negative and scaled, from ``mathrl.algo.kl.apply_kl_reward_penalty``).
+    With gamma = 1 the return of token t is the sequence reward minus the KL penalty still to go,
+        G_t = r(x, y) + sum_{i >= t} kl_rewards_i,
+    and the advantage is G_t whitened over every counted token of the batch (global advantage
+    normalisation: one mean and one variance for the whole batch, no per-prompt baseline).
+
+    Args:
+        rewards: [B] outcome reward per response.
+        response_mask: [B, T] nonzero on generated tokens (where returns are accumulated).
+        kl_rewards: [B, T] per-token KL penalty (<= 0 when the coefficient is positive); None = 0.
+        loss_mask: [B, T] tokens that share the whitening statistics (and get a nonzero
+            advantage); None = response_mask.
+
+    Returns:
+        [B, T] advantages, 0 outside loss_mask.
+    """
+    if rewards.dim() != 1 or response_mask.dim() != 2 or response_mask.shape[0] != rewards.shape[0]:
+        raise ValueError(f"expected rewards [B] and response_mask [B, T], got {tuple(rewards.shape)} "
+                         f"and {tuple(response_mask.shape)}")
+    m = response_mask.bool()
+    lengths = m.sum(-1)  # [B]
+    last = (lengths - 1).clamp_min(0)  # [B] position of each response's last token
+    token_rewards = torch.zeros(response_mask.shape, dtype=_as_float(rewards).dtype, device=rewards.device)
+    token_rewards[torch.arange(len(rewards), device=rewards.device), last] = _as_float(rewards) * (lengths > 0)
+    if kl_rewards is not None:
+        token_rewards = token_rewards + kl_rewards
+    returns = discounted_returns(token_rewards, response_mask, gamma=1.0)  # [B, T]
+    return whiten_advantages(returns, response_mask if loss_mask is None else loss_mask)
 
 
 def expand_to_tokens(adv: Tensor, mask: Tensor) -> Tensor:

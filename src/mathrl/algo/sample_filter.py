@@ -1,9 +1,9 @@
 """Drop individual collapsed samples from a rollout batch: repetitive loops, garbage, no answer.
 
 The detectors are passed in, so this module depends on none of them (the shared ones live in
-``mathrl.analysis.collapse``; the no-answer verdict is the verifier's ``RewardResult.reason``):
+``mathrl.reward.collapse``; the no-answer verdict is the verifier's ``RewardResult.reason``):
 
-    from mathrl.analysis.collapse import is_garbled, is_repetitive
+    from mathrl.reward.collapse import is_garbled, is_repetitive
     res = sample_filter(texts, no_answer=[r.reason == "no_answer" for r in results],
                         is_repetitive=is_repetitive, is_garbled=is_garbled,
                         drop=set(cfg.data.sample_filter.drop))

@@ -2,7 +2,7 @@
 
     mathrl report runs/clip_sym runs/clip_higher --out clip.html --title "clip-higher ablation"
 
-Reads the run directories that `mathrl train` writes (layout in src/mathrl/train/loop.py) and writes
+Reads the run directories that `mathrl train` writes (layout in src/mathrl/train/run_dir.py) and writes
 
     clip.html           the runs' eval tables (base vs final pass@1, pass@k, maj@n), the config fields
                         that differ between them, one chart per metric with one line per run (inline
@@ -28,6 +28,8 @@ from typing import Any
 
 import yaml
 from rich.console import Console
+
+from mathrl.train.run_dir import RunDir
 
 # ---- what to chart ----------------------------------------------------------------------------------
 # Sections of the page, in order, and the metric keys they chart (docs/metrics.md). "eval/*" expands to
@@ -109,23 +111,6 @@ def _as_float(value: Any) -> float | None:
     return None
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Like track.sinks.read_metrics, but tolerates a half-written last line, so that a report can be
-    made of a run that is still writing."""
-    if not path.exists():
-        return []
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    rows = []
-    for i, line in enumerate(lines):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i == len(lines) - 1:
-                break
-            raise ValueError(f"{path}: line {i + 1} is not valid JSON") from None
-    return rows
-
-
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     """{"algo": {"clip": {"eps_high": 0.28}}} -> {"algo.clip.eps_high": 0.28}; lists stay values."""
     if not isinstance(tree, dict) or (prefix and not tree):
@@ -156,7 +141,7 @@ def _eval_point_from_summary(entry: dict[str, Any], step: int | None) -> EvalPoi
 def read_evals(run_dir: Path, summary: dict[str, Any] | None) -> dict[str, tuple[EvalPoint, EvalPoint]]:
     """Per held-out set: (first, last) evaluation, from evals.jsonl, else from summary.json."""
     by_set: dict[str, list[dict[str, Any]]] = {}
-    for row in _read_jsonl(run_dir / "evals.jsonl"):
+    for row in RunDir(run_dir).evals():
         by_set.setdefault(row["set"], []).append(row)
     if by_set:
         out = {}
@@ -193,13 +178,14 @@ def load_run(path: Path, *, label: str, color: str) -> Run:
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"run directory {path} does not exist")
-    if not any((path / f).exists() for f in ("metrics.jsonl", "evals.jsonl", "summary.json")):
+    run = RunDir(path)
+    if not run.is_run():
         raise ValueError(f"{path} is not a run directory: it has no metrics.jsonl, evals.jsonl or summary.json")
-    summary = json.loads((path / "summary.json").read_text()) if (path / "summary.json").exists() else None
-    config_text = (path / "config.yaml").read_text() if (path / "config.yaml").exists() else None
+    summary = run.summary()
+    config_text = run.config_text()
     return Run(
         label=label, path=path, color=color,
-        rows=_read_jsonl(path / "metrics.jsonl"),
+        rows=run.metrics(),
         evals=read_evals(path, summary),
         summary=summary,
         config=flatten(yaml.safe_load(config_text) or {}) if config_text else {},

@@ -14,7 +14,7 @@ step in its trainer_state.json) or `tiny-arith` (the cached tiny base model).
 For every checkpoint x dataset x seed this calls `evaluation.evaluate.evaluate` (the engine and
 verifier training uses, one Verifier for the whole sweep, the seed as the sampling seed), then
 reports per checkpoint x dataset: every metric's mean, sample std and Student-t 95% CI across seeds
-(`metrics.mean_std_ci95`), and the collapse rates (`analysis.collapse`). Every checkpoint sees the
+(`metrics.mean_std_ci95`), and the collapse rates (`reward.collapse`). Every checkpoint sees the
 same seeds, so checkpoints are compared on equal random draws. Results go to `--out` (default
 `<run>/eval` for a single run target, else `eval_<timestamp>`): results.json (everything, per seed
 too; rewritten after each checkpoint so a long sweep leaves partial results) and results.md.
@@ -40,11 +40,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from mathrl.analysis.collapse import is_garbled, is_repetitive
+from mathrl.reward.collapse import is_garbled, is_repetitive
 from mathrl.config import Config, ConfigError, load_config, parse_override
 from mathrl.evaluation.evaluate import evaluate
 from mathrl.evaluation.metrics import default_ks, mean_std_ci95
-from mathrl.tasks.sources import TINY_BASE, build_eval_sets
+from mathrl.model.paths import TINY_BASE
+from mathrl.tasks.sources import build_eval_sets
+from mathrl.train.run_dir import RunDir
 
 __all__ = [
     "Checkpoint",
@@ -64,7 +66,6 @@ __all__ = [
 _FLAG_KEYS = {"eval.n": "--n", "eval.temperature": "--temperature", "eval.top_p": "--top-p",
               "eval.seed": "--seeds", "model.path": "a TARGET"}
 _OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")
-_STEP_DIR = re.compile(r"step_\d+")
 _EXAMPLES = 3  # example responses kept per row (first sample of the first problems, and collapsed ones)
 _EXAMPLE_CHARS = 400
 
@@ -212,21 +213,9 @@ def run_checkpoints(run_dir: Path, cfg: Config) -> list[tuple[str, Path, int]]:
     train.steps for final/. Two directories with the same step (final/ and a step_<N> saved at the
     last step) are one checkpoint: the step_<N> one is kept.
     """
-    found = []
-    # step_<N> only: a checkpoint being written lives in step_<N>.tmp-* until it is complete
-    candidates = [d for d in sorted((run_dir / "checkpoints").glob("step_*")) if _STEP_DIR.fullmatch(d.name)]
-    for d in candidates + [run_dir / "final"]:
-        if not (d / "config.json").exists():
-            continue
-        state = d / "trainer_state.json"
-        recorded = json.loads(state.read_text()).get("step") if state.exists() else None
-        if recorded is not None:
-            step = int(recorded)
-        elif d.name != "final":
-            step = int(d.name[5:])
-        else:
-            step = cfg.train.steps
-        found.append((f"{run_dir.name}/{d.name}", d, step, d.name == "final"))
+    # RunDir knows the layout; a checkpoint being written lives in step_<N>.tmp-* and is not listed
+    found = [(f"{run_dir.name}/{name}", d, cfg.train.steps if step is None else int(step), final)
+             for name, d, step, final in RunDir(run_dir).model_dirs()]
     found.sort(key=lambda x: (x[2], x[3]))
     out, seen = [], set()
     for label, d, step, _ in found:
@@ -243,7 +232,7 @@ def resolve_targets(targets: Sequence[str], *, overrides: Sequence[str], setting
     for target in targets:
         path = Path(target).expanduser()
         if target == TINY_BASE and not path.exists():
-            from mathrl.tasks.sources import resolve_model_path
+            from mathrl.model.paths import resolve_model_path
 
             cfg = eval_config(None, overrides, settings)
             cfg.model.path = TINY_BASE

@@ -1,12 +1,10 @@
-"""Turning the `data` and `model` config into problem streams, eval sets and a model path."""
+"""Turning the `data` config into problem streams and eval sets."""
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
 from pathlib import Path
-
-from rich.console import Console
 
 from mathrl.config import Config
 from mathrl.tasks.arithmetic import ArithmeticTask
@@ -15,26 +13,6 @@ from mathrl.tasks.curriculum import Curriculum
 from mathrl.tasks.loading import FieldMap, load_problems, preset_for, source_name
 from mathrl.tasks.prompts import render_chat, render_prompt
 from mathrl.tasks.transforms import integer_answer_transform
-
-TINY_BASE = "tiny-arith"
-
-
-def resolve_model_path(cfg: Config, console: Console) -> str:
-    """The model directory to load: the cached tiny base model (built now if missing) or `model.path`."""
-    if cfg.model.path != TINY_BASE:
-        return cfg.model.path
-    from mathrl.model.tiny import base_model_dir, ensure_base_model
-    from mathrl.track.console import BuildProgress
-
-    out = base_model_dir(cfg.base)
-    if (out / "model.safetensors").exists():
-        console.print(f"using the cached tiny base model {out}")
-        return str(out)
-    console.print(f"[bold]building the tiny base model[/bold] (once; cached at {out})")
-    with BuildProgress(console, total=cfg.base.steps) as bar:
-        path = ensure_base_model(cfg.base, progress=bar.update)
-    return str(path)
-
 
 def arithmetic_task(cfg: Config) -> ArithmeticTask:
     a = cfg.data.arith

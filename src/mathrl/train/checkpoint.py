@@ -143,12 +143,26 @@ def prune_checkpoints(checkpoints_dir: Path, *, keep_last: int, keep_every: int)
         shutil.rmtree(p, ignore_errors=True)
 
 
-def truncate_jsonl(path: Path, max_step: int) -> None:
-    """Drop rows logged after `max_step` (by a run that was killed after its last checkpoint)."""
-    path = Path(path)
-    if not path.exists():
-        return
-    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= max_step]
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
-    os.replace(tmp, path)
+def load_trainer_state(checkpoint: Path, *, optimizers: dict[str, Any], controllers: dict[str, Any]) -> dict[str, Any]:
+    """Restore the optimizer/scheduler states (`optimizers`: name -> object, the keyword names of
+    `save_checkpoint`) and controller states from `checkpoint`; returns trainer_state.json's content
+    with the step as an int and the saved RNG states under "rng" (the caller decides whether to apply
+    them: a resumed run does, a run continuing another one does not).
+
+    The critic's optimizer is restored only when the checkpoint has one (a GRPO checkpoint continued
+    with PPO gives the critic a fresh optimizer).
+    """
+    checkpoint = Path(checkpoint)
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    tensors = torch.load(checkpoint / "trainer_state.pt", weights_only=True)
+    for name, obj in optimizers.items():
+        if name in tensors:
+            obj.load_state_dict(tensors[name])
+        elif not name.startswith("critic_"):
+            raise CheckpointError(f"checkpoint {checkpoint} has no {name} state in trainer_state.pt")
+    for name, ctl in controllers.items():
+        ctl.load_state_dict(state["controllers"][name])
+    state["step"] = int(state["step"])
+    state["rng"] = tensors["rng"]
+    return state
+

@@ -3,7 +3,7 @@
 Two small pure functions over one decoded response, shared by `mathrl eval` (collapse rates per
 checkpoint) and the training-time sample filter, so both count the same thing:
 
-    >>> from mathrl.analysis.collapse import is_repetitive, is_garbled
+    >>> from mathrl.reward.collapse import is_repetitive, is_garbled
     >>> is_repetitive("7+9+0=16," + "4+8+1=13," * 10)
     True
     >>> is_repetitive("7+9+0=16,4+8+1=13,3+5+1=09,\\\\boxed{936}")

@@ -1,0 +1,26 @@
+"""Which model directory a config names: the cached tiny base model (built on first use) or `model.path`."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from mathrl.config import Config
+
+TINY_BASE = "tiny-arith"  # model.path of the tiny model mathrl builds itself (model/tiny.py)
+
+
+def resolve_model_path(cfg: Config, console: Console) -> str:
+    """The model directory to load: the cached tiny base model (built now if missing) or `model.path`."""
+    if cfg.model.path != TINY_BASE:
+        return cfg.model.path
+    from mathrl.model.tiny import base_model_dir, ensure_base_model
+    from mathrl.track.console import BuildProgress
+
+    out = base_model_dir(cfg.base)
+    if (out / "model.safetensors").exists():
+        console.print(f"using the cached tiny base model {out}")
+        return str(out)
+    console.print(f"[bold]building the tiny base model[/bold] (once; cached at {out})")
+    with BuildProgress(console, total=cfg.base.steps) as bar:
+        path = ensure_base_model(cfg.base, progress=bar.update)
+    return str(path)

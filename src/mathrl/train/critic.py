@@ -1,0 +1,118 @@
+"""PPO's critic: the value pass, GAE advantages and value targets, the clipped value-loss update,
+and VC-PPO value pretraining. Used when algo.adv.estimator is gae (algo.critic.*).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from rich.console import Console
+
+from mathrl.algo.advantages import whiten_advantages
+from mathrl.algo.critic import explained_variance, gae, length_adaptive_lambda, value_loss
+from mathrl.algo.losses import aggregate, dp_scale, global_counts, masked_mean
+from mathrl.config import Config
+from mathrl.model.value import response_values
+from mathrl.tasks.sources import ProblemStream
+from mathrl.train.batching import TrainBatch
+from mathrl.train.collect import collect_rollouts, filter_samples, new_train_batch
+from mathrl.train.update import per_token_pass, run_updates
+
+
+def value_pass(critic, batch: TrainBatch, cfg: Config) -> torch.Tensor:
+    """[N, T] critic values V(s_t) of the sampled responses, no grad (0 at masked positions)."""
+
+    def forward(critic, mb: TrainBatch) -> list[torch.Tensor]:
+        return [response_values(critic, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask)]
+
+    (values,) = per_token_pass(critic, batch, cfg, forward)
+    return values
+
+
+def outcome_token_rewards(rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """[N, T]: each sequence's reward on its last response token, 0 elsewhere."""
+    token_rewards = torch.zeros_like(response_mask)
+    last = (response_mask.sum(-1).long() - 1).clamp(min=0)  # [N]
+    token_rewards[torch.arange(len(rewards)), last] = rewards.float() * (response_mask.sum(-1) > 0)
+    return token_rewards
+
+
+def gae_targets(cfg: Config, batch: TrainBatch, token_rewards: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(policy advantages [N, T], value targets [N, T], mean policy lambda) from batch.old_values.
+
+    Decoupled GAE (VC-PPO): lam_actor for the advantages, lam_critic for the targets; with
+    algo.critic.length_adaptive_alpha the policy lambda is VAPO's 1 - 1/(alpha * length) per response.
+    """
+    crit = cfg.algo.critic
+    mask = batch.response_mask
+    if crit.length_adaptive_alpha is not None:
+        lam_actor = length_adaptive_lambda(mask.sum(-1), crit.length_adaptive_alpha)  # [N]
+    else:
+        lam_actor = torch.full((len(batch),), crit.lam_actor)
+    advantages, _ = gae(token_rewards, batch.old_values, mask, gamma=crit.gamma, lam=lam_actor)
+    _, returns = gae(token_rewards, batch.old_values, mask, gamma=crit.gamma, lam=crit.lam_critic)
+    if crit.whiten_advantages:
+        advantages = whiten_advantages(advantages, batch.loss_mask)
+    return advantages * batch.loss_mask, returns, float(lam_actor.mean())
+
+
+def update_critic(critic, optimizer, scheduler, batch: TrainBatch, cfg: Config, *, step: int) -> dict[str, float]:
+    """Mini-batches x epochs of clipped value-loss updates (token mean over the whole mini-batch)."""
+    crit = cfg.algo.critic
+    sums = {"clipped": 0.0, "tokens": 0.0}
+
+    def micro_step(micro: TrainBatch, counts) -> dict[str, float]:
+        num_tokens, num_seqs = counts
+        values = response_values(critic, micro.prompt_ids, micro.prompt_mask, micro.response_ids, micro.response_mask)
+        token_loss, is_clipped = value_loss(values, micro.old_values, micro.returns, micro.loss_mask,
+                                            clip_eps=crit.value_clip)
+        loss = aggregate(token_loss, micro.loss_mask, mode="token_mean", num_tokens=num_tokens, num_seqs=num_seqs)
+        (loss * dp_scale()).backward()
+        sums["clipped"] += float(is_clipped.sum())
+        sums["tokens"] += float(micro.loss_mask.sum())
+        return {"value_loss": loss.item()}
+
+    log = run_updates(critic, optimizer, scheduler, batch, cfg, seed=cfg.seed * 1_000_003 + step + 500_009,
+                      mini_batch_counts=lambda mini: global_counts(mini.loss_mask), micro_step=micro_step)
+    m = batch.loss_mask
+    losses = log.terms["value_loss"]
+    metrics = {
+        "critic/value_loss": sum(losses) / len(losses),
+        "critic/vf_clipfrac": sums["clipped"] / max(sums["tokens"], 1.0),
+        "critic/grad_norm": sum(log.grad_norms) / len(log.grad_norms),
+        "critic/values_mean": float(masked_mean(batch.old_values, m)),
+        "critic/returns_mean": float(masked_mean(batch.returns, m)),
+        "critic/lr": log.lr,  # of the step's last update
+        "critic/skipped_updates": float(log.skipped),
+    }
+    explained = explained_variance(batch.old_values, batch.returns, m)
+    if math.isfinite(explained):  # undefined when every target is equal (e.g. every answer right)
+        metrics["critic/explained_var"] = explained
+    return metrics
+
+
+def pretrain_critic(cfg: Config, critic, optimizer, scheduler, *, train_stream: ProblemStream, engine, tokenizer,
+                    verifier, console: Console) -> dict[str, float]:
+    """VC-PPO value pretraining (Yuan et al. 2025, §4.1): before the first policy update, fit the
+    critic for algo.critic.pretrain_steps steps on rollouts of the starting policy, with Monte-Carlo
+    targets (lambda = 1), so the first advantages do not come from an untrained value head.
+    Returns the step-0 metrics critic/pretrain_*."""
+    crit, first, last = cfg.algo.critic, None, {}
+    for k in range(1, crit.pretrain_steps + 1):
+        got = collect_rollouts(cfg, -k, train_stream=train_stream, engine=engine, tokenizer=tokenizer, verifier=verifier)
+        if not got.problems:
+            continue
+        loss_mask, _ = filter_samples(cfg, got.rollout, got.texts, got.results)
+        batch = new_train_batch(got.rollout, loss_mask, got.correct)
+        batch.old_values = value_pass(critic, batch, cfg)
+        token_rewards = outcome_token_rewards(got.rewards, batch.response_mask)
+        _, batch.returns = gae(token_rewards, batch.old_values, batch.response_mask, gamma=crit.gamma, lam=1.0)
+        last = update_critic(critic, optimizer, scheduler, batch, cfg, step=-k)
+        first = last["critic/value_loss"] if first is None else first
+        console.print(f"critic pretraining {k}/{crit.pretrain_steps}: value loss {last['critic/value_loss']:.4f}")
+    out = {"critic/pretrain_steps": float(crit.pretrain_steps)}
+    if first is not None:
+        out["critic/pretrain_value_loss_first"] = first
+        out["critic/pretrain_value_loss_last"] = last["critic/value_loss"]
+    return out

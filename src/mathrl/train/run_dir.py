@@ -1,0 +1,194 @@
+"""The run directory: the one place that knows its layout, for `train` (writes) and `report`, `eval`,
+`inspect` (read).
+
+    <run_dir>/
+      config.yaml          the resolved config (config.previous.yaml: the one a resumed run replaced)
+      metrics.jsonl        one JSON object per step (track.sinks.JsonlSink; names in docs/metrics.md)
+      evals.jsonl          every evaluation: {"step", "set", EvalResult fields, "samples": first 5}
+      rollouts.jsonl       a sample of each step's rollouts with per-token ids and logprobs
+      checkpoints/         step_<N>/ resumable checkpoints (train/checkpoint.py)
+      final/               the trained model, a plain Hugging Face directory (critic/ for PPO)
+      parent.json          the checkpoint a `train.init_from` run continued
+      summary.json         base vs final held-out scores and wall time (written last: the run is done)
+
+    run = RunDir("runs/x")
+    run.metrics(), run.evals(), run.summary(), run.rollouts(step=3)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from rich.console import Console
+
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+class RunComplete(Exception):
+    """The run directory already holds a finished run."""
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a jsonl file ([] when it does not exist). A half-written last line (a run
+    that is still writing, or was killed mid-write) is skipped; a bad line elsewhere is an error."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for i, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                break
+            raise ValueError(f"{path}: line {i + 1} is not valid JSON") from None
+    return rows
+
+
+class RunDir:
+    """Paths and readers/writers of one run directory. Creating one touches nothing on disk."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.config_path = self.path / "config.yaml"
+        self.metrics_path = self.path / "metrics.jsonl"
+        self.evals_path = self.path / "evals.jsonl"
+        self.rollouts_path = self.path / "rollouts.jsonl"
+        self.summary_path = self.path / "summary.json"
+        self.parent_path = self.path / "parent.json"
+        self.checkpoints = self.path / "checkpoints"
+        self.final = self.path / "final"
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    # ---- what is there ---------------------------------------------------------------------------
+    def is_run(self) -> bool:
+        """True when the directory holds a run's log (metrics, evaluations or a summary)."""
+        return any(p.exists() for p in (self.metrics_path, self.evals_path, self.summary_path))
+
+    def is_finished(self) -> bool:
+        return self.summary_path.exists() and self.final.exists()
+
+    def config_text(self) -> str | None:
+        return self.config_path.read_text() if self.config_path.exists() else None
+
+    def metrics(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.metrics_path)
+
+    def evals(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.evals_path)
+
+    def rollouts(self, *, step: int | None = None) -> Iterator[dict[str, Any]]:
+        """rollouts.jsonl records in order (only those of `step` if given), read lazily."""
+        if not self.rollouts_path.exists():
+            return
+        with self.rollouts_path.open() as f:
+            for line in f:
+                if line.strip():
+                    record = json.loads(line)
+                    if step is None or record.get("step") == step:
+                        yield record
+
+    def summary(self) -> dict[str, Any] | None:
+        return json.loads(self.summary_path.read_text()) if self.summary_path.exists() else None
+
+    def model_dirs(self) -> list[tuple[str, Path, int | None, bool]]:
+        """(name, directory, step or None, is_final) of every model the run saved: checkpoints/step_*/
+        by name, then final/. The step is trainer_state.json's "step"; without that file, the number
+        in step_<N>, or None for final/."""
+        found = []
+        candidates = [d for d in sorted(self.checkpoints.glob("step_*")) if _STEP_DIR.fullmatch(d.name)]
+        for d in candidates + [self.final]:
+            if not (d / "config.json").exists():
+                continue
+            state = d / "trainer_state.json"
+            step = None
+            if state.exists():
+                step = json.loads(state.read_text()).get("step")
+            elif d.name != "final":
+                step = int(_STEP_DIR.fullmatch(d.name).group(1))
+            found.append((d.name, d, step, d.name == "final"))
+        return found
+
+    # ---- writing (rank 0 of a training run only) ------------------------------------------------
+    def append_evals(self, step: int, results: dict) -> None:
+        """One evals.jsonl row per eval set (`results`: set name -> EvalResult), first 5 samples kept."""
+        with self.evals_path.open("a") as f:
+            for name, r in results.items():
+                row = {"step": step, "set": name, **{k: v for k, v in r.__dict__.items() if k != "samples"},
+                       "samples": r.samples[:5]}
+                f.write(json.dumps(row) + "\n")
+
+    def append_rollouts(self, records: list[dict[str, Any]]) -> None:
+        with self.rollouts_path.open("a") as f:
+            for rec in records:
+                f.write(json.dumps(rec) + "\n")
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        self.summary_path.write_text(json.dumps(summary, indent=2))
+
+    def write_parent(self, parent: Path, step: int) -> None:
+        """Record the checkpoint a `train.init_from` run continues (and its run's config)."""
+        parent_run = RunDir(parent.parent.parent)
+        self.parent_path.write_text(json.dumps({
+            "checkpoint": str(parent.resolve()), "step": step, "run_dir": str(parent_run.path.resolve()),
+            "config": parent_run.config_text(),
+        }, indent=2))
+
+    def truncate_after(self, step: int) -> None:
+        """Drop the log rows a killed run wrote after its checkpoint at `step`."""
+        for path in (self.metrics_path, self.rollouts_path, self.evals_path):
+            truncate_jsonl(path, step)
+
+
+def truncate_jsonl(path: Path, max_step: int) -> None:
+    """Drop rows logged after `max_step` (by a run that was killed after its last checkpoint)."""
+    path = Path(path)
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= max_step]
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
+
+
+def open_run_dir(path: str | Path | None, *, config_text: str, resume: bool, console: Console) -> tuple[RunDir, Path | None]:
+    """(run directory, checkpoint to resume from or None) for a training run. Never overwrites a run
+    silently: an existing run is resumed from its last complete checkpoint; with resume=False
+    (`--no-resume`) its files are moved aside to `<run_dir>.replaced-<timestamp>` and a new run starts.
+    `config_text` (the resolved config as YAML) is written to config.yaml."""
+    from mathrl.train.checkpoint import latest_checkpoint
+
+    run = RunDir(path or Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
+    has_run = run.metrics_path.exists()
+    if has_run and not resume:
+        aside = run.path.with_name(f"{run.path.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+        run.path.rename(aside)
+        console.print(f"--no-resume: the previous run was moved to {aside}")
+        has_run = False
+    checkpoint = None
+    if has_run:
+        if run.is_finished():
+            raise RunComplete(f"run directory {run.path} holds a finished run; use --no-resume to start over "
+                              "(the old run is kept aside) or choose another --run-dir")
+        checkpoint = latest_checkpoint(run.checkpoints)
+        if checkpoint is None:
+            raise FileExistsError(
+                f"run directory {run.path} already holds a run, with no complete checkpoint to resume from; "
+                "use --no-resume to start over (the old run is kept aside) or choose another --run-dir"
+            )
+        old = run.config_text() or ""
+        if old and old != config_text:
+            console.print(f"[yellow]warning:[/yellow] the config differs from the one {run.path} was started with; "
+                          "resuming with the new one (the old one is kept as config.previous.yaml)")
+            (run.path / "config.previous.yaml").write_text(old)
+    run.path.mkdir(parents=True, exist_ok=True)
+    run.config_path.write_text(config_text)
+    return run, checkpoint

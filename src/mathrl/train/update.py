@@ -1,0 +1,216 @@
+"""Updates on one rollout batch: the mini-batch x epoch x micro-batch runner shared by the policy and
+critic updates, the policy update itself, and the no-grad per-token passes (old/reference logprobs).
+
+A rollout batch is shuffled (a generator seeded by the step), cut into mini-batches of
+train.mini_batch_size rows (one optimizer step each), and those into micro-batches of at most
+train.micro_batch_tokens tokens (one forward/backward each). Every micro-batch's loss is normalised by
+the whole mini-batch's counts (`algo.losses.global_counts`), so the gradient does not depend on the split.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from mathrl.algo.entropy import entropy_bonus_mask
+from mathrl.algo.kl import kl_penalty
+from mathrl.algo.losses import aggregate, dp_scale, global_counts, policy_loss, positive_example_lm_loss
+from mathrl.config import Config
+from mathrl.model.scoring import next_token_logprobs, response_logprobs
+from mathrl.tasks.sources import PretrainText
+from mathrl.train.batching import TrainBatch, micro_batch_slices, micro_batches, row_lengths
+
+
+# ----------------------------------------------------------------------------- no-grad per-token passes
+@torch.no_grad()
+def per_token_pass(model, batch: TrainBatch, cfg: Config, forward) -> list[torch.Tensor]:
+    """Run `forward(model, micro_batch) -> [n, t] tensors` over no-grad micro-batches of `batch`, the
+    model in eval mode; returns each output as [N, T] float32 on CPU, 0 at masked positions."""
+    was_training = model.training
+    model.eval()
+    outputs: list[torch.Tensor] = []
+    for rows in micro_batch_slices(row_lengths(batch), cfg.train.micro_batch_tokens * 4):  # no activations kept
+        parts = forward(model, batch.select(rows).trimmed())
+        if not outputs:
+            outputs = [torch.zeros_like(batch.response_mask) for _ in parts]
+        idx = (torch.as_tensor(rows)[:, None], torch.arange(parts[0].shape[1])[None, :])
+        for out, part in zip(outputs, parts):
+            out[idx] = part.float().cpu()
+    model.train(was_training)
+    return [out * batch.response_mask for out in outputs]
+
+
+def scoring_pass(model, batch: TrainBatch, cfg: Config, *, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, T] logprobs (and entropy, zeros if not asked) of the sampled tokens under `model`, no grad."""
+
+    def forward(model, mb: TrainBatch) -> list[torch.Tensor]:
+        lp, ent = response_logprobs(
+            model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
+            temperature=cfg.rollout.temperature, chunk_size=cfg.model.logprob_chunk_size, with_entropy=with_entropy,
+        )
+        return [lp, ent if ent is not None else torch.zeros_like(lp)]
+
+    logprobs, entropy = per_token_pass(model, batch, cfg, forward)
+    return logprobs, entropy
+
+
+# ----------------------------------------------------------------------------- the runner
+@dataclass
+class UpdateLog:
+    """What a run of `run_updates` did, one entry per optimizer step (skipped ones included)."""
+
+    terms: dict[str, list[float]] = field(default_factory=dict)  # each loss term summed over a step's micro-batches
+    extra: dict[str, list[float]] = field(default_factory=dict)  # terms added after the micro-batches (PTX)
+    grad_norms: list[float] = field(default_factory=list)
+    skipped: int = 0  # optimizer steps skipped for a non-finite loss or gradient
+    lr: float = 0.0  # learning rate of the last optimizer step
+
+
+def run_updates(
+    model, optimizer, scheduler, batch: TrainBatch, cfg: Config, *, seed: int,
+    mini_batch_counts: Callable[[TrainBatch], Any],
+    micro_step: Callable[[TrainBatch, Any], dict[str, float]],
+    after_micro_batches: Callable[[], dict[str, float]] | None = None,
+) -> UpdateLog:
+    """train.epochs passes over `batch` in mini-batches of train.mini_batch_size rows, each one
+    optimizer step (gradients clipped to train.max_grad_norm; a step whose loss terms or gradient norm
+    are not finite is skipped, not taken).
+
+    mini_batch_counts(mini) is called once per mini-batch (the normalisers, a collective when
+    distributed); micro_step(micro, counts) runs forward + backward of one micro-batch and returns its
+    loss terms as floats; after_micro_batches(), if given, adds more gradient before the step (PTX)
+    and returns its terms.
+    """
+    log = UpdateLog()
+    order_gen = torch.Generator().manual_seed(seed)
+    for _epoch in range(cfg.train.epochs):
+        order = torch.randperm(len(batch), generator=order_gen)
+        for start in range(0, len(batch), cfg.train.mini_batch_size):
+            mini = batch.select(order[start : start + cfg.train.mini_batch_size])
+            counts = mini_batch_counts(mini)
+            totals: dict[str, float] = {}
+            for micro in micro_batches(mini, cfg.train.micro_batch_tokens):
+                for k, v in micro_step(micro, counts).items():
+                    totals[k] = totals.get(k, 0.0) + v
+            extra = after_micro_batches() if after_micro_batches is not None else {}
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
+            log.lr = optimizer.param_groups[0]["lr"]
+            if torch.isfinite(grad_norm) and all(math.isfinite(v) for v in totals.values()):
+                optimizer.step()
+                scheduler.step()
+            else:  # a non-finite loss or gradient: skip this optimizer step rather than corrupt the weights
+                log.skipped += 1
+            optimizer.zero_grad(set_to_none=True)
+            for k, v in totals.items():
+                log.terms.setdefault(k, []).append(v)
+            for k, v in extra.items():
+                log.extra.setdefault(k, []).append(v)
+            log.grad_norms.append(float(grad_norm))
+    return log
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+# ----------------------------------------------------------------------------- the policy update
+def update_policy(
+    model, optimizer, scheduler, batch: TrainBatch, cfg: Config, *, step: int, coefs: dict[str, float],
+    ptx: PretrainText | None,
+) -> dict[str, float]:
+    """Mini-batches x epochs of updates on one rollout batch.
+
+    loss = policy loss - entropy_coef * entropy + kl_coef * KL (as loss) + mu * positive-example NLL,
+    each aggregated with algo.loss_agg over the whole mini-batch's counts, plus ptx_coef * the token-mean
+    pretraining NLL of one PTX batch per optimizer step.
+    """
+    algo = cfg.algo
+    agg = dict(mode=algo.loss_agg, max_len=cfg.rollout.max_new_tokens)
+    sums = {k: 0.0 for k in ("entropy", "clipped", "dual_clipped", "ppo_kl", "tokens", "ent_masked")}
+
+    def mini_batch_counts(mini: TrainBatch):
+        # the whole mini-batch's counts (all micro-batches, all ranks) normalise every micro-batch
+        return global_counts(mini.loss_mask), global_counts(mini.loss_mask * mini.correct[:, None])
+
+    def micro_step(micro: TrainBatch, counts) -> dict[str, float]:
+        (num_tokens, num_seqs), (pos_tokens, pos_seqs) = counts
+        terms = {k: 0.0 for k in ("pg_loss", "entropy_loss", "kl_loss", "pos_lm_loss")}
+        logprobs, entropy = response_logprobs(
+            model, micro.prompt_ids, micro.prompt_mask, micro.response_ids, micro.response_mask,
+            temperature=cfg.rollout.temperature, chunk_size=cfg.model.logprob_chunk_size,
+        )
+        mask = micro.loss_mask
+        token_loss, info = policy_loss(
+            logprobs, micro.old_logprobs, micro.advantages, mask,
+            eps_low=algo.clip.eps_low, eps_high=algo.clip.eps_high, dual_clip_c=algo.clip.dual_clip_c,
+        )
+        pg = aggregate(token_loss, mask, num_tokens=num_tokens, num_seqs=num_seqs, **agg)
+        loss = pg
+        terms["pg_loss"] = pg.item()
+        if coefs["entropy"] != 0.0:
+            bonus_mask = mask
+            if algo.entropy.ref_gain_clip.max_gain is not None or algo.entropy.ref_gain_clip.max_ratio is not None:
+                bonus_mask = entropy_bonus_mask(
+                    entropy.detach(), micro.ref_entropy, mask,
+                    max_gain=algo.entropy.ref_gain_clip.max_gain, max_ratio=algo.entropy.ref_gain_clip.max_ratio,
+                )
+            # masked tokens contribute 0 but stay in the normaliser: the bonus per kept token is unchanged
+            ent_term = aggregate(entropy, bonus_mask, num_tokens=num_tokens, num_seqs=num_seqs, **agg)
+            loss = loss - coefs["entropy"] * ent_term
+            terms["entropy_loss"] = -ent_term.item()
+            sums["ent_masked"] += float((mask - bonus_mask).sum())
+        if algo.kl.use == "loss":
+            kl_tok = kl_penalty(logprobs, micro.ref_logprobs, estimator=algo.kl.estimator)
+            kl_term = aggregate(kl_tok, mask, num_tokens=num_tokens, num_seqs=num_seqs, **agg)
+            loss = loss + coefs["kl"] * kl_term
+            terms["kl_loss"] = kl_term.item()
+        if algo.pos_lm.coef > 0 and pos_tokens > 0:
+            nll, pos_mask = positive_example_lm_loss(logprobs, mask, micro.correct)
+            # VAPO: token-normalised over the correct samples' tokens of the whole mini-batch
+            pos = aggregate(nll, pos_mask, mode="token_mean", num_tokens=pos_tokens, num_seqs=pos_seqs)
+            loss = loss + algo.pos_lm.coef * pos
+            terms["pos_lm_loss"] = pos.item()
+        (loss * dp_scale()).backward()
+        sums["entropy"] += float((entropy.detach() * mask).sum())
+        sums["clipped"] += float((info["clipped"] * mask).sum())
+        sums["dual_clipped"] += float((info["dual_clipped"] * mask).sum())
+        sums["ppo_kl"] += float((info["ppo_kl"] * mask).sum())
+        sums["tokens"] += float(mask.sum())
+        return terms
+
+    def ptx_step() -> dict[str, float]:
+        ids, attn = ptx.next_batch(algo.ptx.batch_size)
+        nll = -next_token_logprobs(model, ids, attn, chunk_size=cfg.model.logprob_chunk_size)
+        target_mask = attn[:, 1:].to(nll.device).float()
+        ptx_loss = (nll * target_mask).sum() / target_mask.sum().clamp(min=1)
+        (algo.ptx.coef * ptx_loss).backward()
+        return {"ptx_loss": ptx_loss.item()}
+
+    log = run_updates(model, optimizer, scheduler, batch, cfg, seed=cfg.seed * 1_000_003 + step,
+                      mini_batch_counts=mini_batch_counts, micro_step=micro_step,
+                      after_micro_batches=ptx_step if ptx is not None else None)
+    tokens = max(sums["tokens"], 1.0)
+    metrics = {
+        "actor/pg_loss": _mean(log.terms.get("pg_loss", [])),
+        "actor/entropy": sums["entropy"] / tokens,
+        "actor/pg_clipfrac": sums["clipped"] / tokens,
+        "actor/pg_clipfrac_lower": sums["dual_clipped"] / tokens,
+        "actor/ppo_kl": sums["ppo_kl"] / tokens,
+        "actor/grad_norm": _mean(log.grad_norms),
+        "actor/lr": log.lr,  # of the step's last update
+        "actor/updates": float(len(log.grad_norms) - log.skipped),
+        "perf/skipped_updates": float(log.skipped),
+    }
+    if algo.entropy.mode != "none":
+        metrics["actor/entropy_loss"] = _mean(log.terms.get("entropy_loss", []))
+        metrics["actor/entropy_clipfrac"] = sums["ent_masked"] / tokens
+    if algo.kl.use == "loss":
+        metrics["actor/kl_loss"] = _mean(log.terms.get("kl_loss", []))
+    if algo.pos_lm.coef > 0:
+        metrics["actor/pos_lm_loss"] = _mean(log.terms.get("pos_lm_loss", []))
+    if ptx is not None:
+        metrics["actor/ptx_loss"] = _mean(log.extra.get("ptx_loss", []))
+    return metrics
