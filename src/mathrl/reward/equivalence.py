@@ -152,6 +152,8 @@ def _encloses(text: str, open_index: int, close_index: int) -> bool:
 def answers_equal(answer: str, gold: str) -> Verdict:
     """Compare an extracted answer with the reference (both LaTeX-ish strings). Pure; may raise only
     on programming errors (the caller turns exceptions into an ``error`` verdict)."""
+    if len(answer) > MAX_MATH_VERIFY_CHARS:
+        return Verdict(False, f"answer over {MAX_MATH_VERIFY_CHARS} chars, not parsed")
     answer, gold = _clean(answer), _clean(gold)
     if not answer:
         return Verdict(False, "empty answer")
@@ -162,8 +164,6 @@ def answers_equal(answer: str, gold: str) -> Verdict:
         if answer_number != gold_number and _percent_match(answer, answer_number, gold, gold_number):
             return Verdict(True, "percent as a fraction of one")
         return Verdict(answer_number == gold_number, "exact number")
-    if len(answer) > MAX_MATH_VERIFY_CHARS:
-        return Verdict(False, f"answer over {MAX_MATH_VERIFY_CHARS} chars, not parsed")
 
     names = _strip_names(answer, gold)
     if isinstance(names, Verdict):
