@@ -262,6 +262,7 @@ class OverlongConfig:
 class RewardConfig:
     num_workers: int = 1  # verifier worker processes (0 = in-process, no timeout protection)
     timeout_s: float = 5.0  # per-item verification timeout
+    boxed: Literal["all", "last", "any"] = "all"  # which boxes are the answer: all = the final run of boxes as one answer (\boxed{1}, \boxed{2} -> "1, 2"); last = the last box; any = correct if any box is (hackable: evaluation only, never train with it)
     overlong: OverlongConfig = field(default_factory=OverlongConfig)  # truncated responses (DAPO section 3.4)
     kimi_length_coef: float = 0.0  # Kimi k1.5 length penalty coefficient (0 = off)
     length_bonus_coef: float = 0.0  # reward coef x length / max length (ablation only)
@@ -374,6 +375,8 @@ class Config:
             errors.append(f"data.sample_filter: unknown reasons {sorted(unknown)}; choose from repetitive, garbled, no_answer")
         if self.reward.overlong.soft_punishment and not 0 < self.reward.overlong.cache_len <= self.rollout.max_new_tokens:
             errors.append("reward.overlong.cache_len must be in (0, rollout.max_new_tokens]")
+        if self.reward.boxed not in ("all", "last", "any"):
+            errors.append(f"reward.boxed={self.reward.boxed!r}: choose all (default), last or any (evaluation only)")
         if self.data.curriculum.mode != "none" and self.data.train == "arith":
             errors.append("data.curriculum orders a fixed problem set: use it with a dataset as data.train")
         if self.data.transform != "none" and self.data.train == "arith":
