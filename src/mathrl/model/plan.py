@@ -17,8 +17,12 @@ counts are exact. What the estimate assumes, term by term (GiB = 2^30 bytes, per
   `train.micro_batch_tokens` tokens (`activation_bytes_per_token`, enumerated for the Hugging Face
   Qwen2/Llama decoder with SDPA/flash attention: no sequence-squared term). With gradient
   checkpointing only each layer's input is kept, plus one layer's activations during its recompute.
-  The output head runs in chunks of `model.logprob_chunk_size` positions (logits, log-softmax and
-  their gradient in float32).
+  The output head runs in chunks of `model.logprob_chunk_size` positions: its recompute in the
+  backward holds the float32 logits, their shifted copy, the probabilities and a gradient (4 x chunk
+  x vocab x 4 bytes).
+* head gradients: the backward builds the full weight gradients of the output head and of the
+  embeddings (vocab x hidden each, in the compute dtype; one tensor each even when tied) before
+  they are accumulated and reduce-scattered.
 * reference model: weights only, compute dtype, sharded (loaded when a KL or entropy term needs it).
 * critic (PPO, `algo.adv.estimator: gae`): the same backbone with a scalar head, with its own
   grads, AdamW states and activations.
@@ -194,15 +198,20 @@ def estimate_memory(
     per_layer = activation_bytes_per_token(a, cb)
     full = a.layers * per_layer * tokens
     ckpt = a.layers * a.hidden * cb * tokens + per_layer * tokens
-    head = 3 * min(cfg.model.logprob_chunk_size, tokens) * a.vocab * 4 + tokens * a.hidden * cb
+    chunk = min(cfg.model.logprob_chunk_size, tokens)
+    head = 4 * chunk * a.vocab * 4 + tokens * a.hidden * cb
     use_ckpt = cfg.model.gradient_checkpointing
     c["activations"] = (ckpt if use_ckpt else full) + head
     notes["activations"] = (
         f"{tokens:,} tokens x {a.layers} layers x {per_layer:,} B"
         + (" (checkpointed: layer inputs + one layer)" if use_ckpt else "")
-        + f" + output head chunk {min(cfg.model.logprob_chunk_size, tokens):,} x {a.vocab:,} x 4 B x 3"
+        + f" + output head: final hidden states, and {chunk:,} x {a.vocab:,} float32 logits x 4 in the backward"
     )
     other = (full if use_ckpt else ckpt) + head
+    # The backward makes the output head's and the embeddings' weight gradients in full (vocab x hidden
+    # each, unsharded until FSDP reduce-scatters them) before they are added up or sharded.
+    c["head gradients"] = 2 * a.vocab * a.hidden * cb
+    notes["head gradients"] = f"2 x {a.vocab:,} x {a.hidden:,} x {cb} B: output head and embedding weight gradients before accumulation"
 
     if cfg.needs_reference:
         c["reference model"] = shard(a.params * cb)
@@ -212,8 +221,9 @@ def estimate_memory(
         c["critic"] = critic_states + (ckpt if use_ckpt else full)
         notes["critic"] = f"{a.critic_params:,} params: weights, grads, AdamW states / {n}, + backbone activations"
 
-    trainer_resident = sum(c[k] for k in c if k not in ("activations", "gathered weights"))
-    update_transient = c["activations"] + c.get("gathered weights", 0)
+    transient = ("activations", "gathered weights", "head gradients")
+    trainer_resident = sum(c[k] for k in c if k not in transient)
+    update_transient = sum(c.get(k, 0) for k in transient)
     warnings: list[str] = []
     kv_per_token = 2 * a.layers * a.kv_heads * a.head_dim  # elements of K and V per token, all layers
     seq_len = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
