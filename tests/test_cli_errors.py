@@ -278,3 +278,27 @@ def test_piped_tables_and_bars_are_not_cut(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert [ln.split(" | ")[0] for ln in lines] == ["eval 1/3", "eval 3/3"]  # first and last; the rest throttled
     assert "seed 0" in lines[0] and "eta" in lines[0]
+
+
+def test_resuming_with_a_changed_config_names_the_changed_fields(tmp_path):
+    # Bug story: the warning said only "the config differs", leaving the user to diff two YAML files.
+    import io
+
+    from rich.console import Console
+
+    from mathrl.config import dump_yaml, load_config
+    from mathrl.train.run_dir import open_run_dir
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_000002").mkdir(parents=True)
+    for name in ("trainer_state.json", "trainer_state.pt"):
+        (run / "checkpoints" / "step_000002" / name).write_text('{"step": 2}')
+    (run / "metrics.jsonl").write_text('{"step": 2}\n')
+    (run / "config.yaml").write_text(dump_yaml(load_config(None, ["rollout.n=8"])))
+    console = Console(file=io.StringIO(), width=1000)
+    _, checkpoint = open_run_dir(run, config_text=dump_yaml(load_config(None, ["rollout.n=4", "data.eval=[arith, arith]"])),
+                                 resume=True, console=console)
+    text = console.file.getvalue()
+    assert checkpoint == run / "checkpoints" / "step_000002"
+    assert "(data.eval: ['arith'] -> ['arith', 'arith']; rollout.n: 8 -> 4)" in text
+    assert (run / "config.previous.yaml").exists()

@@ -16,7 +16,6 @@ The page works without JavaScript; a short inline script only adds hover values.
 
 from __future__ import annotations
 
-import argparse
 import html
 import json
 import math
@@ -697,23 +696,3 @@ def build_report(run_dirs: list[Path], out: Path, *, title: str | None = None, p
         write_pngs(charts, plots_dir)
     out.write_text(render_html(runs, sections, title=title, plots_dir=plots_dir), encoding="utf-8")
     return out
-
-
-# ---- command line (cli.py: `mathrl report`) ------------------------------------------------------------
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR", help="run directories written by mathrl train")
-    parser.add_argument("--out", type=Path, default=Path("report.html"),
-                        help="the HTML file to write (default: report.html); PNGs go to <stem>_plots/ beside it")
-    parser.add_argument("--title", default=None, help="page title (default: the run names)")
-    parser.add_argument("--no-png", action="store_true", help="write only the HTML (the PNGs take most of the time)")
-
-
-def run(ns: argparse.Namespace, console: Console) -> int:
-    try:
-        out = build_report(ns.run_dirs, ns.out, title=ns.title, pngs=not ns.no_png)
-    except (FileNotFoundError, ValueError) as e:
-        console.print(f"[red]error:[/red] {e}")
-        return 1
-    console.print(f"wrote {out}" + ("" if ns.no_png else f" and its charts as PNGs in {out.stem}_plots/"))
-    return 0

@@ -11,8 +11,9 @@ from mathrl.tasks.arithmetic import ArithmeticTask
 from mathrl.tasks.base import Problem
 from mathrl.tasks.curriculum import Curriculum
 from mathrl.tasks.loading import FieldMap, load_problems, preset_for, source_name
-from mathrl.tasks.prompts import render_chat, render_prompt
+from mathrl.tasks.prompts import PromptEncoder, template_hint
 from mathrl.tasks.transforms import integer_answer_transform
+
 
 def arithmetic_task(cfg: Config) -> ArithmeticTask:
     a = cfg.data.arith
@@ -40,40 +41,18 @@ def field_map(cfg: Config, path: str) -> FieldMap:
     return dataclasses.replace(base, **changes)
 
 
-class PromptEncoder:
-    """Question text -> prompt text -> token ids, dropping (and counting) prompts over the limit."""
-
-    def __init__(self, cfg: Config, tokenizer):
-        self.template = cfg.data.template
-        self.tokenizer = tokenizer
-        self.max_tokens = cfg.data.max_prompt_tokens
-        self.dropped = 0
-
-    def text(self, question: str) -> str:
-        if self.template == "chat":
-            return render_chat(question, self.tokenizer)
-        return render_prompt(question, template=self.template)
-
-    def encode(self, problems: list[Problem]) -> tuple[list[Problem], list[list[int]], list[str]]:
-        kept, ids, texts = [], [], []
-        for p in problems:
-            text = self.text(p.question)
-            # a chat template already contains the special tokens it needs
-            tokens = self.tokenizer(text, add_special_tokens=self.template != "chat")["input_ids"]
-            if len(tokens) > self.max_tokens:
-                self.dropped += 1
-                continue
-            kept.append(p)
-            ids.append(tokens)
-            texts.append(text)
-        return kept, ids, texts
+def prompt_encoder(cfg: Config, tokenizer, *, max_new_tokens: int) -> PromptEncoder:
+    """The config's prompt template and limits (data.max_prompt_tokens, and the model's context minus
+    `max_new_tokens`, read from the tokenizer's model directory)."""
+    return PromptEncoder(tokenizer, template=cfg.data.template, max_prompt_tokens=cfg.data.max_prompt_tokens,
+                         max_new_tokens=max_new_tokens)
 
 
 class ProblemStream:
     """Training problems, batch by batch: generated (arithmetic) or shuffled epochs over a file."""
 
     def __init__(self, cfg: Config, tokenizer):
-        self.encoder = PromptEncoder(cfg, tokenizer)
+        self.encoder = prompt_encoder(cfg, tokenizer, max_new_tokens=cfg.rollout.max_new_tokens)
         self.seed = cfg.seed
         self.draws = 0
         self.notes: list[str] = []  # what loading did, for the console
@@ -87,6 +66,9 @@ class ProblemStream:
             self.pool = loaded.problems
             self.notes.append(f"loaded {len(self.pool)} training problems from {cfg.data.train}"
                               + (f" ({loaded.skipped} malformed rows skipped: {loaded.skipped_reasons})" if loaded.skipped else ""))
+            hint = template_hint(cfg.data.template, cfg.data.train, [p.question for p in self.pool])
+            if hint:
+                self.notes.append(f"[yellow]hint:[/yellow] {hint}")
             if cfg.data.transform == "integer_answer":
                 report = integer_answer_transform(self.pool)
                 self.pool = report.problems
@@ -117,11 +99,13 @@ class ProblemStream:
     def state_dict(self) -> dict:
         """Position in the stream (checkpointed so a resumed run sees the same problems)."""
         return {"draws": self.draws, "epoch": self._epoch, "order": list(self._order), "dropped": self.encoder.dropped,
+                "unencodable": self.encoder.unencodable,
                 "curriculum": self.curriculum.state_dict() if self.curriculum is not None else None}
 
     def load_state_dict(self, state: dict) -> None:
         self.draws, self._epoch, self._order = state["draws"], state["epoch"], list(state["order"])
         self.encoder.dropped = state["dropped"]
+        self.encoder.unencodable = state.get("unencodable", 0)  # absent in checkpoints of older versions
         if self.curriculum is not None and state.get("curriculum"):
             self.curriculum.load_state_dict(state["curriculum"])
 
@@ -141,7 +125,8 @@ class ProblemStream:
             texts += t
             if len(problems) == count:
                 return problems, ids, texts
-        raise ValueError(f"could not find {count} prompts within data.max_prompt_tokens={self.encoder.max_tokens}")
+        raise ValueError(f"could not find {count} prompts within {self.encoder.limit}: data.train's prompts are too "
+                         "long; raise data.max_prompt_tokens or lower rollout.max_new_tokens")
 
 
 @dataclass
@@ -161,7 +146,7 @@ def build_eval_sets(cfg: Config, tokenizer, *, limit: int | None) -> list[EvalSe
     data.eval_size when None) or a dataset's first `limit` rows (all of them when None). Prompts over
     data.max_prompt_tokens are dropped and counted in `dropped_too_long`; a set left empty is an error.
     Training passes limit=data.eval_size; `mathrl eval` passes --limit, so a benchmark is scored whole."""
-    encoder = PromptEncoder(cfg, tokenizer)
+    encoder = prompt_encoder(cfg, tokenizer, max_new_tokens=cfg.eval_max_new_tokens)
     sets = []
     for source in cfg.data.eval:
         if source == "arith":
@@ -170,13 +155,16 @@ def build_eval_sets(cfg: Config, tokenizer, *, limit: int | None) -> list[EvalSe
         else:
             problems = load_problems(source, field_map(cfg, source), limit=limit, default_split="test").problems
             name = source_name(source, default_split="test")
+            hint = template_hint(cfg.data.template, source, [p.question for p in problems])
+            if hint:
+                encoder.warn(hint)
         if any(es.name == name for es in sets):  # a/test.jsonl and b/test.jsonl must not share metric keys
             name = f"{name}_{len(sets)}"
         before = encoder.dropped
         kept, ids, _ = encoder.encode(problems)
         if not kept:
             raise ValueError(f"eval set {name!r} has no problems left (loaded {len(problems)}; prompts over "
-                             f"data.max_prompt_tokens={cfg.data.max_prompt_tokens} are dropped)")
+                             f"{encoder.limit} are dropped)")
         sets.append(EvalSet(name=name, problems=kept, prompt_ids=ids, dropped_too_long=encoder.dropped - before))
     return sets
 

@@ -186,8 +186,15 @@ def open_run_dir(path: str | Path | None, *, config_text: str, resume: bool, con
             )
         old = run.config_text() or ""
         if old and old != config_text:
-            console.print(f"[yellow]warning:[/yellow] the config differs from the one {run.path} was started with; "
-                          "resuming with the new one (the old one is kept as config.previous.yaml)")
+            import yaml
+            from rich.markup import escape
+
+            from mathrl.config_schema import config_changes
+
+            changed = "; ".join(config_changes(yaml.safe_load(old) or {}, yaml.safe_load(config_text) or {}))
+            console.print(f"[yellow]warning:[/yellow] the config differs from the one {run.path} was started with "
+                          f"({escape(changed) or 'formatting only'}); resuming with the new one (the old one is kept "
+                          "as config.previous.yaml)")
             (run.path / "config.previous.yaml").write_text(old)
     run.path.mkdir(parents=True, exist_ok=True)
     run.config_path.write_text(config_text)
