@@ -35,7 +35,7 @@ from mathrl.model.io import load_model_and_tokenizer, save_model
 from mathrl.model.paths import resolve_model_path
 from mathrl.model.value import load_critic
 from mathrl.reward.verify import Verifier
-from mathrl.rollout.engine import TorchEngine
+from mathrl.rollout.factory import build_engine
 from mathrl.tasks.sources import EvalSet, PretrainText, ProblemStream, build_eval_sets, build_train_stream
 from mathrl.track.console import StepProgress, summary_table
 from mathrl.track.sinks import Tracker
@@ -83,8 +83,8 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
     model.train()
     train_stream: ProblemStream = build_train_stream(cfg, tokenizer)
     eval_sets = build_eval_sets(cfg, tokenizer, limit=cfg.data.eval_size)
-    engine = TorchEngine(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                         batch_size=cfg.rollout.batch_size)
+    # rollout.engine: torch samples from `model` itself; vllm loads the weights `model` was loaded from
+    engine = build_engine(cfg, model=model, tokenizer=tokenizer, model_path=checkpoint or parent or model_path)
     optimizer, scheduler = build_optimizer(model.parameters(), cfg, lr=cfg.train.lr)
     controllers = build_controllers(cfg)
     ptx = PretrainText(cfg, tokenizer) if cfg.algo.ptx.coef > 0 else None
@@ -166,6 +166,7 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
                     progress.advance_empty()
                     continue
                 rollout, rewards, correct = got.rollout, got.rewards, got.correct
+                engine.sleep()  # rollout.vllm.enable_sleep_mode: its KV cache is freed until the next generate
                 # ---- sample filters: masked out of the loss, counted per reason ------------------------
                 loss_mask, filter_metrics = filter_samples(cfg, rollout, got.texts, got.results)
                 metrics = {**got.metrics, **filter_metrics}
@@ -212,6 +213,9 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
                 if cfg.algo.kl.use != "none":
                     metrics["actor/kl_coef"] = coefs["kl"]
                 t_train = time.time()
+                # ---- sync: the engine samples the updated policy from the next generate on (in memory) --
+                engine.update_weights(model.state_dict().items())
+                metrics["perf/weight_sync_seconds"] = time.time() - t_train
 
                 # ---- 7. metrics, logs, evaluation, checkpoint ----------------------------------------
                 metrics.update(batch_metrics(got, batch, n=n, prompts_too_long=train_stream.encoder.dropped))
@@ -243,6 +247,7 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
                 progress.advance(metrics, last_eval)
 
     # ---- the final model and the summary ----------------------------------------------------------
+    engine.close()
     console.print("saving the final model")
     save_model(model, tokenizer, run.final)
     if critic is not None:
