@@ -219,6 +219,7 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
 
                 # ---- 7. metrics, logs, evaluation, checkpoint ----------------------------------------
                 metrics.update(batch_metrics(got, batch, n=n, prompts_too_long=train_stream.encoder.dropped))
+                metrics["data/unencodable_chars"] = float(train_stream.encoder.unencodable)  # prompt chars lost by the tokenizer
                 metrics.update({
                     "perf/rollout_seconds": t_rollout - t0,
                     "perf/reward_seconds": t_reward - t_rollout,
