@@ -119,7 +119,7 @@ class VLLMConfig:
     max_model_len: int | None = None  # longest prompt + response in tokens; null: the model's context (max_position_embeddings)
     tensor_parallel_size: int = 1  # GPUs one engine shards the model over (the colocated engine supports 1)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # vLLM's weights and compute; auto: model.dtype
-    enforce_eager: bool = False  # no CUDA graphs / compilation: slower decoding, faster start
+    enforce_eager: bool | None = None  # no CUDA graphs / compilation (slower decoding, faster start); null: eager on CPUs (compiling costs ~40 s there for little gain), compiled on GPUs
     enable_sleep_mode: bool = False  # GPU only: free the KV cache during the policy update, wake before generating
     sleep_level: Literal[1, 2] = 1  # 1: weights moved to host memory while asleep; 2: dropped (the sync refills them)
     enable_prefix_caching: bool = True  # the n samples of a prompt share its KV blocks

@@ -315,19 +315,37 @@ def _seed_record(seed: int, result, texts: list[str], repetitive: list[bool], ga
     return record
 
 
-def _evaluate_checkpoint(ckpt: Checkpoint, settings: SweepSettings, *, verifier, device: str, progress, task) -> list[dict]:
-    """One row per dataset: per-seed records and their summaries."""
+def _checkpoint_engine(ckpt: Checkpoint, model, tokenizer, engines: dict):
+    """The configured rollout engine (rollout.engine) for a loaded checkpoint. A vLLM engine is started
+    once per architecture and settings, and later checkpoints are synced into it (seconds instead of a
+    restart per checkpoint); the torch engine simply samples from the loaded model."""
+    from mathrl.rollout.factory import build_engine
+
+    cfg = ckpt.cfg
+    if cfg.rollout.engine == "torch":
+        return build_engine(cfg, model=model, tokenizer=tokenizer, model_path=ckpt.path)
+    key = (cfg.rollout.engine, repr(cfg.rollout.vllm), cfg.model.dtype,
+           tuple((k, tuple(v.shape)) for k, v in model.state_dict().items()))
+    if key in engines:
+        engines[key].update_weights(model.state_dict().items())
+    else:
+        engines[key] = build_engine(cfg, model=model, tokenizer=tokenizer, model_path=ckpt.path)
+    return engines[key]
+
+
+def _evaluate_checkpoint(ckpt: Checkpoint, settings: SweepSettings, *, verifier, device: str, progress, task,
+                         engines: dict | None = None) -> list[dict]:
+    """One row per dataset: per-seed records and their summaries. `engines` keeps vLLM engines across
+    checkpoints (the caller closes them)."""
     import torch
 
     from mathrl.model.io import load_model_and_tokenizer
-    from mathrl.rollout.engine import TorchEngine
 
     cfg = ckpt.cfg
     max_new_tokens = settings.max_new_tokens or cfg.eval_max_new_tokens
     model, tokenizer = load_model_and_tokenizer(ckpt.path, dtype=cfg.model.dtype, device=device)
     model.eval()
-    engine = _RecordingEngine(TorchEngine(model, eos_token_id=tokenizer.eos_token_id,
-                                          pad_token_id=tokenizer.pad_token_id, batch_size=cfg.rollout.batch_size))
+    engine = _RecordingEngine(_checkpoint_engine(ckpt, model, tokenizer, {} if engines is None else engines))
     rows = []
     # a file is scored whole unless --limit is given (not cut at the training loop's data.eval_size)
     for source, es in zip(cfg.data.eval, build_eval_sets(cfg, tokenizer, limit=settings.limit)):
@@ -442,14 +460,17 @@ def sweep(
     total = sum(len(c.cfg.data.eval) for c in checkpoints) * len(settings.seeds)
     progress = Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                         TimeElapsedColumn(), TimeRemainingColumn(), console=console)
+    engines: dict = {}  # vLLM engines, reused across checkpoints of one architecture
     try:
         with progress:
             task = progress.add_task("eval", total=total, info="")
             for ckpt in checkpoints:
                 report["results"] += _evaluate_checkpoint(ckpt, settings, verifier=verifier, device=device,
-                                                          progress=progress, task=task)
+                                                          progress=progress, task=task, engines=engines)
                 _write(out, report)  # partial results survive an interrupted sweep
     finally:
+        for engine in engines.values():
+            engine.close()
         if own_verifier:
             verifier.close()
     if settings.step is not None:

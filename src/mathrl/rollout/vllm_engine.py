@@ -117,7 +117,7 @@ class VLLMEngine:
             max_model_len=s.max_model_len,
             tensor_parallel_size=s.tensor_parallel_size,
             enable_sleep_mode=s.enable_sleep_mode,
-            enforce_eager=s.enforce_eager,
+            enforce_eager=s.enforce_eager if s.enforce_eager is not None else not on_gpu,
             enable_prefix_caching=s.enable_prefix_caching,
             logprobs_mode="processed_logprobs",
             generation_config="vllm",
