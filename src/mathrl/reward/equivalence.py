@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 from fractions import Fraction
 
+from mathrl.reward.extract import extract_boxed
 from mathrl.reward.normalize import (
     choice_letter,
     expand_plus_minus,
@@ -154,6 +155,8 @@ def answers_equal(answer: str, gold: str) -> Verdict:
     on programming errors (the caller turns exceptions into an ``error`` verdict)."""
     if len(answer) > MAX_MATH_VERIFY_CHARS:
         return Verdict(False, f"answer over {MAX_MATH_VERIFY_CHARS} chars, not parsed")
+    if "\\boxed" in gold or "\\fbox" in gold:  # a reference that is a whole solution: its last box
+        gold = extract_boxed(gold) or gold
     answer, gold = _clean(answer), _clean(gold)
     if not answer:
         return Verdict(False, "empty answer")
