@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -116,3 +117,57 @@ def test_bad_arguments_are_named(kwargs, match):
 def test_shape_mismatch_is_an_error():
     with pytest.raises(ValueError, match="same shape"):
         correction_weights(OLD, ROLLOUT[:, :2], MASK, mode="tis", level="token", cap=2.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# end to end: the switch in a 2-step training run of a tiny model
+# --------------------------------------------------------------------------------------------------
+TINY_RUN = [
+    "base.steps=20", "base.hidden_size=32", "base.intermediate_size=64", "base.num_layers=2", "base.num_heads=2",
+    "base.num_kv_heads=1", "train.steps=2", "rollout.prompts_per_step=4", "rollout.n=4", "train.mini_batch_size=8",
+    "data.eval_size=4", "eval.n=1", "eval.every=2", "rollout.max_new_tokens=16", "train.save_every=0",
+    "reward.num_workers=0", "log.rollouts_per_step=0",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "overrides, expect_mismatch",
+    [
+        # float32: the torch engine samples with the trainer's own weights, so every weight is 1 up to rounding
+        (["algo.rollout_correction.mode=tis", "algo.rollout_correction.level=token"], False),
+        # bfloat16: the engine's cached decoding and the trainer's full forward round differently (mean
+        # |dlogp| ~5e-5 here); with a cap of 1.0001 (1e-4 nats) about a third of the responses' ratios are
+        # over it (measured 0.34 and 0.33 at steps 1 and 2; the run is seeded) and MIS drops them
+        (["algo.rollout_correction.mode=mis", "algo.rollout_correction.level=sequence",
+          "algo.rollout_correction.cap=1.0001", "model.dtype=bfloat16"], True),
+    ],
+    ids=["tis-token-float32", "mis-sequence-bfloat16"],
+)
+def test_training_with_the_correction_logs_finite_metrics(tmp_path, monkeypatch, overrides, expect_mismatch):
+    import io
+
+    from rich.console import Console
+
+    from mathrl.config import load_config
+    from mathrl.track.sinks import read_metrics
+    from mathrl.train.loop import train
+
+    monkeypatch.setenv("MATHRL_CACHE", str(tmp_path / "cache"))
+    cfg = load_config(None, [*TINY_RUN, *overrides, f"run_dir={tmp_path / 'run'}"])
+    train(cfg, console=Console(file=io.StringIO(), width=120))
+    rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "actor/pg_loss" in r]
+    glossary = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
+    assert "`actor/rollout_is_weight`" in glossary and "`actor/rollout_is_over_cap`" in glossary
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        for key in ("actor/rollout_is_weight", "actor/rollout_is_over_cap", "rollout/logprob_mismatch", "actor/pg_loss"):
+            assert isinstance(row[key], float) and math.isfinite(row[key]), (key, row[key])
+        if expect_mismatch:
+            assert row["rollout/logprob_mismatch"] > 0
+            assert 0 < row["actor/rollout_is_over_cap"] <= 1
+            assert row["actor/rollout_is_weight"] < 1  # dropped responses weigh 0
+        else:
+            assert row["rollout/logprob_mismatch"] < 1e-4
+            assert row["actor/rollout_is_weight"] == pytest.approx(1.0, abs=1e-4)
+            assert row["actor/rollout_is_over_cap"] == 0

@@ -28,6 +28,7 @@ class TrainBatch:
     correct: torch.Tensor  # [N] float, 1 if the verifier accepted the answer
     old_values: torch.Tensor | None = None  # [N, T] critic values at sampling time (PPO with a critic only)
     returns: torch.Tensor | None = None  # [N, T] value targets (PPO with a critic only)
+    rollout_logprobs: torch.Tensor | None = None  # [N, T] the rollout engine's sampling logprobs (algo.rollout_correction)
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]

@@ -177,7 +177,7 @@ def new_train_batch(rollout: RolloutBatch, loss_mask: torch.Tensor, correct: tor
     return TrainBatch(
         prompt_ids=rollout.prompt_ids, prompt_mask=rollout.prompt_mask, response_ids=rollout.response_ids,
         response_mask=rollout.response_mask, loss_mask=loss_mask, old_logprobs=zeros, advantages=zeros.clone(),
-        ref_logprobs=zeros.clone(), ref_entropy=zeros.clone(), correct=correct,
+        ref_logprobs=zeros.clone(), ref_entropy=zeros.clone(), correct=correct, rollout_logprobs=rollout.logprobs,
     )
 
 

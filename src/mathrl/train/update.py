@@ -18,6 +18,7 @@ import torch
 from mathrl.algo.entropy import entropy_bonus_mask
 from mathrl.algo.kl import kl_penalty
 from mathrl.algo.losses import aggregate, dp_scale, global_counts, policy_loss, positive_example_lm_loss
+from mathrl.algo.rollout_correction import correction_weights
 from mathrl.config import Config
 from mathrl.model.scoring import next_token_logprobs, response_logprobs
 from mathrl.tasks.sources import PretrainText
@@ -129,7 +130,8 @@ def update_policy(
     """
     algo = cfg.algo
     agg = dict(mode=algo.loss_agg, max_len=cfg.rollout.max_new_tokens)
-    sums = {k: 0.0 for k in ("entropy", "clipped", "dual_clipped", "ppo_kl", "tokens", "ent_masked")}
+    sums = {k: 0.0 for k in ("entropy", "clipped", "dual_clipped", "ppo_kl", "tokens", "ent_masked", "is_weight", "is_over")}
+    correction = algo.rollout_correction
 
     def mini_batch_counts(mini: TrainBatch):
         # the whole mini-batch's counts (all micro-batches, all ranks) normalise every micro-batch
@@ -147,6 +149,14 @@ def update_policy(
             logprobs, micro.old_logprobs, micro.advantages, mask,
             eps_low=algo.clip.eps_low, eps_high=algo.clip.eps_high, dual_clip_c=algo.clip.dual_clip_c,
         )
+        if correction.mode != "none":  # rollout/trainer mismatch: weigh the policy-gradient term only
+            weights, over_cap = correction_weights(
+                micro.old_logprobs, micro.rollout_logprobs, micro.response_mask,
+                mode=correction.mode, level=correction.level, cap=correction.cap,
+            )
+            token_loss = token_loss * weights.to(token_loss.device)
+            sums["is_weight"] += float((weights * mask).sum())
+            sums["is_over"] += float((over_cap * mask).sum())
         pg = aggregate(token_loss, mask, num_tokens=num_tokens, num_seqs=num_seqs, **agg)
         loss = pg
         terms["pg_loss"] = pg.item()
@@ -209,6 +219,9 @@ def update_policy(
         metrics["actor/entropy_clipfrac"] = sums["ent_masked"] / tokens
     if algo.kl.use == "loss":
         metrics["actor/kl_loss"] = _mean(log.terms.get("kl_loss", []))
+    if correction.mode != "none":
+        metrics["actor/rollout_is_weight"] = sums["is_weight"] / tokens
+        metrics["actor/rollout_is_over_cap"] = sums["is_over"] / tokens
     if algo.pos_lm.coef > 0:
         metrics["actor/pos_lm_loss"] = _mean(log.terms.get("pos_lm_loss", []))
     if ptx is not None:
