@@ -245,3 +245,22 @@ VERDICT_CASES = [
 def test_verdict(answer: str, reference: str, reason: str, why: str) -> None:
     result = verify_one("so the answer is $\\boxed{" + answer + "}$.", reference)
     assert result.reason == reason, (why, result)
+
+
+def test_reward_boxed_config_field() -> None:
+    # The switch is a checked config field; a typo names the field and the choices.
+    from mathrl.config import ConfigError, load_config
+
+    assert load_config().reward.boxed == "all"
+    assert load_config(overrides=["reward.boxed=last"]).reward.boxed == "last"
+    with pytest.raises(ConfigError, match="reward.boxed"):
+        load_config(overrides=["reward.boxed=first"])
+
+
+def test_verifier_rejects_an_unknown_box_policy() -> None:
+    from mathrl.reward import Verifier
+
+    with pytest.raises(ValueError, match="boxed must be one of all, last, any"):
+        Verifier(num_workers=0, boxed="first")
+    with Verifier(num_workers=0, boxed="last") as verifier:
+        assert verifier.score([r"$\boxed{1}$, $\boxed{2}$"], ["1, 2"])[0].reason == "wrong"

@@ -100,7 +100,7 @@ def extract_boxes(text: str, *, max_chars: int = 1_000_000) -> list[tuple[int, i
 
 
 BoxPolicy = Literal["last", "all", "any"]
-BOX_POLICIES: tuple[str, ...] = ("last", "all", "any")
+BOX_POLICIES: tuple[str, ...] = ("all", "last", "any")
 
 # What may stand between the boxes of one final answer: math delimiters, spacing, punctuation, the
 # words "and"/"or", and a short label such as `x =` or `y=`. Anything else (a sentence) starts over.
