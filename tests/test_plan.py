@@ -52,9 +52,9 @@ def test_vllm_kv_cache_of_the_deepscaler_recipe_by_hand():
     assert plan.components["vLLM (weights + KV cache)"] == 68 * GIB
     assert "2,422,581 tokens" in plan.notes["vLLM (weights + KV cache)"]
     # with sleep mode the update phase holds no vLLM memory; generation holds the trainer's states + vLLM
-    states = sum(plan.components[k] for k in ("params", "grads", "optimizer", "reference model"))
-    assert plan.generation_peak == states + 68 * GIB
-    transient = plan.components["activations"] + plan.components["gathered weights"] + plan.components["head gradients"]
+    states = sum(plan.components[k] for k in ("params", "optimizer", "reference model"))
+    assert plan.generation_peak == states + 68 * GIB  # gradients are freed after every optimizer step
+    transient = sum(plan.components[k] for k in ("grads", "activations", "gathered weights", "head gradients"))
     assert plan.update_peak == states + transient
 
 
@@ -151,3 +151,17 @@ def test_update_memory_bounds_the_measured_peak_of_a_training_pass(tmp_path):
     measured = next(iter(tracker.get_tracker_snapshot("peak").values()))["Total"]
     planned = sum(plan.components[k] for k in ("params", "grads", "activations", "head gradients"))
     assert measured <= planned <= 1.3 * measured, (measured, planned)
+
+
+def test_ppo_critic_by_hand():
+    # Qwen2ForTokenClassification on the tiny model: the backbone (801,280 minus nothing: the head is
+    # tied) plus a 128 -> 1 score layer with bias = 801,409 parameters in 52 tensors.
+    cfg = load_config(None, ["algo.adv.estimator=gae"])
+    plan = estimate_memory(cfg, gpus=1, gpu_mem_gib=80)
+    assert (plan.arch.critic_params, plan.arch.critic_param_tensors) == (801_409, 52)
+    assert plan.components["critic"] == 801_409 * 4 * 3 + 4 * 52  # weights + exp_avg + exp_avg_sq, steps
+    policy = sum(plan.components[k] for k in ("grads", "activations", "gathered weights", "head gradients"))
+    critic = plan.components["critic update"]
+    assert critic == 801_409 * 4 + 4 * 6_040 * 8192  # its gradients and the backbone's activations
+    resident = sum(plan.components[k] for k in ("params", "optimizer", "critic"))
+    assert plan.update_peak == resident + max(policy, critic)  # the two updates run one after the other

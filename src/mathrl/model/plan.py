@@ -7,6 +7,7 @@ counts are exact. What the estimate assumes, term by term (GiB = 2^30 bytes, per
 
 * params / grads: the master weights in `model.dtype`, and their gradients in the same dtype, sharded
   over the N GPUs (FSDP2 `fully_shard`, one shard per rank; N = 1 is plain single-device training).
+  Gradients exist only while the policy updates (they are freed after each optimizer step).
 * optimizer: torch AdamW keeps exp_avg and exp_avg_sq in the parameter dtype (float32 master weights:
   8 bytes per parameter) plus one float32 `step` per parameter tensor, sharded likewise.
 * gathered weights: FSDP2 all-gathers one decoder layer at a time in the compute dtype, and the
@@ -217,13 +218,17 @@ def estimate_memory(
         c["reference model"] = shard(a.params * cb)
         notes["reference model"] = f"weights only, {cb}-byte compute dtype, / {n}"
     if cfg.algo.adv.estimator == "gae":
-        critic_states = shard(a.critic_params * pb * 4 + 4 * a.critic_param_tensors)
-        c["critic"] = critic_states + (ckpt if use_ckpt else full)
-        notes["critic"] = f"{a.critic_params:,} params: weights, grads, AdamW states / {n}, + backbone activations"
+        c["critic"] = shard(a.critic_params * pb * 3 + 4 * a.critic_param_tensors)
+        notes["critic"] = f"{a.critic_params:,} params: weights and AdamW states / {n}"
+        c["critic update"] = shard(a.critic_params * pb) + (ckpt if use_ckpt else full)
+        notes["critic update"] = f"its gradients / {n}, and the backbone's activations"
 
-    transient = ("activations", "gathered weights", "head gradients")
-    trainer_resident = sum(c[k] for k in c if k not in transient)
-    update_transient = sum(c.get(k, 0) for k in transient)
+    # Gradients exist only during an update (zero_grad(set_to_none=True) frees them after each
+    # optimizer step); weights and optimizer states stay for the whole run. The policy and the critic
+    # update one after the other, so the larger of the two is the update's peak.
+    policy_update = ("grads", "activations", "gathered weights", "head gradients")
+    trainer_resident = sum(v for k, v in c.items() if k not in (*policy_update, "critic update"))
+    update_transient = max(sum(c.get(k, 0) for k in policy_update), c.get("critic update", 0))
     warnings: list[str] = []
     kv_per_token = 2 * a.layers * a.kv_heads * a.head_dim  # elements of K and V per token, all layers
     seq_len = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
