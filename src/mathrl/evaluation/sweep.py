@@ -6,10 +6,10 @@
         --n 16 --seeds 0 1 2 --max-new-tokens 3000
     mathrl eval tiny-arith runs/x/final --limit 50 reward.num_workers=4
 
-TARGETs and key.path=value overrides come first, options after (argparse reads `--seeds 0 1 2` and
-`--data a b` greedily). A TARGET is a Hugging Face model directory, a run directory (its config.yaml
-gives the defaults; every checkpoint in checkpoints/step_*/ and final/ is evaluated, ordered by the
-step in its trainer_state.json) or `tiny-arith` (the cached tiny base model).
+TARGETs and key.path=value overrides may stand before or after the options. A TARGET is a Hugging
+Face model directory, a run directory (its config.yaml gives the defaults; every checkpoint in
+checkpoints/step_*/ and final/ is evaluated, ordered by the step in its trainer_state.json) or
+`tiny-arith` (the cached tiny base model).
 
 For every checkpoint x dataset x seed this calls `evaluation.evaluate.evaluate` (the engine and
 verifier training uses, one Verifier for the whole sweep, the seed as the sampling seed), then
@@ -27,7 +27,6 @@ Library use:
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
@@ -37,7 +36,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from mathrl.reward.collapse import is_garbled, is_repetitive
@@ -46,14 +44,13 @@ from mathrl.evaluation.evaluate import evaluate
 from mathrl.evaluation.metrics import default_ks, mean_std_ci95
 from mathrl.model.paths import TINY_BASE
 from mathrl.tasks.sources import build_eval_sets
+from mathrl.track.console import make_progress
 from mathrl.train.run_dir import RunDir
 
 __all__ = [
     "Checkpoint",
     "SweepSettings",
     "TargetError",
-    "add_arguments",
-    "run",
     "sweep",
     "resolve_targets",
     "run_checkpoints",
@@ -112,7 +109,7 @@ class SweepSettings:
         if self.neighbours < 0:
             errors.append(f"--neighbours must be >= 0, got {self.neighbours}")
         if errors:
-            raise ConfigError("invalid eval settings:\n  - " + "\n  - ".join(errors))
+            raise ConfigError("\n".join(errors))  # one line per problem
 
 
 @dataclass
@@ -127,63 +124,14 @@ class Checkpoint:
 
 
 # ----------------------------------------------------------------------------------------------------
-# command line
+# targets and overrides (cli.py parses the command line)
 # ----------------------------------------------------------------------------------------------------
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `mathrl eval` arguments (cli.py: `sweep.add_arguments(sub.add_parser("eval"))`)."""
-    parser.description = "Evaluate checkpoints: avg@n pass@1 over several seeds with 95% CIs, pass@k, maj@n, collapse rates."
-    parser.add_argument("args", nargs="+", metavar="TARGET|key.path=value",
-                        help="model directories, run directories (every checkpoint), or tiny-arith; then config overrides")
-    parser.add_argument("--data", nargs="+", help="arith, .jsonl or .parquet files, hf:<name>[:<config>][@<split>] datasets "
-                        "(default: data.eval of the config, i.e. arith)")
-    parser.add_argument("--n", type=int, default=8, help="samples per problem (default 8)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="sampling seeds (default 0 1 2)")
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--max-new-tokens", type=int, help="default: eval.max_new_tokens, else rollout.max_new_tokens")
-    parser.add_argument("--limit", type=int, help="problems per dataset (default: all rows of a file; data.eval_size for arith)")
-    parser.add_argument("--template", help="prompt template (default: data.template of the config)")
-    parser.add_argument("--step", type=int, help="also report pass@1 averaged over this step and its neighbours")
-    parser.add_argument("--neighbours", type=int, help="checkpoints on each side of --step to average (default 1)")
-    parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
-    parser.add_argument("--out", help="output directory (default: <run>/eval for one run target, else eval_<timestamp>)")
-
-
 def split_args(args: Sequence[str]) -> tuple[list[str], list[str]]:
     """(targets, overrides): `key.path=value` words are overrides unless they name an existing path."""
     targets, overrides = [], []
     for a in args:
         (overrides if _OVERRIDE.match(a) and not Path(a).exists() else targets).append(a)
     return targets, overrides
-
-
-def settings_from_namespace(ns: argparse.Namespace) -> SweepSettings:
-    return SweepSettings(
-        n=ns.n, seeds=list(ns.seeds), temperature=ns.temperature, top_p=ns.top_p, max_new_tokens=ns.max_new_tokens,
-        limit=ns.limit, template=ns.template, data=ns.data, device=ns.device, step=ns.step,
-        neighbours=1 if ns.neighbours is None else ns.neighbours,
-    )
-
-
-def run(ns: argparse.Namespace, console: Console) -> int:
-    """`mathrl eval`: 0 on success, 2 for a config or settings error, 1 for any other error."""
-    from mathrl.model.io import ModelLoadError
-
-    try:
-        targets, overrides = split_args(ns.args)
-        if not targets:
-            raise TargetError("no TARGET given: pass a model directory, a run directory or tiny-arith")
-        if ns.step is None and ns.neighbours is not None:
-            raise ConfigError("--neighbours needs --step (the checkpoint to average around)")
-        settings = settings_from_namespace(ns)
-        sweep(targets, settings, overrides=overrides, console=console, out=Path(ns.out) if ns.out else None)
-    except ConfigError as e:
-        console.print(f"[red]config error:[/red] {e}")
-        return 2
-    except (TargetError, ModelLoadError, ValueError, OSError) as e:
-        console.print(f"[red]error:[/red] {e}")
-        return 1
-    return 0
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -458,8 +406,7 @@ def sweep(
         reward = checkpoints[0].cfg.reward
         verifier = Verifier(num_workers=reward.num_workers, timeout_s=reward.timeout_s)
     total = sum(len(c.cfg.data.eval) for c in checkpoints) * len(settings.seeds)
-    progress = Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                        TimeElapsedColumn(), TimeRemainingColumn(), console=console)
+    progress = make_progress(console, "eval")  # plain log lines when the output is not a terminal
     engines: dict = {}  # vLLM engines, reused across checkpoints of one architecture
     try:
         with progress:
