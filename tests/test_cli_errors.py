@@ -302,3 +302,23 @@ def test_resuming_with_a_changed_config_names_the_changed_fields(tmp_path):
     assert checkpoint == run / "checkpoints" / "step_000002"
     assert "(data.eval: ['arith'] -> ['arith', 'arith']; rollout.n: 8 -> 4)" in text
     assert (run / "config.previous.yaml").exists()
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_terminal_bar_keeps_its_times_and_cuts_the_info_text(width):
+    # Bug story: at 120 columns the RL bar's remaining time was cut to "0:0…" by its long info text.
+    import io
+    import re
+
+    from rich.console import Console
+
+    from mathrl.track.console import make_progress
+
+    console = Console(file=io.StringIO(), force_terminal=True, width=width, color_system=None)
+    bar = make_progress(console, "RL step")
+    bar.add_task("rl", total=50, completed=3, info="reward 0.500 | eval pass@1 arith_heldout 0.400 | entropy 0.200 | "
+                 "clip 0.000 | len 12.0 | 1.0s/step")
+    console.print(bar.get_renderable())
+    (line,) = console.file.getvalue().splitlines()
+    assert re.search(r" 3/50 \d:\d\d:\d\d -:--:-- reward 0.500 ", line), line
+    assert line.endswith("…") and len(line) <= width

@@ -90,10 +90,12 @@ def make_progress(console: Console, label: str, *fields: str, every_s: float = 3
     last, cut with an ellipsis, so the times stay visible), plain log lines otherwise."""
     if not console.is_terminal:
         return PlainProgress(console, label, every_s=every_s)
-    columns = [TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn()]
-    columns += [TextColumn(text, table_column=Column(no_wrap=True, overflow="ellipsis")) for text in fields
+    columns = [TextColumn(f"[bold]{label}"), BarColumn(bar_width=24), MofNCompleteColumn(), TimeElapsedColumn(),
+               TimeRemainingColumn()]
+    # the info text takes the width that is left (ratio=1 with expand=True) and is the one cut
+    columns += [TextColumn(text, table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis")) for text in fields
                 or ("{task.fields[info]}",)]
-    return Progress(*columns, console=console)
+    return Progress(*columns, console=console, expand=True)
 
 
 class BuildProgress:
