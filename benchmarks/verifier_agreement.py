@@ -12,6 +12,7 @@ Checkers, each given the full response and the gold answer of every pair in
 * `math-verify`: math-verify called directly as its README shows,
   `verify(parse("$" + gold + "$"), parse(response))`, default extraction (LaTeX and plain
   expressions) and default precision.
+* `REF (last box)` with ``--baseline-ref REF``: ``verify_one`` of ``src/mathrl/reward/verify.py`` at git REF.
 * `minerva-normaliser`: the string normaliser of Lewkowycz et al. 2022 (Minerva, appendix: final-answer
   normalisation), as used by DAPO's `math_dapo` reward and DeepScaleR-style checkers: the content of
   the last box after the last `=`, with the published substitutions and removed expressions, compared
@@ -207,6 +208,10 @@ def main() -> None:
         "math-verify": math_verify_equal,
         "minerva-normaliser": minerva_equal,
     }
+    baseline = None
+    if args.baseline_ref:
+        baseline = load_baseline(args.baseline_ref, Path(tempfile.mkdtemp(prefix="mathrl-baseline-")))
+        checkers[f"{args.baseline_ref} (last box)"] = lambda r, g: baseline.verify_one(r, g).score == 1.0
     results = {}
     for name, checker in checkers.items():
         started = time.perf_counter()
@@ -241,8 +246,7 @@ def main() -> None:
             f"mathrl pool ({args.workers} workers)": stack.enter_context(Verifier(num_workers=args.workers)).score,
             "math-verify in-process": lambda cs, rs: [math_verify_equal(c, r) for c, r in zip(cs, rs)],
         }
-        if args.baseline_ref:
-            baseline = load_baseline(args.baseline_ref, Path(stack.enter_context(tempfile.TemporaryDirectory())))
+        if baseline is not None:
             scorers[f"{args.baseline_ref} in-process"] = stack.enter_context(baseline.Verifier(num_workers=0)).score
             scorers[f"{args.baseline_ref} pool ({args.workers} workers)"] = stack.enter_context(
                 baseline.Verifier(num_workers=args.workers)).score

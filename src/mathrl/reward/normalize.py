@@ -1,8 +1,9 @@
 """Pure rewriting rules for answer strings, applied before two answers are compared.
 
 Each rule is a small function ``str -> str`` (or ``str -> value | None``) that never raises on model
-text and does one thing; `equivalence.py` decides which to apply. All regexes here are linear (no
-nested quantifiers), because the text comes from a policy under optimisation.
+text and does one thing; `equivalence.py` decides which to apply. The text comes from a policy under
+optimisation, so every pattern runs in linear time, or on text capped at a few hundred characters
+(the inequality and mixed-number patterns), and brace matching is one pass with a stack.
 
     >>> strip_units(r"15\\mbox{ cm}^2")
     '15'
@@ -245,7 +246,6 @@ def mixed_number(text: str) -> Fraction | None:
 # Structure: lists, plus-minus, inequalities
 # ---------------------------------------------------------------------------------------------------
 
-_OPENERS = {"(": ")", "[": "]", "{": "}"}
 _LIST_WORDS = re.compile(
     r"\\text\{\s*(?:,\s*)?(?:and|or)\s*\}|(?<![A-Za-z\\])(?:and|or)(?![A-Za-z])"
 )
