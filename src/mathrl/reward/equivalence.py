@@ -37,6 +37,7 @@ from mathrl.reward.normalize import (
     mixed_number,
     plain_number,
     scientific_number,
+    simple_fraction,
     split_top_level,
     strip_answer_prose,
     strip_delimiters,
@@ -277,7 +278,8 @@ def _exact_value(text: str) -> Fraction | None:
         number = scientific_number(text)
     if number is not None:
         return Fraction(number)
-    return mixed_number(text)
+    fraction = simple_fraction(text)
+    return fraction if fraction is not None else mixed_number(text)
 
 
 _PERCENT_END = re.compile(r"(?:\\%|%|percent)\s*\}?\s*$")

@@ -31,6 +31,7 @@ __all__ = [
     "mixed_number",
     "plain_number",
     "scientific_number",
+    "simple_fraction",
     "split_top_level",
     "strip_answer_prose",
     "strip_delimiters",
@@ -220,6 +221,32 @@ def scientific_number(text: str) -> Decimal | None:
     if match is None:
         return None
     return Decimal(match.group(1)).scaleb(int(match.group(2) or match.group(3)))
+
+
+_FRACTION = re.compile(
+    r"(-?)\s*(?:\\[dtc]?frac\s*(?:\{\s*(-?[0-9]{1,30})\s*\}|([0-9]))\s*(?:\{\s*([0-9]{1,30})\s*\}|([0-9]))"
+    r"|(-?[0-9]{1,30})\s*/\s*([0-9]{1,30}))"
+)
+
+
+def simple_fraction(text: str) -> Fraction | None:
+    """``\\frac{3}{4}``, ``-\\dfrac{35}{9}``, ``\\frac34``, ``3/4`` -> the exact ``Fraction``; ``None``
+    for anything else (a zero denominator included)."""
+    if len(text) > 200:
+        return None
+    match = _FRACTION.fullmatch(text.strip())
+    if match is None:
+        return None
+    sign, numerator, denominator = match.group(1), None, None
+    if match.group(6) is not None:
+        numerator, denominator = int(match.group(6)), int(match.group(7))
+    else:
+        numerator = int(match.group(2) or match.group(3))
+        denominator = int(match.group(4) or match.group(5))
+    if denominator == 0:
+        return None
+    value = Fraction(numerator, denominator)
+    return -value if sign else value
 
 
 _MIXED = re.compile(r"(-?)\s*([0-9]+)\s*\\[dt]?frac\s*(?:\{\s*([0-9]+)\s*\}|([0-9]))\s*(?:\{\s*([0-9]+)\s*\}|([0-9]))")
