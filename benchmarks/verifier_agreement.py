@@ -6,7 +6,7 @@ Run from the repository root (about 2-4 minutes on 2 busy cores):
     python benchmarks/verifier_agreement.py --baseline-ref a6b53dc~1   # also time an older verify.py
 
 Checkers, each given the full response and the gold answer of every pair in
-`tests/data/verifier_cases.jsonl` (450 pairs, sources in `tests/data/README.md`):
+`tests/data/verifier_cases.jsonl` (500 pairs, sources in `tests/data/README.md`):
 
 * `mathrl (boxed=all)`: `mathrl.reward.verify_one`, the default box policy; also `boxed=last`.
 * `math-verify`: math-verify called directly as its README shows,
@@ -225,7 +225,8 @@ def main() -> None:
     table.add_column("pairs", justify="right")
     for name in checkers:
         table.add_column(name, justify="right")
-    for key in [*categories, "batch:dev", "batch:fresh", "all"]:
+    batches = sorted(k for k in results["math-verify"] if k.startswith("batch:"))
+    for key in [*categories, *batches, "all"]:
         row = [key, str(results["math-verify"][key]["n"])]
         for name in checkers:
             s = results[name][key]
