@@ -322,3 +322,24 @@ def test_terminal_bar_keeps_its_times_and_cuts_the_info_text(width):
     (line,) = console.file.getvalue().splitlines()
     assert re.search(r" 3/50 \d:\d\d:\d\d -:--:-- reward 0.500 ", line), line
     assert line.endswith("…") and len(line) <= width
+
+
+@pytest.mark.parametrize(
+    ("args", "expect", "status"),
+    [
+        (["trian"], "invalid choice: 'trian'", 2),  # a misspelt verb
+        (["eval", "{model}", "--temperature", "0"], "--temperature 0 is greedy decoding: all --n 8 samples", 2),
+        (["eval", "{model}", "--top-p", "0"], "--top-p must be in (0, 1], got 0.0", 2),
+        (["eval", "{model}", "--n", "2", "eval.n=4"], "has no effect in `mathrl eval`; use --n instead", 2),
+        (["eval", "no_such_run"], "target 'no_such_run' does not exist", 1),
+        (["eval", "{model}", "--out", "{file}"], "--out '{file}' is a file, not a directory", 2),
+        (["inspect", "--prompt", "1+1="], "--prompt and --response go together", 1),
+        (["report", "no_such_run"], "no_such_run", 1),
+    ],
+)
+def test_other_verbs_fail_in_one_line(tmp_path, monkeypatch, capsys, model_dir, args, expect, status):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a_file").write_text("x")
+    fill = {"model": str(model_dir), "file": str(tmp_path / "a_file")}
+    _one_line_error(capsys, main([a.format(**fill) for a in args]), expect=expect.format(**fill), status=status)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]  # nothing written
