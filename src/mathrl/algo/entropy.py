@@ -15,9 +15,9 @@ Run the tests with ``python -m pytest tests/test_entropy_kl.py -q``.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
+
+from mathrl.algo.fused_logprobs import fused_logprobs_entropy
 
 __all__ = ["entropy_from_logits", "logprobs_and_entropy", "entropy_bonus_mask"]
 
@@ -62,23 +62,6 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
     return _entropy_from_parts(*_shifted_log_softmax_parts(logits))
 
 
-def _chunk_logprobs_entropy(
-    hidden: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    targets: Tensor,
-    temperature: float,
-    with_entropy: bool,
-) -> tuple[Tensor, ...]:
-    """One chunk: hidden [C, H], targets [C] -> (logprobs [C],) or (logprobs [C], entropy [C])."""
-    logits = F.linear(hidden, weight, bias) / temperature  # [C, V]
-    z, lse, p = _shifted_log_softmax_parts(logits)
-    logprobs = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse.squeeze(-1)  # [C]
-    if not with_entropy:
-        return (logprobs,)
-    return logprobs, _entropy_from_parts(z, lse, p)
-
-
 def logprobs_and_entropy(
     hidden: Tensor,
     lm_head_weight: Tensor,
@@ -92,10 +75,10 @@ def logprobs_and_entropy(
     """log pi(target) and the entropy of pi at every position, without materialising [B, T, V].
 
     The B*T positions are flattened and processed ``chunk_size`` at a time: logits = hidden @ W^T
-    (+ b), divided by ``temperature``. When gradients are needed, each chunk runs under
-    ``torch.utils.checkpoint`` (non-reentrant): the forward keeps only the chunk's inputs and
-    outputs, and the backward recomputes one chunk's logits at a time, so neither pass ever holds
-    more than one chunk of [chunk_size, V] logits. Cost: the lm-head matmul runs twice.
+    (+ b), divided by ``temperature`` (``algo.fused_logprobs``). The forward keeps only each
+    position's logsumexp and entropy; the backward recomputes one chunk's logits at a time and writes
+    their gradient in closed form, so neither pass ever holds more than one chunk of [chunk_size, V]
+    logits. Cost: the lm-head matmul runs twice (forward, and once more in the backward).
 
     ``temperature`` must equal the sampling temperature of the rollout engine, otherwise these
     logprobs and the engine's old logprobs describe different distributions.
@@ -128,36 +111,15 @@ def logprobs_and_entropy(
 
     flat_hidden = hidden.reshape(batch * length, width)  # [N, H]
     flat_targets = targets.reshape(batch * length)  # [N]
-    params = [hidden, lm_head_weight] + ([lm_head_bias] if lm_head_bias is not None else [])
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in params)
-
-    in_dtype = torch.promote_types(hidden.dtype, lm_head_weight.dtype)
-    out_dtype = torch.promote_types(in_dtype, torch.float32)
-    logprob_chunks: list[Tensor] = []
-    entropy_chunks: list[Tensor] = []
-    for start in range(0, batch * length, chunk_size):
-        args = (
-            flat_hidden[start : start + chunk_size],
-            lm_head_weight,
-            lm_head_bias,
-            flat_targets[start : start + chunk_size],
-            temperature,
-            with_entropy,
-        )
-        if needs_grad:
-            outs = checkpoint(_chunk_logprobs_entropy, *args, use_reentrant=False)
-        else:
-            outs = _chunk_logprobs_entropy(*args)
-        logprob_chunks.append(outs[0])
-        if with_entropy:
-            entropy_chunks.append(outs[1])
-
-    def join(chunks: list[Tensor]) -> Tensor:
-        if not chunks:  # B * T == 0
-            return hidden.new_zeros((batch, length), dtype=out_dtype)
-        return torch.cat(chunks).reshape(batch, length)
-
-    return join(logprob_chunks), (join(entropy_chunks) if with_entropy else None)
+    if batch * length == 0:
+        out_dtype = torch.promote_types(torch.promote_types(hidden.dtype, lm_head_weight.dtype), torch.float32)
+        empty = hidden.new_zeros((batch, length), dtype=out_dtype)
+        return empty, (empty.clone() if with_entropy else None)
+    logprobs, entropy = fused_logprobs_entropy(
+        flat_hidden, lm_head_weight, lm_head_bias, flat_targets,
+        temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy,
+    )
+    return logprobs.reshape(batch, length), (entropy.reshape(batch, length) if with_entropy else None)
 
 
 def entropy_bonus_mask(
