@@ -249,6 +249,7 @@ class TrainConfig:
     keep_every: int = 0  # also keep every checkpoint whose step is a multiple of this (0 = none)
     max_skipped_steps: int = 5  # stop after this many consecutive steps with a non-finite loss or gradient
     init_from: str | None = None  # continue from another run's checkpoint dir (model, optimizer, controllers) in this new run
+    old_logprobs: Literal["auto", "recompute", "reuse_engine"] = "auto"  # the PPO ratio's old logprobs: recompute = a no-grad scoring pass of the training model; reuse_engine = the torch engine's sampling logprobs (same float32 weights, equal to float rounding; no actor/rollout_entropy); auto = reuse_engine where that holds (torch engine, float32, unsharded, no rollout correction, entropy mode none or fixed), else recompute
 
 
 @dataclass
@@ -375,6 +376,17 @@ class Config:
             errors.append(f"data.sample_filter: unknown reasons {sorted(unknown)}; choose from repetitive, garbled, no_answer")
         if self.reward.overlong.soft_punishment and not 0 < self.reward.overlong.cache_len <= self.rollout.max_new_tokens:
             errors.append("reward.overlong.cache_len must be in (0, rollout.max_new_tokens]")
+        if self.train.old_logprobs == "reuse_engine":
+            why = (("rollout.engine=vllm", "its logprobs come from other kernels")
+                   if self.rollout.engine != "torch" else
+                   (f"model.dtype={self.model.dtype}", "the sampler's cached decoding and the trainer's forward round differently")
+                   if self.model.dtype != "float32" else
+                   (f"algo.rollout_correction.mode={self.algo.rollout_correction.mode}", "it weighs the gap between the two")
+                   if self.algo.rollout_correction.mode != "none" else
+                   (f"algo.entropy.mode={self.algo.entropy.mode}", "its controller needs the scoring pass's entropy")
+                   if self.algo.entropy.mode not in ("none", "fixed") else None)
+            if why:
+                errors.append(f"train.old_logprobs=reuse_engine with {why[0]}: {why[1]}; use train.old_logprobs=recompute or auto")
         if self.reward.boxed not in ("all", "last", "any"):
             errors.append(f"reward.boxed={self.reward.boxed!r}: choose all (default), last or any (evaluation only)")
         if self.data.curriculum.mode != "none" and self.data.train == "arith":
