@@ -92,6 +92,8 @@ EQUIV_CASES = [
     (r"\boxed{935}", "936", "wrong", "a wrong number"),
     (r"\boxed{\frac{1}{3}}", "0.5", "wrong", "a wrong fraction through math-verify"),
     (r"\boxed{3} no, \boxed{2}", "3", "wrong", "a right earlier box does not rescue a wrong final one"),
+    (r"$\boxed{1}$, $\boxed{2}$ and $\boxed{3}$", "1, 2, 3", "correct", "an answer split over boxes is one answer"),
+    (r"\boxed{0,111}", "111", "wrong", "regression: a leading-zero group is not a thousands group"),
     (r"\boxed{}", "936", "no_answer", "an empty box carries no answer"),
     ("936", "936", "no_answer", "no box: the format is part of the task"),
     (r"\boxed{936", "936", "no_answer", "unterminated box"),
@@ -234,6 +236,17 @@ def test_verifier_matches_verify_one() -> None:
         assert [r.reason for r in verifier.score(completions, references)] == expected
     with Verifier(num_workers=0) as verifier:
         assert [r.reason for r in verifier.score(completions, references)] == expected
+
+
+def test_verifier_workers_use_the_box_policy() -> None:
+    # The policy travels to spawned workers (a pickled partial of verify_one): an answer split over
+    # boxes is one answer under the default "all", only its last box under "last".
+    split = [r"The roots are $\boxed{1}$ and $\boxed{2}$."]
+    with Verifier(num_workers=1) as verifier:
+        assert verifier.score(split, ["1, 2"])[0].reason == "correct"
+    with Verifier(num_workers=1, boxed="last") as verifier:
+        result = verifier.score(split, ["1, 2"])[0]
+        assert (result.reason, result.extracted) == ("wrong", "2")
 
 
 def test_verifier_argument_errors() -> None:
