@@ -85,6 +85,7 @@ def _hf_config(cfg: Config):
         return architecture_config(arch)
     if cfg.model.path == "tiny-arith":
         b = cfg.base
+        # the tiny base model: the character tokenizer's 99 tokens (model.tiny.build_char_tokenizer), tied head
         return Qwen2Config(vocab_size=99, hidden_size=b.hidden_size, intermediate_size=b.intermediate_size,
                            num_hidden_layers=b.num_layers, num_attention_heads=b.num_heads,
                            num_key_value_heads=b.num_kv_heads, max_position_embeddings=b.max_positions,
