@@ -1,6 +1,7 @@
 """The `mathrl` command: parses arguments and calls one library function per verb.
 
     mathrl train [RECIPE.yaml] [key.path=value ...] [--run-dir DIR] [--no-resume]
+    mathrl sft   [RECIPE.yaml] [key.path=value ...] [--run-dir DIR] [--no-resume]   supervised fine-tuning (sft.*)
     mathrl config [RECIPE.yaml] [key.path=value ...] [--yaml]   every key: type, default, allowed values, doc
     mathrl base  [base.key=value ...]                  build (or find) the tiny base model; prints its path
     mathrl eval  TARGET... [key.path=value ...] [--n 8 --seeds 0 1 2 ...]   evaluate checkpoints (docs/evaluation.md)
@@ -50,6 +51,13 @@ class _Parser(argparse.ArgumentParser):
 # ---------------------------------------------------------------------------------------------------
 def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("args", nargs="*", help="an optional recipe .yaml, then key.path=value overrides")
+    p.add_argument("--run-dir", help="where to write the run (default: runs/<timestamp>); an existing run there is resumed")
+    p.add_argument("--no-resume", action="store_true",
+                   help="start over even if --run-dir holds a run (the old run is moved aside, never deleted)")
+
+
+def _add_sft(p: argparse.ArgumentParser) -> None:
+    p.add_argument("args", nargs="*", help="an optional recipe .yaml, then key.path=value overrides (sft.*, data.*)")
     p.add_argument("--run-dir", help="where to write the run (default: runs/<timestamp>); an existing run there is resumed")
     p.add_argument("--no-resume", action="store_true",
                    help="start over even if --run-dir holds a run (the old run is moved aside, never deleted)")
@@ -201,6 +209,27 @@ def _train(ns: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _sft(ns: argparse.Namespace, console: Console) -> int:
+    recipe, overrides = _split_recipe(ns.args)
+    cfg = load_config(recipe, overrides)
+    cfg.run_dir = ns.run_dir or cfg.run_dir or str(Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
+    ns.run_dir_used = cfg.run_dir  # for the Ctrl-C message
+    check_writable_dir(Path(cfg.run_dir), "--run-dir")
+    from mathrl.train.sft import check_sft_config, sft
+
+    check_sft_config(cfg)
+    check_data_files(cfg)
+    _quiet_libraries()
+    try:
+        sft(cfg, console=console, resume=not ns.no_resume)
+    except Exception as e:
+        if type(e).__name__ == "RunComplete":
+            console.print(str(e))
+            return 0
+        raise
+    return 0
+
+
 def _config(ns: argparse.Namespace, console: Console) -> int:
     from mathrl.config import dump_yaml
     from mathrl.config_schema import reference
@@ -289,6 +318,7 @@ def _report(ns: argparse.Namespace, console: Console) -> int:
 Verb = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace, Console], int]]
 VERBS: dict[str, Verb] = {
     "train": ("run an RL experiment (no arguments: the built-in arithmetic demo)", _add_train, _train),
+    "sft": ("supervised fine-tuning on (prompt, response) data; then mathrl train model.path=<run>/final", _add_sft, _sft),
     "config": ("list every config key with its type, default, allowed values and doc", _add_config, _config),
     "base": ("build (or find in the cache) the tiny base model; prints its path", _add_base, _base),
     "eval": ("evaluate checkpoints: avg@n pass@1 over seeds with 95% CIs, pass@k, maj@n, collapse rates",
@@ -300,7 +330,7 @@ VERBS: dict[str, Verb] = {
     "plan": ("memory per GPU of a recipe (params, grads, optimizer, activations, KV cache) and whether it fits",
              _add_plan, _plan),
 }
-_EXTRA_POSITIONALS = {"train": "args", "config": "args", "base": "args", "eval": "args", "report": "run_dirs", "plan": "args"}
+_EXTRA_POSITIONALS = {"train": "args", "sft": "args", "config": "args", "base": "args", "eval": "args", "report": "run_dirs", "plan": "args"}
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
@@ -319,7 +349,7 @@ def _hoist_overrides(argv: list[str], verbs: dict[str, argparse.ArgumentParser])
     """key.path=value words (and a train/config recipe) moved to just after the verb, so that argparse
     reads them as the verb's positional words wherever they stood; an option's own value stays put."""
     at = next((i for i, a in enumerate(argv) if a in verbs), None)
-    if at is None or argv[at] not in ("train", "config", "base", "eval", "plan"):
+    if at is None or argv[at] not in ("train", "sft", "config", "base", "eval", "plan"):
         return argv
     takes_value = {s for a in verbs[argv[at]]._actions if a.option_strings and a.nargs is None for s in a.option_strings}
     hoisted, kept, rest = [], [], argv[at + 1 :]
@@ -333,7 +363,7 @@ def _hoist_overrides(argv: list[str], verbs: dict[str, argparse.ArgumentParser])
             kept += rest[i : i + 2]
             i += 2
             continue
-        recipe = argv[at] in ("train", "config", "plan") and word.endswith((".yaml", ".yml")) and not word.startswith("-")
+        recipe = argv[at] in ("train", "sft", "config", "plan") and word.endswith((".yaml", ".yml")) and not word.startswith("-")
         (hoisted if (_OVERRIDE.match(word) and not Path(word).exists()) or recipe else kept).append(word)
         i += 1
     return argv[: at + 1] + hoisted + kept
@@ -375,7 +405,7 @@ def interrupt_message(ns: argparse.Namespace) -> str:
     """What a Ctrl-C stopped and how to go on: the step in progress, and the step of the run
     directory's last complete checkpoint that the same command resumes from."""
     run_dir = getattr(ns, "run_dir_used", None)
-    if ns.command != "train" or run_dir is None:
+    if ns.command not in ("train", "sft") or run_dir is None:
         return f"interrupted; mathrl {ns.command} did not finish"
     from mathrl.train.checkpoint import latest_checkpoint
 

@@ -253,6 +253,22 @@ class TrainConfig:
 
 
 @dataclass
+class SFTConfig:
+    """Supervised fine-tuning (`mathrl sft`): (prompt, response) rows of data.train, the prompt rendered with
+    data.template, loss on the response tokens only. AdamW betas / weight decay, max_grad_norm,
+    micro_batch_tokens and the checkpoint settings (save_every, keep_last, keep_every) are train.*'s."""
+
+    steps: int = 300  # optimizer steps
+    batch_size: int = 32  # sequences per optimizer step (split into micro-batches by train.micro_batch_tokens)
+    lr: float = 1e-3  # AdamW learning rate (the tiny model; ~1e-5 for 1B+ models)
+    warmup_steps: int = 10  # optimizer steps of linear warm-up
+    response_field: str = "response"  # field of data.train holding the response the model learns to write after the prompt
+    max_response_tokens: int | None = None  # longer responses (EOS included) are dropped and counted, never truncated; null: rollout.max_new_tokens
+    eval_rows: int = 64  # rows of data.train held out (a draw seeded by `seed`) for sft/eval_loss every eval.every steps
+    eval_pass1: bool = True  # also evaluate data.eval (pass@1, pass@k) every eval.every steps, as train does
+
+
+@dataclass
 class OverlongConfig:
     filter: bool = False  # truncated responses are masked out of the loss (DAPO overlong filtering)
     soft_punishment: bool = False  # DAPO soft overlong punishment over the last cache_len tokens
@@ -304,6 +320,7 @@ class Config:
     reward: RewardConfig = field(default_factory=RewardConfig)  # verification and reward shaping
     eval: EvalConfig = field(default_factory=EvalConfig)  # held-out evaluation during training
     log: LogConfig = field(default_factory=LogConfig)  # what is written besides metrics.jsonl
+    sft: SFTConfig = field(default_factory=SFTConfig)  # supervised fine-tuning (mathrl sft), before RL
 
     # -- derived sizes and cross-field rules, in one place -----------------------------------------
     @property

@@ -235,6 +235,13 @@ DOMAINS: dict[str, Domain] = {
     "eval.max_new_tokens": COUNT,
     "eval.seed": SEED,
     "log.rollouts_per_step": NONNEG,
+    "sft.steps": COUNT,
+    "sft.batch_size": COUNT,
+    "sft.lr": positive(),
+    "sft.warmup_steps": NONNEG,
+    "sft.response_field": NON_EMPTY,
+    "sft.max_response_tokens": COUNT,
+    "sft.eval_rows": NONNEG,
 }
 
 

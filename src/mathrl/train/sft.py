@@ -1,0 +1,298 @@
+"""Supervised fine-tuning on (prompt, response) rows: the first half of the R1 path (distil worked
+traces with SFT, then RL from the result).
+
+    python -m mathrl.train.sft arith_sft.jsonl --rows 4000        # clean worked arithmetic solutions
+    mathrl sft data.train=arith_sft.jsonl --run-dir runs/sft      # then RL from its final/:
+    mathrl train model.path=runs/sft/final --run-dir runs/rl
+
+The rows come from data.train exactly as `train` loads problems (jsonl / parquet / hf:, the same field
+map), each with its response in the field `sft.response_field`; the prompt is rendered with
+data.template, so the model learns to answer the very prompts RL will sample from. The loss is the
+negative log-likelihood of the response tokens (EOS included) only, token-mean over the whole
+mini-batch: every micro-batch is normalised by the mini-batch's token count (`algo.losses.aggregate`
+with `global_counts`), so the gradient does not depend on train.micro_batch_tokens.
+
+The run directory, checkpoints, exact resume and trackers are train's (train/run_dir.py,
+train/checkpoint.py, track/); metrics are `sft/*` (docs/metrics.md) plus `eval/<set>/*`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from mathrl.algo.losses import aggregate, dp_scale, global_counts, sft_loss
+from mathrl.config import Config, ConfigError, dump_yaml, to_dict
+from mathrl.model.io import load_model_and_tokenizer
+from mathrl.model.paths import resolve_model_path
+from mathrl.model.scoring import response_logprobs
+from mathrl.tasks.loading import load_problems
+from mathrl.tasks.sources import build_eval_sets, field_map, prompt_encoder
+from mathrl.track.sinks import Tracker
+from mathrl.train.batching import TrainBatch, micro_batches
+from mathrl.train.checkpoint import load_trainer_state, save_checkpoint, save_hf_model, set_rng_state
+from mathrl.train.run_dir import open_run_dir
+from mathrl.train.update import per_token_pass
+
+
+@dataclass
+class Example:
+    prompt_ids: list[int]
+    response_ids: list[int]  # EOS last
+
+
+# ----------------------------------------------------------------------------------------- data
+def check_sft_config(cfg: Config) -> None:
+    """The sft rules that `Config.validate` cannot know (they hold only for `mathrl sft`); one line each."""
+    errors = []
+    if cfg.data.train == "arith":
+        errors.append("data.train=arith has no responses to learn: give a .jsonl / .parquet file or hf: dataset whose "
+                      f"rows hold a {cfg.sft.response_field!r} field (sft.response_field); "
+                      "python -m mathrl.train.sft FILE.jsonl writes worked arithmetic solutions")
+    if errors:
+        raise ConfigError("\n".join(errors))
+
+
+def load_examples(cfg: Config, tokenizer) -> tuple[list[Example], dict[str, int]]:
+    """data.train's rows as token ids (prompt rendered with data.template; response + EOS) and the
+    counts of rows dropped: prompt too long (as in train), response over sft.max_response_tokens."""
+    source = cfg.data.train
+    fields = field_map(cfg, source)
+    key = cfg.sft.response_field
+    if key in (fields.question, fields.answer, fields.answer_from_solution, fields.id):
+        raise ConfigError(f"sft.response_field={key!r} is also the question, answer or id field of {source}; "
+                          "name the field that holds the response (the loader keeps it only when it is not one of those)")
+    loaded = load_problems(source, fields, on_error=cfg.data.on_error)
+    limit = cfg.sft.max_response_tokens or cfg.rollout.max_new_tokens
+    encoder = prompt_encoder(cfg, tokenizer, max_new_tokens=limit)
+    examples, dropped = [], {"response_missing": 0, "response_too_long": 0}
+    for problem in loaded.problems:
+        response = problem.meta.get(key)
+        if not isinstance(response, str) or not response.strip():
+            if cfg.data.on_error == "raise":
+                raise ValueError(f"{source}: row {problem.id} has no string field {key!r} (sft.response_field); "
+                                 "fix the row or use data.on_error=skip")
+            dropped["response_missing"] += 1
+            continue
+        kept, ids, _ = encoder.encode([problem])
+        if not kept:
+            continue  # counted in encoder.dropped
+        response_ids = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        if len(response_ids) > limit:
+            dropped["response_too_long"] += 1
+            continue
+        examples.append(Example(ids[0], response_ids))
+    dropped["prompt_too_long"] = encoder.dropped
+    return examples, dropped
+
+
+def split_heldout(examples: list[Example], count: int, *, seed: int) -> tuple[list[Example], list[Example]]:
+    """(training rows, `count` held-out rows), the held-out ones a draw seeded by `seed`."""
+    if count >= len(examples):
+        raise ValueError(f"sft.eval_rows={count} leaves no training rows out of {len(examples)}; lower sft.eval_rows")
+    order = list(range(len(examples)))
+    random.Random(f"sft-heldout:{seed}").shuffle(order)
+    held = set(order[:count])
+    return [e for i, e in enumerate(examples) if i not in held], [examples[i] for i in sorted(held)]
+
+
+def collate(examples: list[Example], *, pad_id: int) -> TrainBatch:
+    """A TrainBatch [left-padded prompt | right-padded response] whose loss mask is the response (EOS included)."""
+    n, p, t = len(examples), max(len(e.prompt_ids) for e in examples), max(len(e.response_ids) for e in examples)
+    prompt_ids, prompt_mask = torch.full((n, p), pad_id, dtype=torch.long), torch.zeros(n, p)
+    response_ids, response_mask = torch.full((n, t), pad_id, dtype=torch.long), torch.zeros(n, t)
+    for i, e in enumerate(examples):
+        prompt_ids[i, p - len(e.prompt_ids):] = torch.tensor(e.prompt_ids)
+        prompt_mask[i, p - len(e.prompt_ids):] = 1
+        response_ids[i, : len(e.response_ids)] = torch.tensor(e.response_ids)
+        response_mask[i, : len(e.response_ids)] = 1
+    zeros = torch.zeros(n, t)
+    return TrainBatch(prompt_ids, prompt_mask, response_ids, response_mask, response_mask.clone(), zeros, zeros,
+                      zeros, zeros, torch.zeros(n))
+
+
+class ExampleStream:
+    """Training rows in shuffled epochs (seeded by `seed` and the epoch); its position is checkpointed."""
+
+    def __init__(self, examples: list[Example], *, seed: int):
+        self.examples, self.seed, self.epoch, self.order = examples, seed, 0, []
+
+    def next_batch(self, count: int) -> list[Example]:
+        out = []
+        while len(out) < count:
+            if not self.order:
+                self.order = list(range(len(self.examples)))
+                random.Random(f"sft:{self.seed}:{self.epoch}").shuffle(self.order)
+                self.epoch += 1
+            out.append(self.examples[self.order.pop()])
+        return out
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "order": list(self.order)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.order = state["epoch"], list(state["order"])
+
+
+# ----------------------------------------------------------------------------------------- loss
+def sft_backward(model, batch: TrainBatch, *, micro_batch_tokens: int, chunk_size: int = 1024) -> tuple[float, float]:
+    """Accumulate the gradient of the token-mean response NLL of `batch` (one mini-batch) over micro-batches
+    of at most `micro_batch_tokens` tokens; returns (loss, response tokens). Each micro-batch's loss is
+    divided by the whole mini-batch's token count (all ranks), so the sum of the micro-batch gradients
+    is the full-batch gradient whatever the split (tests/test_sft.py)."""
+    num_tokens, num_seqs = global_counts(batch.loss_mask)
+    total = 0.0
+    for micro in micro_batches(batch, micro_batch_tokens):
+        logprobs, _ = response_logprobs(model, micro.prompt_ids, micro.prompt_mask, micro.response_ids,
+                                        micro.response_mask, chunk_size=chunk_size, with_entropy=False)
+        mask = micro.loss_mask.to(logprobs.device)
+        loss = aggregate(sft_loss(logprobs, mask), mask, mode="token_mean", num_tokens=num_tokens, num_seqs=num_seqs)
+        (loss * dp_scale()).backward()
+        total += loss.item()
+    return total, num_tokens
+
+
+def heldout_loss(model, batch: TrainBatch, cfg: Config) -> float:
+    """Token-mean response NLL of `batch` under `model`, no grad."""
+
+    def forward(model, mb: TrainBatch) -> list[torch.Tensor]:
+        lp, _ = response_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
+                                  chunk_size=cfg.model.logprob_chunk_size, with_entropy=False)
+        return [lp]
+
+    (logprobs,) = per_token_pass(model, batch, cfg, forward)
+    return float(sft_loss(logprobs, batch.loss_mask).sum() / batch.loss_mask.sum().clamp(min=1))
+
+
+# ----------------------------------------------------------------------------------------- the run
+def sft(cfg: Config, *, console: Console | None = None, resume: bool = True) -> Path:
+    """Fine-tune model.path on data.train's responses for sft.steps optimizer steps; returns the run
+    directory, whose final/ is a Hugging Face model `mathrl train model.path=<run>/final` starts from."""
+    from mathrl.reward.verify import Verifier
+    from mathrl.rollout.factory import build_engine
+    from mathrl.train.loop import evals_from_log, log_evals, run_evals, seed_everything
+
+    console = console or Console()
+    check_sft_config(cfg)
+    t_start = time.time()
+    run, checkpoint = open_run_dir(cfg.run_dir, config_text=dump_yaml(cfg), resume=resume, console=console)
+    console.print(f"[bold]run directory[/bold] {run.path}")
+    seed_everything(cfg.seed)
+    model_path = resolve_model_path(cfg, console)
+    model, tokenizer = load_model_and_tokenizer(checkpoint or model_path, dtype=cfg.model.dtype)
+    model.train()
+    examples, dropped = load_examples(cfg, tokenizer)
+    train_rows, eval_rows = split_heldout(examples, cfg.sft.eval_rows, seed=cfg.seed) if cfg.sft.eval_rows else (examples, [])
+    console.print(f"{len(train_rows)} training rows, {len(eval_rows)} held out from {cfg.data.train}"
+                  + "".join(f"; {v} dropped ({k.replace('_', ' ')})" for k, v in dropped.items() if v))
+    stream = ExampleStream(train_rows, seed=cfg.seed)
+    eval_batch = collate(eval_rows, pad_id=tokenizer.pad_token_id) if eval_rows else None
+    eval_sets = build_eval_sets(cfg, tokenizer, limit=cfg.data.eval_size) if cfg.sft.eval_pass1 else []
+    engine = build_engine(cfg, model=model, tokenizer=tokenizer, model_path=checkpoint or model_path) if eval_sets else None
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.sft.lr, betas=tuple(cfg.train.betas),
+                                  weight_decay=cfg.train.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, cfg.sft.warmup_steps)))
+    start_step = 1
+    if checkpoint is not None:  # exact resume: weights (loaded above), optimizer, schedule, data order, RNG
+        state = load_trainer_state(checkpoint, optimizers={"optimizer": optimizer, "scheduler": scheduler}, controllers={})
+        set_rng_state(state["rng"])
+        stream.load_state_dict(state["data"])
+        run.truncate_after(state["step"])
+        start_step = state["step"] + 1
+        console.print(f"[bold]resuming[/bold] from {checkpoint} (step {state['step']} of {cfg.sft.steps})")
+    tracker = Tracker(run.path, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb, mlflow=cfg.log.mlflow,
+                      wandb_project=cfg.log.wandb_project, mlflow_experiment=cfg.log.mlflow_experiment, config=to_dict(cfg))
+
+    with Verifier(num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s) as verifier:
+
+        def evaluate_now(step: int) -> dict:
+            """Held-out loss and (sft.eval_pass1) the data.eval sets; logged at `step`, returns the EvalResults."""
+            metrics, results = {}, {}
+            if eval_batch is not None:
+                metrics["sft/eval_loss"] = heldout_loss(model, eval_batch, cfg)
+                tracker.log(step, metrics)
+            if eval_sets:
+                engine.update_weights(model.state_dict().items())
+                results = run_evals(eval_sets, engine=engine, tokenizer=tokenizer, verifier=verifier, cfg=cfg)
+                metrics.update(log_evals(step, results, tracker, run))
+            shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k.endswith(("eval_loss", "pass@1")))
+            console.print(f"step {step}/{cfg.sft.steps}: {shown}", highlight=False)
+            return results
+
+        base = evaluate_now(0) if checkpoint is None else (evals_from_log(run)[0] if eval_sets else {})
+        last: dict = {}
+        for step in range(start_step, cfg.sft.steps + 1):
+            t0 = time.time()
+            batch = collate(stream.next_batch(cfg.sft.batch_size), pad_id=tokenizer.pad_token_id)
+            loss, tokens = sft_backward(model, batch, micro_batch_tokens=cfg.train.micro_batch_tokens,
+                                        chunk_size=cfg.model.logprob_chunk_size)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
+            lr = optimizer.param_groups[0]["lr"]
+            skipped = not (torch.isfinite(grad_norm) and torch.isfinite(torch.tensor(loss)))
+            if not skipped:  # a non-finite loss or gradient is not stepped on (as in train)
+                optimizer.step()
+                scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            tracker.log(step, {"sft/loss": loss, "sft/grad_norm": float(grad_norm), "sft/lr": lr,
+                               "sft/response_tokens": tokens, "perf/skipped_updates": float(skipped),
+                               "perf/step_seconds": time.time() - t0})
+            if step % cfg.eval.every == 0 or step == cfg.sft.steps:
+                last = evaluate_now(step)
+            if cfg.train.save_every and (step % cfg.train.save_every == 0 or step == cfg.sft.steps):
+                save_checkpoint(run.checkpoints, step, model=model, tokenizer=tokenizer, optimizer=optimizer,
+                                scheduler=scheduler, state={"controllers": {}, "data": stream.state_dict()},
+                                keep_last=cfg.train.keep_last, keep_every=cfg.train.keep_every)
+
+    if engine is not None:
+        engine.close()
+    save_hf_model(model, tokenizer, run.final)
+    (run.final / "trainer_state.json").write_text(json.dumps({"step": cfg.sft.steps, "data": stream.state_dict()}))
+    tracker.close()
+    losses = [r for r in run.metrics() if "sft/eval_loss" in r]
+    run.write_summary({  # train's summary format, plus the held-out loss before and after
+        "wall_seconds": time.time() - t_start,
+        "steps": cfg.sft.steps,
+        "base": {k: {"pass@1": v.pass_at_1, "pass@k": v.pass_at_k, "maj@n": v.maj_at_n} for k, v in base.items()},
+        "final": {k: {"pass@1": v.pass_at_1, "pass@k": v.pass_at_k, "maj@n": v.maj_at_n} for k, v in last.items()},
+        "sft_eval_loss": {"base": losses[0]["sft/eval_loss"], "final": losses[-1]["sft/eval_loss"]} if losses else None,
+    })
+    console.print(f"[bold]run directory[/bold] {run.path}; continue with RL: mathrl train model.path={run.final}")
+    return run.path
+
+
+# ----------------------------------------------------------------------------------------- example data
+def write_arith_sft_jsonl(path: str | Path, *, rows: int, min_digits: int = 1, max_digits: int = 3, seed: int = 0,
+                          slip_prob: float = 0.0) -> Path:
+    """`rows` training-split arithmetic problems (never held out) with worked solutions, one JSON object
+    per line: {"problem", "answer", "response"}; slip_prob > 0 adds the base model's deliberate slips."""
+    from mathrl.tasks.arithmetic import ArithmeticTask
+
+    task, rng = ArithmeticTask(min_digits=min_digits, max_digits=max_digits), random.Random(f"sft-data:{seed}")
+    path = Path(path)
+    with path.open("w") as f:
+        for problem in task.train_problems(rows, seed=seed):
+            a, b = task.operands(problem)
+            response = task.worked_solution(a, b, rng=rng, slip_prob=slip_prob)
+            f.write(json.dumps({"problem": problem.question, "answer": problem.answer, "response": response}) + "\n")
+    return path
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Write worked arithmetic solutions as (prompt, response) jsonl for mathrl sft.")
+    parser.add_argument("out", help="the .jsonl file to write")
+    parser.add_argument("--rows", type=int, default=4000)
+    parser.add_argument("--min-digits", type=int, default=1)
+    parser.add_argument("--max-digits", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--slip-prob", type=float, default=0.0, help="per-column chance of a slip (0: clean solutions)")
+    a = parser.parse_args()
+    print(write_arith_sft_jsonl(a.out, rows=a.rows, min_digits=a.min_digits, max_digits=a.max_digits, seed=a.seed,
+                                slip_prob=a.slip_prob))
