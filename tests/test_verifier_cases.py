@@ -16,6 +16,8 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mathrl.reward import verify_one
 from mathrl.reward.extract import extract_boxes, final_answers
@@ -272,3 +274,19 @@ def test_verifier_rejects_an_unknown_box_policy() -> None:
         Verifier(num_workers=0, boxed="first")
     with Verifier(num_workers=0, boxed="last") as verifier:
         assert verifier.score([r"$\boxed{1}$, $\boxed{2}$"], ["1, 2"])[0].reason == "wrong"
+
+
+RULES = (strip_delimiters, strip_answer_prose, strip_units, strip_variable, split_top_level, expand_plus_minus,
+         inequality_to_interval, text_answer, choice_letter, plain_number, scientific_number, simple_fraction,
+         mixed_number)
+LATEXISH = st.lists(st.sampled_from(list("0123456789,.{}()[]\\$%^_=<>-+ xyzabc") + [
+    r"\frac", r"\text{", r"\left(", r"\right)", r"\pm", r"\le", r"\circ", r"\{", r"\}", r",\!", "{,}", "and", "or",
+]), max_size=60).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(max_size=200), LATEXISH))
+def test_rules_never_raise(text: str) -> None:
+    # Model text reaches every rule; none may raise (the verifier would turn it into an "error").
+    for rule in RULES:
+        rule(text)
