@@ -36,7 +36,7 @@ from mathrl.tasks.loading import load_problems
 from mathrl.tasks.sources import build_eval_sets, field_map, prompt_encoder
 from mathrl.track.sinks import Tracker
 from mathrl.train.batching import TrainBatch, micro_batches
-from mathrl.train.checkpoint import load_trainer_state, save_checkpoint, save_hf_model, set_rng_state
+from mathrl.train.checkpoint import load_trainer_state, save_checkpoint, set_rng_state
 from mathrl.train.run_dir import open_run_dir
 from mathrl.train.update import per_token_pass
 
@@ -251,7 +251,8 @@ def sft(cfg: Config, *, console: Console | None = None, resume: bool = True) -> 
 
     if engine is not None:
         engine.close()
-    save_hf_model(model, tokenizer, run.final)
+    model.save_pretrained(run.final, safe_serialization=True)  # a plain Hugging Face directory
+    tokenizer.save_pretrained(run.final)
     (run.final / "trainer_state.json").write_text(json.dumps({"step": cfg.sft.steps, "data": stream.state_dict()}))
     tracker.close()
     losses = [r for r in run.metrics() if "sft/eval_loss" in r]
