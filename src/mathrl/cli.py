@@ -54,6 +54,8 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", help="where to write the run (default: runs/<timestamp>); an existing run there is resumed")
     p.add_argument("--no-resume", action="store_true",
                    help="start over even if --run-dir holds a run (the old run is moved aside, never deleted)")
+    p.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="data-parallel ranks on this machine (starts torchrun; FSDP2-sharded; default 1)")
 
 
 def _add_sft(p: argparse.ArgumentParser) -> None:
@@ -196,6 +198,12 @@ def _train(ns: argparse.Namespace, console: Console) -> int:
     ns.run_dir_used = cfg.run_dir  # for the Ctrl-C message
     check_writable_dir(Path(cfg.run_dir), "--run-dir")
     check_data_files(cfg)
+    if ns.nproc < 1:
+        raise UsageError(f"--nproc must be >= 1, got {ns.nproc}")
+    if ns.nproc > 1:  # one torchrun job; every rank runs this command without --nproc, on the same run dir
+        from mathrl.train.launch import launch
+
+        return launch(ns.nproc, [*ns.args, "--run-dir", cfg.run_dir, *(["--no-resume"] if ns.no_resume else [])])
     _quiet_libraries()
     from mathrl.train import loop
 

@@ -234,6 +234,15 @@ class AlgoConfig:
 
 
 @dataclass
+class DistConfig:
+    """Data-parallel training under torchrun (train/dist.py); ignored in a single process."""
+
+    timeout_s: float = 1800.0  # collective timeout: a rank that died or hangs stops the job after this long (covers rank 0's evaluations)
+    mixed_precision: bool = True  # on CUDA: FSDP2 bf16 parameters in forward/backward, fp32 gradient reduction (CPU runs in model.dtype)
+    cpu_offload: bool = False  # FSDP2 keeps the sharded parameters, gradients and optimizer state in CPU memory
+
+
+@dataclass
 class TrainConfig:
     steps: int = 50  # RL steps (one rollout batch each)
     mini_batch_size: int = 64  # sequences per optimizer step; rollout batch / this = updates per epoch
@@ -249,6 +258,7 @@ class TrainConfig:
     keep_every: int = 0  # also keep every checkpoint whose step is a multiple of this (0 = none)
     max_skipped_steps: int = 5  # stop after this many consecutive steps with a non-finite loss or gradient
     init_from: str | None = None  # continue from another run's checkpoint dir (model, optimizer, controllers) in this new run
+    dist: DistConfig = field(default_factory=DistConfig)  # several processes (torchrun, mathrl train --nproc N)
     old_logprobs: Literal["auto", "recompute", "reuse_engine"] = "auto"  # the PPO ratio's old logprobs: recompute = a no-grad scoring pass of the training model; reuse_engine = the torch engine's sampling logprobs (same float32 weights, equal to float rounding; no actor/rollout_entropy); auto = reuse_engine where that holds (torch engine, float32, unsharded, no rollout correction, entropy mode none or fixed), else recompute
 
 

@@ -221,6 +221,7 @@ DOMAINS: dict[str, Domain] = {
     "train.keep_last": COUNT,
     "train.keep_every": NONNEG,
     "train.max_skipped_steps": COUNT,
+    "train.dist.timeout_s": positive("seconds a collective may wait for the other ranks"),
     "reward.num_workers": NONNEG,
     "reward.timeout_s": positive(),
     "reward.overlong.cache_len": COUNT,

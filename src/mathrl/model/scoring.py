@@ -20,6 +20,21 @@ def backbone_and_head(model):
     return backbone, head
 
 
+def final_hidden(model, **inputs) -> torch.Tensor:
+    """The final (normed) hidden states [B, L, H] of a causal LM for `inputs`.
+
+    Normally the decoder stack alone runs (no logits at all). An FSDP2-sharded model (train/dist.py)
+    must run through its root module instead, whose hooks gather the embeddings, final norm and head;
+    the root keeps them gathered after its forward, so the caller can still apply the head in chunks.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        return model(**inputs, output_hidden_states=True, logits_to_keep=1).hidden_states[-1]
+    backbone, _ = backbone_and_head(model)
+    return backbone(**inputs).last_hidden_state
+
+
 def packed_inputs(model, prompt_ids, prompt_mask, response_ids, response_mask):
     """(input_ids, attention_mask, position_ids), each [B, P+T] on the model's device, for the
     `[left-padded prompt | right-padded response]` layout, positions skipping the left padding."""
@@ -47,8 +62,8 @@ def response_logprobs(
     """
     input_ids, attention_mask, position_ids = packed_inputs(model, prompt_ids, prompt_mask, response_ids, response_mask)
     device = input_ids.device
-    backbone, head = backbone_and_head(model)
-    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
+    _, head = backbone_and_head(model)
+    hidden = final_hidden(model, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
     p = prompt_ids.shape[1]
     t = response_ids.shape[1]
     hidden = hidden[:, p - 1 : p + t - 1]  # [B, T, H]: the state before each response token predicts it
@@ -67,8 +82,8 @@ def next_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Te
     """[B, L-1] logprob of each token given the ones before it (right-padded text; for PTX-style losses)."""
     device = next(model.parameters()).device
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-    backbone, head = backbone_and_head(model)
-    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1]
+    _, head = backbone_and_head(model)
+    hidden = final_hidden(model, input_ids=input_ids, attention_mask=attention_mask)[:, :-1]
     logprobs, _ = logprobs_and_entropy(
         hidden, head.weight, input_ids[:, 1:], chunk_size=chunk_size, with_entropy=False,
         lm_head_bias=getattr(head, "bias", None),

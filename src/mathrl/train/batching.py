@@ -37,6 +37,10 @@ class TrainBatch:
         rows = torch.as_tensor(rows, dtype=torch.long)
         return TrainBatch(**{f.name: None if (x := getattr(self, f.name)) is None else x[rows] for f in fields(self)})
 
+    def to(self, device: torch.device | str) -> "TrainBatch":
+        """The same rows with every tensor on `device` (the tensors themselves when already there)."""
+        return TrainBatch(**{f.name: None if (x := getattr(self, f.name)) is None else x.to(device) for f in fields(self)})
+
     def trimmed(self) -> "TrainBatch":
         """Drop prompt columns that are padding in every row (left) and response columns likewise (right)."""
         prompt_keep = max(1, int(self.prompt_mask.sum(-1).max().item()))

@@ -6,6 +6,13 @@ A checkpoint is a directory `checkpoints/step_<N>/`:
     trainer_state.json   step, controller and data-stream state, config, format version
     critic/              the PPO critic, when there is one (algo.adv.estimator: gae); its optimizer and
                          scheduler state are in trainer_state.pt
+Written by several ranks (torchrun, FSDP2-sharded models), the optimizer states are instead sharded
+Distributed Checkpoint directories, each rank writing its own shard:
+    optimizer/           torch.distributed.checkpoint of the policy's AdamW state (Hugging Face names)
+    critic_optimizer/    the same for the critic
+and the model files are the gathered full weights, so every checkpoint is still a Hugging Face
+directory. Either kind resumes at any world size: DCP reshards on load, and a one-process optimizer
+state is spread over the ranks by parameter name.
 
 It is written into `step_<N>.tmp-*` first, every file fsynced, then renamed in one `os.replace`, and
 the parent directory fsynced: a checkpoint that was cut off (killed process, full disk) never carries
@@ -26,6 +33,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from mathrl.train.dist import Ranks, barrier, broadcast_object, full_state_dict, is_sharded
 
 FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -85,9 +94,16 @@ def save_checkpoint(
     critic=None,
     critic_optimizer: torch.optim.Optimizer | None = None,
     critic_scheduler=None,
+    ranks: Ranks | None = None,
 ) -> Path:
     """Write checkpoint `step` atomically and prune old ones. `state` is the JSON-able trainer state.
-    A PPO critic goes to critic/ (safetensors), its optimizer and scheduler into trainer_state.pt."""
+    A PPO critic goes to critic/ (safetensors), its optimizer and scheduler into trainer_state.pt.
+    With several ranks (sharded models) every rank must call it: see `_save_sharded`."""
+    if ranks is not None and ranks.distributed:
+        return _save_sharded(checkpoints_dir, step, model=model, tokenizer=tokenizer, optimizer=optimizer,
+                             scheduler=scheduler, state=state, keep_last=keep_last, keep_every=keep_every,
+                             critic=critic, critic_optimizer=critic_optimizer, critic_scheduler=critic_scheduler,
+                             ranks=ranks)
     checkpoints_dir = Path(checkpoints_dir)
     checkpoints_dir.mkdir(parents=True, exist_ok=True)
     final = checkpoints_dir / f"step_{step:06d}"
@@ -143,26 +159,119 @@ def prune_checkpoints(checkpoints_dir: Path, *, keep_last: int, keep_every: int)
         shutil.rmtree(p, ignore_errors=True)
 
 
-def load_trainer_state(checkpoint: Path, *, optimizers: dict[str, Any], controllers: dict[str, Any]) -> dict[str, Any]:
+def load_trainer_state(checkpoint: Path, *, optimizers: dict[str, Any], controllers: dict[str, Any],
+                       models: dict[str, Any] | None = None) -> dict[str, Any]:
     """Restore the optimizer/scheduler states (`optimizers`: name -> object, the keyword names of
     `save_checkpoint`) and controller states from `checkpoint`; returns trainer_state.json's content
     with the step as an int and the saved RNG states under "rng" (the caller decides whether to apply
     them: a resumed run does, a run continuing another one does not).
 
-    The critic's optimizer is restored only when the checkpoint has one (a GRPO checkpoint continued
-    with PPO gives the critic a fresh optimizer).
+    `models` maps an optimizer's name to the model it steps ("optimizer" -> policy, "critic_optimizer"
+    -> critic); it is needed when the checkpoint or this run is sharded, where optimizer states are
+    matched by parameter name (`torch.distributed.checkpoint.state_dict`). The critic's optimizer is
+    restored only when the checkpoint has one (a GRPO checkpoint continued with PPO gives the critic a
+    fresh optimizer).
     """
     checkpoint = Path(checkpoint)
+    models = models or {}
     state = json.loads((checkpoint / "trainer_state.json").read_text())
     tensors = torch.load(checkpoint / "trainer_state.pt", weights_only=True)
     for name, obj in optimizers.items():
-        if name in tensors:
+        model = models.get(name)
+        if (checkpoint / name).is_dir():  # sharded (DCP), from a run with several ranks
+            _load_sharded_optimizer(checkpoint / name, model, obj)
+        elif name in tensors and name.endswith("optimizer") and model is not None and is_sharded(model):
+            _load_full_optimizer(tensors[name], model, obj)  # a one-process checkpoint, spread over the ranks
+        elif name in tensors:
             obj.load_state_dict(tensors[name])
         elif not name.startswith("critic_"):
-            raise CheckpointError(f"checkpoint {checkpoint} has no {name} state in trainer_state.pt")
+            raise CheckpointError(f"checkpoint {checkpoint} has no {name} state (trainer_state.pt or {name}/)")
     for name, ctl in controllers.items():
         ctl.load_state_dict(state["controllers"][name])
     state["step"] = int(state["step"])
     state["rng"] = tensors["rng"]
     return state
 
+
+# ---- several ranks: sharded optimizer states (torch.distributed.checkpoint), gathered model weights -------
+def save_hf_model(model, tokenizer, out: Path, *, ranks: Ranks | None = None) -> None:
+    """`model` as a plain Hugging Face directory (config, safetensors, tokenizer files if given). A
+    sharded model is gathered first (a collective: every rank calls this) and rank 0 writes it."""
+    out = Path(out)
+    main = ranks is None or ranks.main
+    weights = full_state_dict(model, all_ranks=False) if is_sharded(model) else None
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(out, state_dict=weights, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(out)
+
+
+def _save_sharded(checkpoints_dir: Path, step: int, *, model, tokenizer, optimizer, scheduler, state, keep_last,
+                  keep_every, critic, critic_optimizer, critic_scheduler, ranks: Ranks) -> Path:
+    """The several-ranks checkpoint: every rank writes its optimizer shards into rank 0's temporary
+    directory, rank 0 the gathered weights and trainer state; rank 0 renames it once all are done."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    checkpoints_dir = Path(checkpoints_dir)
+    final = checkpoints_dir / f"step_{step:06d}"
+    tmp = None
+    if ranks.main:
+        checkpoints_dir.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=final.name + ".tmp-", dir=checkpoints_dir))
+    tmp = Path(broadcast_object(str(tmp) if tmp else None))
+    try:
+        save_hf_model(model, tokenizer, tmp, ranks=ranks)
+        dcp.save({"optimizer": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=tmp / "optimizer")
+        if critic is not None:
+            save_hf_model(critic, None, tmp / "critic", ranks=ranks)
+            dcp.save({"optimizer": get_optimizer_state_dict(critic, critic_optimizer)},
+                     checkpoint_id=tmp / "critic_optimizer")
+        if ranks.main:
+            tensors = {"scheduler": scheduler.state_dict(), "rng": rng_state()}
+            if critic is not None:
+                tensors["critic_scheduler"] = critic_scheduler.state_dict()
+            torch.save(tensors, tmp / "trainer_state.pt")
+            (tmp / "trainer_state.json").write_text(json.dumps(
+                {"format": FORMAT_VERSION, "step": step, "world_size": ranks.world_size, **state}, indent=2))
+        barrier()  # every rank's shards are on disk
+        if ranks.main:
+            _fsync_tree(tmp)
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            _fsync_dir(checkpoints_dir)
+    except BaseException:
+        if ranks.main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if ranks.main:
+        prune_checkpoints(checkpoints_dir, keep_last=keep_last, keep_every=keep_every)
+    barrier()  # no rank runs ahead of the rename
+    return final
+
+
+def _load_sharded_optimizer(path: Path, model, optimizer) -> None:
+    """Load a DCP optimizer directory into `optimizer` (sharded or not: DCP reshards by parameter name)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    if model is None:
+        raise CheckpointError(f"{path} is a sharded optimizer state; loading it needs its model")
+    target = {"optimizer": get_optimizer_state_dict(model, optimizer)}
+    dcp.load(target, checkpoint_id=path)
+    set_optimizer_state_dict(model, optimizer, target["optimizer"])
+
+
+def _load_full_optimizer(saved: dict[str, Any], model, optimizer) -> None:
+    """A one-process optimizer state (parameters numbered in model.parameters() order) into the
+    optimizer of a sharded model: renamed to parameter names, then each rank keeps its shard."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    names = [name for name, _ in model.named_parameters()]
+    by_name = {
+        "state": {names[i]: v for i, v in saved["state"].items()},
+        "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in saved["param_groups"]],
+    }
+    set_optimizer_state_dict(model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))

@@ -23,7 +23,11 @@ from mathrl.reward.verify import RewardResult
 from mathrl.rollout.engine import RolloutBatch, concat_rollouts, select_rollout_rows
 from mathrl.tasks.base import Problem
 from mathrl.tasks.sources import ProblemStream
+from mathrl.train import dist as tdist
 from mathrl.train.batching import TrainBatch
+from mathrl.train.dist import Ranks
+
+SINGLE = Ranks()  # one process
 
 
 @dataclass
@@ -66,9 +70,63 @@ def shape_rewards(cfg: Config, step: int, rollout: RolloutBatch, correct: torch.
     return r, metrics
 
 
-def collect_rollouts(cfg: Config, step: int, *, train_stream: ProblemStream, engine, tokenizer, verifier) -> Collected:
+def shard_seed(seed: int, shard: int) -> int:
+    """The sampling seed of rollout shard `shard` of a call seeded with `seed` (shard 0 keeps `seed`)."""
+    return seed if shard == 0 else seed + shard * 1_000_000_007
+
+
+def generate_and_score(cfg: Config, prompts: list[list[int]], answers: list[str], *, seed: int, engine, tokenizer,
+                       verifier, ranks: Ranks = SINGLE) -> tuple[RolloutBatch, list[str], list[RewardResult], float, float]:
+    """Sample one response per prompt and verify it: (rollout, texts, results, generation s, reward s),
+    all rows in prompt order.
+
+    The rows are cut into shards of rollout.batch_size, each sampled with `shard_seed(seed, shard)`;
+    with several ranks each samples and scores the rows of its own groups (contiguous blocks of whole
+    groups of rollout.n) and the rows are gathered on every rank. So 1 and N processes draw the same
+    samples whenever each rank's share is a multiple of rollout.batch_size (or the whole batch fits
+    in one shard), and the same step sees the same batch on every rank.
+    """
+    n, size = cfg.rollout.n, cfg.rollout.batch_size
+    lo, hi = (g * n for g in tdist.split_range(len(prompts) // n, ranks.rank, ranks.world_size))
+    t0 = time.time()
+    shards = []
+    for start in range(0, len(prompts), size):
+        a, b = max(start, lo), min(start + size, hi)
+        if a < b:
+            shards.append(engine.generate(
+                prompts[a:b], max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
+                top_p=cfg.rollout.top_p, seed=shard_seed(seed, start // size),
+            ))
+    rollout = concat_rollouts(shards, tokenizer.pad_token_id) if shards else None
+    t1 = time.time()
+    texts = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True) if rollout is not None else []
+    results = verifier.score(texts, answers[lo:hi]) if texts else []
+    t2 = time.time()
+    if ranks.world_size > 1:
+        gathered = [g for g in tdist.all_gather_objects((rollout, texts, results)) if g[0] is not None]
+        rollout = concat_rollouts([g[0] for g in gathered], tokenizer.pad_token_id)
+        texts = [t for g in gathered for t in g[1]]
+        results = [r for g in gathered for r in g[2]]
+    return rollout, texts, results, t1 - t0, t2 - t1
+
+
+def rank_rows(num_groups: int, n: int, ranks: Ranks) -> list[int] | None:
+    """The rows (whole groups of n, a contiguous block) this rank trains on; None in one process (all)."""
+    if not ranks.distributed:
+        return None
+    lo, hi = tdist.split_range(num_groups, ranks.rank, ranks.world_size)
+    return list(range(lo * n, hi * n))
+
+
+def collect_rollouts(cfg: Config, step: int, *, train_stream: ProblemStream, engine, tokenizer, verifier,
+                     ranks: Ranks = SINGLE) -> Collected:
     """Generate, score and (with dynamic sampling) filter groups until the batch is full or
-    `max_rounds` generation rounds are spent (DAPO section 3.2)."""
+    `max_rounds` generation rounds are spent (DAPO section 3.2).
+
+    With several ranks each generates and verifies its share of every round, and every rank then holds
+    the whole round, so the filter, the refill decision and the number of rounds are the same on all
+    of them (and the same as in one process).
+    """
     n, want, ds = cfg.rollout.n, cfg.rollout.prompts_per_step, cfg.data.dynamic_sampling
     parts, kept, counts = [], 0, {"kept_groups": 0, "dropped_all_correct": 0, "dropped_all_wrong": 0, "dropped_out_of_band": 0}
     t_gen = t_rew = 0.0
@@ -78,15 +136,12 @@ def collect_rollouts(cfg: Config, step: int, *, train_stream: ProblemStream, eng
         rounds += 1
         t0 = time.time()
         problems, prompt_ids, prompts_text = train_stream.next_batch(want)
-        rollout = engine.generate(
-            [p for p in prompt_ids for _ in range(n)], max_new_tokens=cfg.rollout.max_new_tokens,
-            temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+        rollout, texts, results, gen_s, rew_s = generate_and_score(
+            cfg, [p for p in prompt_ids for _ in range(n)], [p.answer for p in problems for _ in range(n)],
             seed=cfg.seed * 1_000_003 + step + (rounds - 1) * 7_919_993,  # round 1 keeps the plain per-step seed
+            engine=engine, tokenizer=tokenizer, verifier=verifier, ranks=ranks,
         )
-        t1 = time.time()
-        texts = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
-        results = verifier.score(texts, [p.answer for p in problems for _ in range(n)])
-        t_gen, t_rew = t_gen + t1 - t0, t_rew + time.time() - t1
+        t_gen, t_rew = t_gen + gen_s, t_rew + rew_s
         correct = torch.tensor([r.reason == "correct" for r in results], dtype=torch.float32)  # [N]
         group_ids = torch.arange(len(problems)).repeat_interleave(n)  # [N]
         train_stream.observe([p for p in problems for _ in range(n)], correct.tolist())

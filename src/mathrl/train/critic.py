@@ -16,17 +16,19 @@ from mathrl.config import Config
 from mathrl.model.value import response_values
 from mathrl.tasks.sources import ProblemStream
 from mathrl.train.batching import TrainBatch
-from mathrl.train.collect import collect_rollouts, filter_samples, new_train_batch
+from mathrl.train import dist as tdist
+from mathrl.train.collect import SINGLE, collect_rollouts, filter_samples, new_train_batch, rank_rows
+from mathrl.train.dist import Ranks
 from mathrl.train.update import per_token_pass, run_updates
 
 
-def value_pass(critic, batch: TrainBatch, cfg: Config) -> torch.Tensor:
+def value_pass(critic, batch: TrainBatch, cfg: Config, *, rows: list[int] | None = None) -> torch.Tensor:
     """[N, T] critic values V(s_t) of the sampled responses, no grad (0 at masked positions)."""
 
     def forward(critic, mb: TrainBatch) -> list[torch.Tensor]:
         return [response_values(critic, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask)]
 
-    (values,) = per_token_pass(critic, batch, cfg, forward)
+    (values,) = per_token_pass(critic, batch, cfg, forward, rows=rows)
     return values
 
 
@@ -57,7 +59,8 @@ def gae_targets(cfg: Config, batch: TrainBatch, token_rewards: torch.Tensor) -> 
     return advantages * batch.loss_mask, returns, float(lam_actor.mean())
 
 
-def update_critic(critic, optimizer, scheduler, batch: TrainBatch, cfg: Config, *, step: int) -> dict[str, float]:
+def update_critic(critic, optimizer, scheduler, batch: TrainBatch, cfg: Config, *, step: int,
+                  rows: list[int] | None = None) -> dict[str, float]:
     """Mini-batches x epochs of clipped value-loss updates (token mean over the whole mini-batch)."""
     crit = cfg.algo.critic
     sums = {"clipped": 0.0, "tokens": 0.0}
@@ -74,7 +77,8 @@ def update_critic(critic, optimizer, scheduler, batch: TrainBatch, cfg: Config, 
         return {"value_loss": loss.item()}
 
     log = run_updates(critic, optimizer, scheduler, batch, cfg, seed=cfg.seed * 1_000_003 + step + 500_009,
-                      mini_batch_counts=lambda mini: global_counts(mini.loss_mask), micro_step=micro_step)
+                      mini_batch_counts=lambda mini: global_counts(mini.loss_mask), micro_step=micro_step, rows=rows)
+    sums = tdist.all_reduce_sums(sums)
     m = batch.loss_mask
     losses = log.terms["value_loss"]
     metrics = {
@@ -93,22 +97,24 @@ def update_critic(critic, optimizer, scheduler, batch: TrainBatch, cfg: Config, 
 
 
 def pretrain_critic(cfg: Config, critic, optimizer, scheduler, *, train_stream: ProblemStream, engine, tokenizer,
-                    verifier, console: Console) -> dict[str, float]:
+                    verifier, console: Console, ranks: Ranks = SINGLE) -> dict[str, float]:
     """VC-PPO value pretraining (Yuan et al. 2025, §4.1): before the first policy update, fit the
     critic for algo.critic.pretrain_steps steps on rollouts of the starting policy, with Monte-Carlo
     targets (lambda = 1), so the first advantages do not come from an untrained value head.
     Returns the step-0 metrics critic/pretrain_*."""
     crit, first, last = cfg.algo.critic, None, {}
     for k in range(1, crit.pretrain_steps + 1):
-        got = collect_rollouts(cfg, -k, train_stream=train_stream, engine=engine, tokenizer=tokenizer, verifier=verifier)
+        got = collect_rollouts(cfg, -k, train_stream=train_stream, engine=engine, tokenizer=tokenizer, verifier=verifier,
+                               ranks=ranks)
         if not got.problems:
             continue
         loss_mask, _ = filter_samples(cfg, got.rollout, got.texts, got.results)
         batch = new_train_batch(got.rollout, loss_mask, got.correct)
-        batch.old_values = value_pass(critic, batch, cfg)
+        rows = rank_rows(len(got.problems), cfg.rollout.n, ranks)
+        batch.old_values = value_pass(critic, batch, cfg, rows=rows)
         token_rewards = outcome_token_rewards(got.rewards, batch.response_mask)
         _, batch.returns = gae(token_rewards, batch.old_values, batch.response_mask, gamma=crit.gamma, lam=1.0)
-        last = update_critic(critic, optimizer, scheduler, batch, cfg, step=-k)
+        last = update_critic(critic, optimizer, scheduler, batch, cfg, step=-k, rows=rows)
         first = last["critic/value_loss"] if first is None else first
         console.print(f"critic pretraining {k}/{crit.pretrain_steps}: value loss {last['critic/value_loss']:.4f}")
     out = {"critic/pretrain_steps": float(crit.pretrain_steps)}

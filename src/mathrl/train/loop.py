@@ -31,7 +31,7 @@ from mathrl.algo.kl import apply_kl_reward_penalty, kl_penalty
 from mathrl.algo.losses import masked_mean
 from mathrl.config import Config, dump_yaml, to_dict
 from mathrl.evaluation.evaluate import EvalResult, evaluate
-from mathrl.model.io import load_model_and_tokenizer, save_model
+from mathrl.model.io import load_model_and_tokenizer
 from mathrl.model.paths import resolve_model_path
 from mathrl.model.value import load_critic
 from mathrl.reward.verify import Verifier
@@ -40,18 +40,28 @@ from mathrl.tasks.sources import EvalSet, PretrainText, ProblemStream, build_eva
 from mathrl.track.console import StepProgress, summary_table
 from mathrl.track.sinks import Tracker
 from mathrl.train.batching import TrainBatch
-from mathrl.train.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint, set_rng_state
+from mathrl.train.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint, save_hf_model, set_rng_state
 from mathrl.train.collect import (  # noqa: F401  (DynamicSamplingExhausted: raised from here, caught by the CLI)
     CollapseWatch,
     DynamicSamplingExhausted,
     collect_rollouts,
     filter_samples,
     new_train_batch,
+    rank_rows,
     rollout_records,
+)
+from mathrl.train.dist import (
+    DistributedError,
+    Ranks,
+    broadcast_object,
+    close_distributed,
+    collective_failure,
+    init_distributed,
+    shard_model,
 )
 from mathrl.train.critic import gae_targets, outcome_token_rewards, pretrain_critic, update_critic, value_pass
 from mathrl.train.run_dir import RunComplete, RunDir, open_run_dir  # noqa: F401  (RunComplete: caught by the CLI)
-from mathrl.train.update import engine_logprobs_are_old, scoring_pass, update_policy
+from mathrl.train.update import scoring_pass, update_policy
 
 
 @dataclass
@@ -67,14 +77,39 @@ class NonFiniteError(RuntimeError):
 
 
 def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -> TrainResult:
-    console = console or Console()
+    """Run the experiment `cfg` describes: in this process, or as one rank of a torchrun job (the
+    ranks split each step's prompts; rank 0 alone writes the run directory, logs and evaluates)."""
+    ranks = init_distributed(timeout_s=cfg.train.dist.timeout_s)
+    console = (console or Console()) if ranks.main else Console(quiet=True)
+    try:
+        result = _train(cfg, console=console, resume=resume, ranks=ranks)
+    except Exception as e:
+        if ranks.distributed and collective_failure(e):
+            raise DistributedError(
+                f"rank {ranks.rank}: a collective failed ({str(e).splitlines()[0][:200]}); another rank stopped or "
+                f"did not answer within train.dist.timeout_s={cfg.train.dist.timeout_s:g}s. Rerun the same command "
+                "to resume from the last complete checkpoint") from e
+        raise
+    close_distributed()
+    return result
+
+
+def _train(cfg: Config, *, console: Console, resume: bool, ranks: Ranks) -> TrainResult:
     t_start = time.time()
-    run, checkpoint = open_run_dir(cfg.run_dir, config_text=dump_yaml(cfg), resume=resume, console=console)
-    console.print(f"[bold]run directory[/bold] {run.path}")
+    opened = None
+    if ranks.main:  # rank 0 creates or resumes the run directory; the others learn what it found
+        try:
+            opened = (open_run_dir(cfg.run_dir, config_text=dump_yaml(cfg), resume=resume, console=console), None)
+        except Exception as e:  # every rank raises it, none waits for the others in vain
+            opened = (None, e)
+    (run, checkpoint), error = broadcast_object(opened)
+    if error is not None:
+        raise error
+    console.print(f"[bold]run directory[/bold] {run.path}" + (f" ({ranks.world_size} ranks)" if ranks.distributed else ""))
     seed_everything(cfg.seed)
 
     # ---- model, data, engine, optimizer, reference, critic ---------------------------------------
-    model_path = resolve_model_path(cfg, console)
+    model_path = broadcast_object(resolve_model_path(cfg, console) if ranks.main else None)  # rank 0 builds the tiny base
     console.print(f"loading model from {model_path}")
     parent = Path(cfg.train.init_from) if cfg.train.init_from and checkpoint is None else None
     model, tokenizer = load_model_and_tokenizer(checkpoint or parent or model_path, dtype=cfg.model.dtype)
@@ -83,8 +118,15 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
     model.train()
     train_stream: ProblemStream = build_train_stream(cfg, tokenizer)
     eval_sets = build_eval_sets(cfg, tokenizer, limit=cfg.data.eval_size)
-    # rollout.engine: torch samples from `model` itself; vllm loads the weights `model` was loaded from
-    engine = build_engine(cfg, model=model, tokenizer=tokenizer, model_path=checkpoint or parent or model_path)
+    # rollout.engine: torch samples from `model` itself; vllm loads the weights `model` was loaded from.
+    # Several ranks: the engine gets its own unsharded copy (ranks stop generating at different lengths,
+    # which a sharded model's collectives cannot follow), refreshed by update_weights after each update.
+    engine_model = model
+    if ranks.distributed:
+        engine_model = load_model_and_tokenizer(checkpoint or parent or model_path, dtype=cfg.model.dtype)[0]
+        engine_model.to(ranks.device).eval()
+        model = shard(model, cfg, ranks)
+    engine = build_engine(cfg, model=engine_model, tokenizer=tokenizer, model_path=checkpoint or parent or model_path)
     optimizer, scheduler = build_optimizer(model.parameters(), cfg, lr=cfg.train.lr)
     controllers = build_controllers(cfg)
     ptx = PretrainText(cfg, tokenizer) if cfg.algo.ptx.coef > 0 else None
@@ -92,12 +134,12 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
     if cfg.needs_reference:  # loaded only when a KL term or ref_gain_clip needs it
         console.print("loading the reference model (a frozen copy of the starting model)")
         ref_model, _ = load_model_and_tokenizer(model_path, dtype=cfg.model.dtype)
-        ref_model.eval().requires_grad_(False)
+        ref_model = shard(ref_model.eval().requires_grad_(False), cfg, ranks)
     critic = critic_optimizer = critic_scheduler = None
     if cfg.algo.adv.estimator == "gae":  # PPO with a learned critic; it resumes from checkpoints like the policy
         critic_source = critic_path(cfg, checkpoint=checkpoint, parent=parent, model_path=model_path)
         console.print(f"loading the critic from {critic_source}")
-        critic = load_critic(critic_source, dtype=cfg.model.dtype)
+        critic = shard(load_critic(critic_source, dtype=cfg.model.dtype), cfg, ranks)
         critic.train()
         critic_optimizer, critic_scheduler = build_optimizer(critic.parameters(), cfg, lr=cfg.algo.critic.lr or cfg.train.lr)
     optimizers = {"optimizer": optimizer, "scheduler": scheduler}
@@ -107,22 +149,25 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
     # ---- resume (same run) or continue (train.init_from: a new run from another run's checkpoint) --
     start_step, skipped_in_a_row, skipped_total = 1, 0, 0
     if checkpoint is not None or parent is not None:
-        state = load_trainer_state(checkpoint or parent, optimizers=optimizers, controllers=controllers)
+        state = load_trainer_state(checkpoint or parent, optimizers=optimizers, controllers=controllers,
+                                   models={"optimizer": model, "critic_optimizer": critic})
         if checkpoint is not None:  # everything the next step depends on comes back from the checkpoint
             set_rng_state(state["rng"])
             train_stream.load_state_dict(state["data"])
             if ptx is not None:
                 ptx.load_state_dict(state["ptx"])
             skipped_total = int(state.get("skipped_steps", 0))
-            run.truncate_after(state["step"])  # rows a killed run wrote after this checkpoint
+            if ranks.main:
+                run.truncate_after(state["step"])  # rows a killed run wrote after this checkpoint
             start_step = state["step"] + 1
             console.print(f"[bold]resuming[/bold] from {checkpoint} (step {state['step']} of {cfg.train.steps})")
         else:  # staged growth (e.g. a longer rollout.max_new_tokens): optimizer, schedule, controllers kept
-            run.write_parent(parent, state["step"])
+            if ranks.main:
+                run.write_parent(parent, state["step"])
             console.print(f"[bold]continuing[/bold] from {parent} (step {state['step']} of its run); recorded in parent.json")
     tracker = Tracker(run.path, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb, mlflow=cfg.log.mlflow,
                       wandb_project=cfg.log.wandb_project, mlflow_experiment=cfg.log.mlflow_experiment,
-                      config=to_dict(cfg))
+                      config=to_dict(cfg)) if ranks.main else SilentTracker()
 
     def trainer_state() -> dict:
         return {
@@ -142,7 +187,11 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
     n = cfg.rollout.n
     with Verifier(num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s) as verifier:
         # ---- evaluate the starting point ---------------------------------------------------------
-        if checkpoint is None:
+        base_results = latest = {}
+        last_eval: dict[str, float] = {}
+        if not ranks.main:
+            pass  # rank 0 evaluates
+        elif checkpoint is None:
             console.print(f"evaluating the base model on {', '.join(f'{e.name} ({len(e.problems)} problems)' for e in eval_sets)}, "
                           f"{cfg.eval.n} samples each")
             base_results = latest = run_evals(eval_sets, engine=engine, tokenizer=tokenizer, verifier=verifier, cfg=cfg)
@@ -151,14 +200,15 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
             base_results, latest, last_eval = evals_from_log(run)
         if critic is not None and cfg.algo.critic.pretrain_steps > 0 and checkpoint is None and parent is None:
             tracker.log(0, pretrain_critic(cfg, critic, critic_optimizer, critic_scheduler, train_stream=train_stream,
-                                           engine=engine, tokenizer=tokenizer, verifier=verifier, console=console))
+                                           engine=engine, tokenizer=tokenizer, verifier=verifier, console=console,
+                                           ranks=ranks))
 
         with StepProgress(console, total=cfg.train.steps, completed=start_step - 1) as progress:
             for step in range(start_step, cfg.train.steps + 1):
                 t0 = time.time()
                 # ---- 1-3. problems -> rollout -> reward (+ shaping) -> group filter, refilled ----------
                 got = collect_rollouts(cfg, step, train_stream=train_stream, engine=engine, tokenizer=tokenizer,
-                                       verifier=verifier)
+                                       verifier=verifier, ranks=ranks)
                 t_rollout, t_reward = t0 + got.rollout_seconds, t0 + got.rollout_seconds + got.reward_seconds
                 if not got.problems:  # every group was filtered out and on_exhausted=train_smaller: nothing to learn from
                     console.print(f"[yellow]warning:[/yellow] step {step}: dynamic sampling kept no group; update skipped")
@@ -171,19 +221,17 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
                 loss_mask, filter_metrics = filter_samples(cfg, rollout, got.texts, got.results)
                 metrics = {**got.metrics, **filter_metrics}
                 batch = new_train_batch(rollout, loss_mask, correct)
+                rows = rank_rows(len(got.problems), n, ranks)  # this rank's groups (None: all, one process)
 
                 # ---- 4. scoring passes: old logprobs (training model), reference logprobs/entropy ----
-                if engine_logprobs_are_old(cfg, model):  # train.old_logprobs: sampled from these float32 weights
-                    batch.old_logprobs, rollout_entropy = rollout.logprobs * batch.response_mask, None
-                else:
-                    batch.old_logprobs, rollout_entropy = scoring_pass(model, batch, cfg, with_entropy=True)
+                batch.old_logprobs, rollout_entropy = scoring_pass(model, batch, cfg, with_entropy=True, rows=rows)
                 if ref_model is not None:
-                    batch.ref_logprobs, batch.ref_entropy = scoring_pass(ref_model, batch, cfg, with_entropy=True)
+                    batch.ref_logprobs, batch.ref_entropy = scoring_pass(ref_model, batch, cfg, with_entropy=True, rows=rows)
                     metrics["actor/ref_kl"] = float(masked_mean(batch.old_logprobs - batch.ref_logprobs, batch.loss_mask))
                     metrics["actor/ref_entropy"] = float(masked_mean(batch.ref_entropy, batch.loss_mask))
 
                 # ---- 5. coefficients, KL reward penalty, advantages ---------------------------------
-                mean_entropy = float(masked_mean(rollout_entropy, batch.loss_mask)) if rollout_entropy is not None else None
+                mean_entropy = float(masked_mean(rollout_entropy, batch.loss_mask))
                 coefs = {"entropy": controllers["entropy"].update(mean_entropy)}
                 coefs["kl"] = (controllers["kl"].update(metrics["actor/ref_kl"], n_steps=len(batch))
                                if cfg.algo.kl.use != "none" else 0.0)
@@ -193,16 +241,18 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
                     kl_rewards = apply_kl_reward_penalty(torch.zeros_like(kl_tok), kl_tok, batch.loss_mask, coef=coefs["kl"])
                     metrics["reward/kl_penalty"] = float(-kl_rewards.sum(-1).mean())
                 if critic is not None:  # PPO: token-level GAE from the critic's values, KL penalty per token
-                    batch.old_values = value_pass(critic, batch, cfg)
+                    batch.old_values = value_pass(critic, batch, cfg, rows=rows)
                     token_rewards = outcome_token_rewards(rewards, batch.response_mask) + kl_rewards
                     batch.advantages, batch.returns, metrics["actor/gae_lambda"] = gae_targets(cfg, batch, token_rewards)
                 else:
                     batch.advantages = critic_free_advantages(cfg, batch, rewards, kl_rewards, num_groups=len(got.problems))
 
                 # ---- 6. updates: mini-batches x epochs ---------------------------------------------
-                metrics.update(update_policy(model, optimizer, scheduler, batch, cfg, step=step, coefs=coefs, ptx=ptx))
+                metrics.update(update_policy(model, optimizer, scheduler, batch, cfg, step=step, coefs=coefs, ptx=ptx,
+                                             rows=rows))
                 if critic is not None:
-                    metrics.update(update_critic(critic, critic_optimizer, critic_scheduler, batch, cfg, step=step))
+                    metrics.update(update_critic(critic, critic_optimizer, critic_scheduler, batch, cfg, step=step,
+                                                 rows=rows))
                 if metrics["perf/skipped_updates"] > 0:
                     skipped_total += int(metrics["perf/skipped_updates"])
                     skipped_in_a_row += 1
@@ -212,8 +262,7 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
                     skipped_in_a_row = 0
                 metrics["perf/skipped_steps"] = float(skipped_total)
                 metrics["actor/entropy_coef"] = coefs["entropy"]
-                if mean_entropy is not None:
-                    metrics["actor/rollout_entropy"] = mean_entropy
+                metrics["actor/rollout_entropy"] = mean_entropy
                 if cfg.algo.kl.use != "none":
                     metrics["actor/kl_coef"] = coefs["kl"]
                 t_train = time.time()
@@ -230,11 +279,13 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
                     "perf/train_seconds": t_train - t_reward,
                     "perf/step_seconds": time.time() - t0,
                     "perf/rollout_tokens_per_second": float(rollout.response_lengths.float().sum()) / max(t_rollout - t0, 1e-9),
+                    "perf/peak_memory_gb": peak_memory_gb(ranks),
                 })
                 tracker.log(step, metrics)
-                run.append_rollouts(rollout_records(step, got.problems, got.prompts_text, got.texts, got.results, rollout,
-                                                    tokenizer, n, cfg.log.rollouts_per_step))
-                if step % cfg.eval.every == 0 or step == cfg.train.steps:
+                if ranks.main:
+                    run.append_rollouts(rollout_records(step, got.problems, got.prompts_text, got.texts, got.results, rollout,
+                                                        tokenizer, n, cfg.log.rollouts_per_step))
+                if ranks.main and (step % cfg.eval.every == 0 or step == cfg.train.steps):
                     progress.note(f"step {step}: evaluating")
                     latest = run_evals(eval_sets, engine=engine, tokenizer=tokenizer, verifier=verifier, cfg=cfg)
                     last_eval = log_evals(step, latest, tracker, run)
@@ -243,7 +294,7 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
                 if cfg.train.save_every and (step % cfg.train.save_every == 0 or step == cfg.train.steps) and not skipped_in_a_row:
                     save_checkpoint(run.checkpoints, step, model=model, tokenizer=tokenizer, state=trainer_state(),
                                     keep_last=cfg.train.keep_last, keep_every=cfg.train.keep_every, critic=critic,
-                                    **optimizers)
+                                    ranks=ranks, **optimizers)
                 if skipped_in_a_row >= cfg.train.max_skipped_steps:
                     last = latest_checkpoint(run.checkpoints)
                     where = f"the last good checkpoint is {last}" if last else "no checkpoint had been written yet"
@@ -254,12 +305,14 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
     # ---- the final model and the summary ----------------------------------------------------------
     engine.close()
     console.print("saving the final model")
-    save_model(model, tokenizer, run.final)
+    save_hf_model(model, tokenizer, run.final, ranks=ranks)  # a plain Hugging Face directory at any world size
     if critic is not None:
-        critic.save_pretrained(run.final / "critic", safe_serialization=True)
-    (run.final / "trainer_state.json").write_text(json.dumps({"step": cfg.train.steps, **trainer_state()}, indent=2))
+        save_hf_model(critic, None, run.final / "critic", ranks=ranks)
     tracker.close()
     wall = time.time() - t_start
+    if not ranks.main:
+        return TrainResult(run_dir=run.path, base={}, final={}, wall_seconds=wall)
+    (run.final / "trainer_state.json").write_text(json.dumps({"step": cfg.train.steps, **trainer_state()}, indent=2))
     run.write_summary({
         "wall_seconds": wall,
         "steps": cfg.train.steps,
@@ -283,6 +336,33 @@ def seed_everything(seed: int) -> None:
         np.random.seed(seed % 2**32)
     except ImportError:  # pragma: no cover
         pass
+
+
+def shard(model, cfg: Config, ranks: Ranks):
+    """FSDP2-shard `model` over the ranks (train.dist.*); the model itself in one process."""
+    if not ranks.distributed:
+        return model
+    return shard_model(model, ranks, mixed_precision=cfg.train.dist.mixed_precision, cpu_offload=cfg.train.dist.cpu_offload)
+
+
+class SilentTracker:
+    """The tracker of ranks other than 0: they log nothing."""
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def peak_memory_gb(ranks: Ranks) -> float:
+    """Peak memory of this process so far: CUDA memory allocated on its GPU under torchrun with NCCL,
+    else its peak resident set size."""
+    if ranks.device.type == "cuda":
+        return torch.cuda.max_memory_allocated(ranks.device) / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
 
 
 def build_optimizer(params, cfg: Config, *, lr: float):

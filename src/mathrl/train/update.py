@@ -22,45 +22,44 @@ from mathrl.algo.rollout_correction import correction_weights
 from mathrl.config import Config
 from mathrl.model.scoring import next_token_logprobs, response_logprobs
 from mathrl.tasks.sources import PretrainText
+from mathrl.train import dist as tdist
 from mathrl.train.batching import TrainBatch, micro_batch_slices, micro_batches, row_lengths
 
 
 # ----------------------------------------------------------------------------- no-grad per-token passes
 @torch.no_grad()
-def per_token_pass(model, batch: TrainBatch, cfg: Config, forward) -> list[torch.Tensor]:
+def per_token_pass(model, batch: TrainBatch, cfg: Config, forward, *, rows: list[int] | None = None) -> list[torch.Tensor]:
     """Run `forward(model, micro_batch) -> [n, t] tensors` over no-grad micro-batches of `batch`, the
-    model in eval mode; returns each output as [N, T] float32 on CPU, 0 at masked positions."""
+    model in eval mode; returns each output as [N, T] float32 on CPU, 0 at masked positions.
+
+    With several ranks each computes only its `rows` (global row indices) and the outputs are summed
+    over ranks (disjoint rows, zeros elsewhere: exact). A rank with fewer micro-batches than another
+    runs throw-away forwards so that every rank makes the same sharded-model calls.
+    """
     was_training = model.training
     model.eval()
+    own = list(range(len(batch))) if rows is None else list(rows)
+    slices = [[own[i] for i in s] for s in micro_batch_slices(row_lengths(batch.select(own)), cfg.train.micro_batch_tokens * 4)] if own else []
+    calls = tdist.all_reduce_max(len(slices))  # no activations kept: a 4x larger budget
     outputs: list[torch.Tensor] = []
-    for rows in micro_batch_slices(row_lengths(batch), cfg.train.micro_batch_tokens * 4):  # no activations kept
-        parts = forward(model, batch.select(rows).trimmed())
+    for k in range(calls):
+        real = k < len(slices)
+        parts = forward(model, batch.select(slices[k] if real else [0]).trimmed())
         if not outputs:
             outputs = [torch.zeros_like(batch.response_mask) for _ in parts]
-        idx = (torch.as_tensor(rows)[:, None], torch.arange(parts[0].shape[1])[None, :])
-        for out, part in zip(outputs, parts):
-            out[idx] = part.float().cpu()
+        if real:
+            idx = (torch.as_tensor(slices[k])[:, None], torch.arange(parts[0].shape[1])[None, :])
+            for out, part in zip(outputs, parts):
+                out[idx] = part.float().cpu()
     model.train(was_training)
+    outputs = [tdist.all_reduce_sum_tensor(out) for out in outputs]
     return [out * batch.response_mask for out in outputs]
 
 
-def engine_logprobs_are_old(cfg: Config, model) -> bool:
-    """train.old_logprobs: whether the rollout engine's sampling logprobs stand in for the old-policy
-    logprobs (no scoring pass). `auto` says yes only where they are the trainer's own to float
-    rounding: the torch engine samples from these very float32 weights (tests/test_old_logprobs.py
-    measures the gap, ~1e-6), an FSDP-sharded model is not involved, no rollout correction weighs the
-    gap, and no entropy controller needs the pass's entropy."""
-    from torch.distributed.fsdp import FSDPModule
-
-    mode = cfg.train.old_logprobs
-    if mode != "auto":
-        return mode == "reuse_engine"
-    return (cfg.rollout.engine == "torch" and cfg.model.dtype == "float32" and not isinstance(model, FSDPModule)
-            and cfg.algo.rollout_correction.mode == "none" and cfg.algo.entropy.mode in ("none", "fixed"))
-
-
-def scoring_pass(model, batch: TrainBatch, cfg: Config, *, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """[N, T] logprobs (and entropy, zeros if not asked) of the sampled tokens under `model`, no grad."""
+def scoring_pass(model, batch: TrainBatch, cfg: Config, *, with_entropy: bool,
+                 rows: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, T] logprobs (and entropy, zeros if not asked) of the sampled tokens under `model`, no grad
+    (each rank scores its `rows`, see `per_token_pass`)."""
 
     def forward(model, mb: TrainBatch) -> list[torch.Tensor]:
         lp, ent = response_logprobs(
@@ -69,7 +68,7 @@ def scoring_pass(model, batch: TrainBatch, cfg: Config, *, with_entropy: bool) -
         )
         return [lp, ent if ent is not None else torch.zeros_like(lp)]
 
-    logprobs, entropy = per_token_pass(model, batch, cfg, forward)
+    logprobs, entropy = per_token_pass(model, batch, cfg, forward, rows=rows)
     return logprobs, entropy
 
 
@@ -90,6 +89,7 @@ def run_updates(
     mini_batch_counts: Callable[[TrainBatch], Any],
     micro_step: Callable[[TrainBatch, Any], dict[str, float]],
     after_micro_batches: Callable[[], dict[str, float]] | None = None,
+    rows: list[int] | None = None,
 ) -> UpdateLog:
     """train.epochs passes over `batch` in mini-batches of train.mini_batch_size rows, each one
     optimizer step (gradients clipped to train.max_grad_norm; a step whose loss terms or gradient norm
@@ -99,20 +99,39 @@ def run_updates(
     distributed); micro_step(micro, counts) runs forward + backward of one micro-batch and returns its
     loss terms as floats; after_micro_batches(), if given, adds more gradient before the step (PTX)
     and returns its terms.
+
+    Data parallel: `batch` is the whole step's batch on every rank and `rows` this rank's rows. The
+    shuffle is over the whole batch (the same on every rank), so a mini-batch holds the same samples
+    as in one process; each rank runs forward/backward on its own rows of it (padding with zero-loss
+    micro-batches to the largest count, so every rank makes the same sharded-model calls), and the
+    loss terms and the skip decision are taken over all ranks.
     """
     log = UpdateLog()
     order_gen = torch.Generator().manual_seed(seed)
+    owned = torch.ones(len(batch), dtype=torch.bool)
+    if rows is not None:
+        owned = torch.zeros(len(batch), dtype=torch.bool)
+        owned[torch.as_tensor(rows, dtype=torch.long)] = True
+    device = tdist.compute_device(model)
     for _epoch in range(cfg.train.epochs):
         order = torch.randperm(len(batch), generator=order_gen)
         for start in range(0, len(batch), cfg.train.mini_batch_size):
-            mini = batch.select(order[start : start + cfg.train.mini_batch_size])
+            chunk = order[start : start + cfg.train.mini_batch_size]
+            mini = batch.select(chunk[owned[chunk]])
             counts = mini_batch_counts(mini)
+            micros = micro_batches(mini, cfg.train.micro_batch_tokens) if len(mini) else []
+            filler = tdist.all_reduce_max(len(micros)) - len(micros)
+            if filler:  # zero-loss stand-ins: this rank holds fewer micro-batches than another
+                blank = batch.select(chunk[:1]).trimmed()
+                blank.loss_mask = torch.zeros_like(blank.loss_mask)
+                micros += [blank] * filler
             totals: dict[str, float] = {}
-            for micro in micro_batches(mini, cfg.train.micro_batch_tokens):
-                for k, v in micro_step(micro, counts).items():
+            for micro in micros:
+                for k, v in micro_step(micro.to(device), counts).items():
                     totals[k] = totals.get(k, 0.0) + v
+            totals = tdist.all_reduce_sums(totals)
             extra = after_micro_batches() if after_micro_batches is not None else {}
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
+            grad_norm = tdist.total_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm))
             log.lr = optimizer.param_groups[0]["lr"]
             if torch.isfinite(grad_norm) and all(math.isfinite(v) for v in totals.values()):
                 optimizer.step()
@@ -135,7 +154,7 @@ def _mean(xs: list[float]) -> float:
 # ----------------------------------------------------------------------------- the policy update
 def update_policy(
     model, optimizer, scheduler, batch: TrainBatch, cfg: Config, *, step: int, coefs: dict[str, float],
-    ptx: PretrainText | None,
+    ptx: PretrainText | None, rows: list[int] | None = None,
 ) -> dict[str, float]:
     """Mini-batches x epochs of updates on one rollout batch.
 
@@ -216,7 +235,8 @@ def update_policy(
 
     log = run_updates(model, optimizer, scheduler, batch, cfg, seed=cfg.seed * 1_000_003 + step,
                       mini_batch_counts=mini_batch_counts, micro_step=micro_step,
-                      after_micro_batches=ptx_step if ptx is not None else None)
+                      after_micro_batches=ptx_step if ptx is not None else None, rows=rows)
+    sums = tdist.all_reduce_sums(sums)
     tokens = max(sums["tokens"], 1.0)
     metrics = {
         "actor/pg_loss": _mean(log.terms.get("pg_loss", [])),

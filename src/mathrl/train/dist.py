@@ -1,0 +1,220 @@
+"""Ranks and sharding for data-parallel training on PyTorch's own stack (torch.distributed, FSDP2).
+
+    torchrun --nproc_per_node 2 -m mathrl.train train.steps=20      # or: mathrl train --nproc 2 ...
+
+One process (no torchrun, WORLD_SIZE unset or 1) uses none of this: `init_distributed` returns rank 0 of
+1 and every helper below is the identity. Under torchrun every rank joins one process group (gloo on
+CPU, NCCL on CUDA) with a collective timeout (train.dist.timeout_s): a rank that dies or stops answering
+makes the others fail with an error naming the timeout instead of waiting for ever, and torchrun then
+stops the job.
+
+Sharding: `shard_model` applies FSDP2's `fully_shard` to every decoder layer and then to the root
+module (so the embeddings and the head are one more shard group), with bf16 parameters and fp32
+gradient reduction on CUDA (train.dist.mixed_precision) and optional CPU offload (train.dist.cpu_offload).
+The master weights and optimizer state stay fp32 and sharded.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place in the job."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+    joined: bool = False  # part of a torchrun job (a process group), even one of a single rank
+
+    @property
+    def main(self) -> bool:
+        """Rank 0: the only rank that writes the run directory, logs, prints and evaluates."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        """Sharded training: under torchrun (any world size, so that 1 and N ranks run the same code)."""
+        return self.joined
+
+
+class DistributedError(RuntimeError):
+    """The job's ranks could not be set up or went out of step."""
+
+
+def init_distributed(*, timeout_s: float) -> Ranks:
+    """Join the torchrun job described by the environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+    MASTER_PORT), or return the single-process Ranks when there is none (no torchrun, or WORLD_SIZE=1
+    outside torchrun)."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1 and "TORCHELASTIC_RUN_ID" not in os.environ:
+        return Ranks()
+    for key in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        if key not in os.environ:
+            raise DistributedError(f"WORLD_SIZE={world_size} but {key} is not set; start the job with torchrun "
+                                   "(torchrun --nproc_per_node N -m mathrl.train ...) or mathrl train --nproc N")
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s),
+                                device_id=device if device.type == "cuda" else None)
+    return Ranks(rank=rank, world_size=world_size, local_rank=local_rank, device=device, joined=True)
+
+
+def close_distributed() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def active() -> bool:
+    """Whether collectives have other ranks to talk to."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def collective_failure(e: BaseException) -> bool:
+    """Whether `e` is a collective that failed or timed out (a rank died or hangs), as raised by
+    torch.distributed's backends."""
+    if isinstance(e, getattr(dist, "DistError", ())):
+        return True
+    text = str(e).lower()
+    return isinstance(e, RuntimeError) and any(
+        w in text for w in ("gloo", "nccl", "timed out", "connection closed", "connection reset", "broken pipe"))
+
+
+# ---- collectives on Python objects and small numbers (identity in one process) ------------------------
+def all_gather_objects(obj: Any) -> list[Any]:
+    """[obj of rank 0, obj of rank 1, ...] on every rank; [obj] in one process."""
+    if not active():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj: Any, *, src: int = 0) -> Any:
+    """Rank `src`'s obj on every rank."""
+    if not active():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def _reduce_device() -> torch.device:
+    if dist.get_backend() == "nccl":  # NCCL reduces CUDA tensors only
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce_sums(values: dict[str, float]) -> dict[str, float]:
+    """Each value summed over ranks (every rank passes the same keys, in the same order)."""
+    if not active() or not values:
+        return dict(values)
+    t = torch.tensor(list(values.values()), dtype=torch.float64, device=_reduce_device())
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return dict(zip(values, t.tolist()))
+
+
+def all_reduce_max(value: int) -> int:
+    if not active():
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=_reduce_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def all_reduce_sum_tensor(t: torch.Tensor) -> torch.Tensor:
+    """`t` summed over ranks (a new tensor on t's device); `t` itself in one process."""
+    if not active():
+        return t
+    work = t.to(_reduce_device(), copy=True)
+    dist.all_reduce(work, op=dist.ReduceOp.SUM)
+    return work.to(t.device)
+
+
+def compute_device(model) -> torch.device:
+    """Where a model's inputs go: this rank's GPU under NCCL, else the device of its parameters."""
+    if active() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return next(model.parameters()).device
+
+
+def barrier() -> None:
+    if active():
+        dist.barrier()
+
+
+def split_range(count: int, rank: int, world_size: int) -> tuple[int, int]:
+    """[lo, hi) of `count` items owned by `rank`: contiguous blocks in global order, sizes differing by
+    at most one (earlier ranks get the extra ones)."""
+    base, extra = divmod(count, world_size)
+    lo = rank * base + min(rank, extra)
+    return lo, lo + base + (1 if rank < extra else 0)
+
+
+# ---- FSDP2 -----------------------------------------------------------------------------------------------
+def decoder_layers(model) -> list[torch.nn.Module]:
+    """The transformer blocks of a Hugging Face causal LM or token-classification model (Qwen2, Llama,
+    Mistral, ...: `<backbone>.layers`)."""
+    backbone = getattr(model, "model", None) or getattr(model, "transformer", None)
+    layers = getattr(backbone, "layers", None) or getattr(backbone, "h", None)
+    if layers is None:
+        raise DistributedError(f"cannot find the decoder layers of {type(model).__name__} (looked for "
+                               "model.layers and transformer.h); FSDP sharding needs them")
+    return list(layers)
+
+
+def shard_model(model, ranks: Ranks, *, mixed_precision: bool, cpu_offload: bool):
+    """`fully_shard` each decoder layer, then the root; returns the (same, now sharded) model.
+
+    On CUDA with mixed_precision the forward/backward run in bf16 while the sharded master weights,
+    gradients' reduction and the optimizer stay fp32. On CPU (gloo) the model runs in its own dtype.
+    """
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    model.to(ranks.device)
+    kwargs: dict[str, Any] = {}
+    if mixed_precision and ranks.device.type == "cuda":
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    kwargs["offload_policy"] = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
+    for layer in decoder_layers(model):
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def is_sharded(model) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def full_state_dict(model, *, all_ranks: bool) -> dict[str, torch.Tensor]:
+    """The model's whole (unsharded) state dict on CPU, Hugging Face names: on every rank with
+    all_ranks, else on rank 0 only (other ranks get {}). A collective when the model is sharded."""
+    if not is_sharded(model):
+        return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    if all_ranks:
+        sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+        return {k: v.detach().cpu() for k, v in sd.items()}
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def total_norm(grad_norm: torch.Tensor) -> torch.Tensor:
+    """`clip_grad_norm_`'s result as a plain tensor (with sharded parameters it is a DTensor)."""
+    return grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm

@@ -1,0 +1,197 @@
+"""Data-parallel training end to end on CPU: torchrun, gloo, FSDP2, sharded (DCP) checkpoints.
+
+Every multi-process run is a real `mathrl train --nproc 2` (torchrun, 2 ranks, gloo) on a tiny model;
+the same quantity is computed two ways and must agree:
+  - 2 ranks vs 1 process, same config and seed: the same samples and rewards, and the same losses
+    and gradient norms up to float summation order;
+  - a 2-rank run whose rank 1 is SIGKILLed, then rerun, vs the uninterrupted 2-rank run;
+  - resuming a 2-rank run's checkpoint in 1 process (and a 1-process checkpoint with 2 ranks) vs the
+    uninterrupted run;
+  - 2 "nodes" x 1 process through torchrun's c10d rendezvous on localhost.
+
+Run: python -m pytest tests/test_dist_train.py -q   (about 4 minutes on 2 CPU cores)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+OVERRIDES = [
+    "base.steps=200", "base.max_digits=1", "data.arith.max_digits=1", "base.hidden_size=32",
+    "base.intermediate_size=64", "base.num_layers=2", "base.num_heads=2", "base.num_kv_heads=1",
+    "train.steps=6", "train.save_every=1", "train.keep_last=10", "rollout.prompts_per_step=4", "rollout.n=4",
+    # each rank's share (2 groups x 4 samples) is one rollout shard: both world sizes draw the same samples
+    "rollout.batch_size=8", "train.mini_batch_size=8", "data.eval_size=4", "eval.n=2", "eval.every=3",
+    "reward.num_workers=0", "log.rollouts_per_step=2",
+]
+HANG_GUARD_S = 600  # a hang fails the test instead of blocking CI; never a performance threshold
+
+# Float tolerance of 2 ranks vs 1 process: the mini-batch's per-rank partial sums are added in another
+# order (and the gradient all-reduced), ~1e-7 relative here; 1e-4 leaves room without hiding a bug
+# such as a per-rank instead of global normaliser (a factor 2).
+RTOL, ATOL = 1e-4, 1e-6
+EXACT = ("reward/", "rollout/response_length", "filter/", "collapse/")
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("cache")
+    return {**os.environ, "MATHRL_CACHE": str(cache), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def mathrl_train(env, run_dir: Path, *extra: str, nproc: int = 1, wait: bool = True):
+    cmd = [sys.executable, "-m", "mathrl.cli", "train", *OVERRIDES, *extra, "--run-dir", str(run_dir)]
+    if nproc > 1:
+        cmd += ["--nproc", str(nproc)]
+    log = open(run_dir.parent / f"{run_dir.name}.log", "w")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    if not wait:
+        return proc
+    code = proc.wait(timeout=HANG_GUARD_S)
+    assert code == 0, (run_dir.parent / f"{run_dir.name}.log").read_text()[-4000:]
+    return proc
+
+
+def metrics(run_dir: Path) -> dict[int, dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    by_step: dict[int, dict] = {}
+    for row in rows:
+        by_step.setdefault(row["step"], {}).update(row)
+    return by_step
+
+
+def assert_same_steps(a: dict[int, dict], b: dict[int, dict], steps) -> None:
+    for step in steps:
+        x, y = a[step], b[step]
+        keys = {k for k in x if not k.startswith("perf/") and k != "actor/rollout_entropy"}
+        assert keys <= set(y), f"step {step}: missing {sorted(keys - set(y))}"
+        for k in sorted(keys):
+            if k.startswith(EXACT):
+                assert x[k] == y[k], f"step {step} {k}: {x[k]} != {y[k]}"
+            else:
+                assert math.isclose(x[k], y[k], rel_tol=RTOL, abs_tol=ATOL), f"step {step} {k}: {x[k]} vs {y[k]}"
+
+
+@pytest.fixture(scope="module")
+def two_ranks(env, tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("dp") / "two"
+    mathrl_train(env, run, nproc=2)
+    return run
+
+
+@pytest.fixture(scope="module")
+def one_rank(env, tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("dp") / "one"
+    mathrl_train(env, run)
+    return run
+
+
+def test_two_ranks_match_one_process_and_only_rank_0_writes(two_ranks: Path, one_rank: Path) -> None:
+    two, one = metrics(two_ranks), metrics(one_rank)
+    assert sorted(two) == list(range(0, 7))  # one row per step: rank 1 logged nothing
+    assert_same_steps(one, two, steps=[1, 2])
+    # the samples themselves: rank 0 wrote the whole step's first rollouts, identical to one process
+    assert (two_ranks / "rollouts.jsonl").read_text() == (one_rank / "rollouts.jsonl").read_text()
+    ckpt = two_ranks / "checkpoints" / "step_000006"
+    assert (ckpt / "optimizer" / ".metadata").is_file()  # sharded optimizer state (DCP)
+    assert (ckpt / "model.safetensors").is_file() and (two_ranks / "final" / "model.safetensors").is_file()
+    assert json.loads((ckpt / "trainer_state.json").read_text())["world_size"] == 2
+    assert not list(two_ranks.glob("checkpoints/*.tmp-*"))
+    # both learn on the held-out set the same way (the same evaluation draws, weights within float error)
+    evals = [json.loads(line) for line in (two_ranks / "evals.jsonl").read_text().splitlines()]
+    evals_one = [json.loads(line) for line in (one_rank / "evals.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in evals] == [0, 3, 6]
+    assert evals[0]["pass_at_1"] == evals_one[0]["pass_at_1"]
+
+
+def _rank_pids(run_dir: Path) -> dict[int, int]:
+    """{local rank: pid} of the worker processes of the torchrun job writing `run_dir`."""
+    out = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            env = dict(kv.split(b"=", 1) for kv in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in kv)
+        except OSError:
+            continue
+        if b"mathrl.train" in cmd and str(run_dir).encode() in cmd and b"LOCAL_RANK" in env:
+            out[int(env[b"LOCAL_RANK"])] = int(pid)
+    return out
+
+
+def test_sigkill_of_one_rank_stops_the_job_and_a_rerun_resumes_exactly(env, two_ranks: Path, tmp_path: Path) -> None:
+    run = tmp_path / "killed"
+    job = mathrl_train(env, run, nproc=2, wait=False)
+    deadline = time.time() + HANG_GUARD_S
+    while not (run / "checkpoints" / "step_000002").is_dir():
+        assert job.poll() is None, (tmp_path / "killed.log").read_text()[-4000:]
+        assert time.time() < deadline
+        time.sleep(0.1)
+    pids = _rank_pids(run)
+    assert 1 in pids, pids
+    os.kill(pids[1], signal.SIGKILL)
+    code = job.wait(timeout=HANG_GUARD_S)  # rank 0 must not hang in a collective with a dead peer
+    assert code != 0
+    assert not (run / "summary.json").exists()
+    mathrl_train(env, run, nproc=2)  # the same command resumes from the last complete checkpoint
+    log = (tmp_path / "killed.log").read_text()
+    assert "resuming from" in log
+    assert_same_steps(metrics(two_ranks), metrics(run), steps=range(1, 7))
+
+
+def _cut_at(run: Path, step: int, dest: Path) -> Path:
+    """A copy of finished run `run` as it was when killed right after checkpoint `step`."""
+    shutil.copytree(run, dest)
+    shutil.rmtree(dest / "final")
+    (dest / "summary.json").unlink()
+    for ckpt in (dest / "checkpoints").glob("step_*"):
+        if int(ckpt.name[5:]) > step:
+            shutil.rmtree(ckpt)
+    return dest
+
+
+def test_resume_at_another_world_size(env, two_ranks: Path, one_rank: Path, tmp_path: Path) -> None:
+    # 2 ranks -> 1 process: the sharded optimizer state (DCP) is loaded into a plain optimizer
+    down = _cut_at(two_ranks, 3, tmp_path / "down")
+    mathrl_train(env, down)
+    assert "resuming from" in (tmp_path / "down.log").read_text()
+    assert_same_steps(metrics(two_ranks), metrics(down), steps=[4, 5, 6])
+    # 1 process -> 2 ranks: a one-process optimizer state is spread over the ranks by parameter name
+    up = _cut_at(one_rank, 3, tmp_path / "up")
+    mathrl_train(env, up, nproc=2)
+    assert_same_steps(metrics(one_rank), metrics(up), steps=[4, 5, 6])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_through_the_c10d_rendezvous(env, two_ranks: Path, tmp_path: Path) -> None:
+    # two torchrun agents, as on two machines, meeting at one rendezvous endpoint (here localhost)
+    run, port = tmp_path / "nodes", _free_port()
+    args = [*OVERRIDES, "train.steps=2", "--run-dir", str(run)]
+    agents = [
+        subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
+                          "--node_rank", str(node), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                          "--rdzv-id", "mathrl-test", "-m", "mathrl.train", *args],
+                         env=env, stdout=open(tmp_path / f"node{node}.log", "w"), stderr=subprocess.STDOUT)
+        for node in (0, 1)
+    ]
+    codes = [a.wait(timeout=HANG_GUARD_S) for a in agents]
+    assert codes == [0, 0], (tmp_path / "node0.log").read_text()[-3000:]
+    assert_same_steps(metrics(two_ranks), metrics(run), steps=[1, 2])
+    assert (run / "summary.json").is_file()
