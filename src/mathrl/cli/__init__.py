@@ -1,0 +1,188 @@
+"""The `mathrl` command: parses arguments and calls one library function per verb.
+
+    mathrl train [RECIPE.yaml] [key.path=value ...] [--run-dir DIR] [--no-resume]
+    mathrl sft   [RECIPE.yaml] [key.path=value ...] [--run-dir DIR] [--no-resume]   supervised fine-tuning (sft.*)
+    mathrl config [RECIPE.yaml] [key.path=value ...] [--yaml]   every key: type, default, allowed values, doc
+    mathrl base  [base.key=value ...]                  build (or find) the tiny base model; prints its path
+    mathrl eval  TARGET... [key.path=value ...] [--n 8 --seeds 0 1 2 ...]   evaluate checkpoints (docs/evaluation.md)
+    mathrl inspect --base PATH --model PATH (--run DIR --step S --index I | --prompt T --response T)
+                                                      token-level views of what RL changed (docs/inspect.md)
+    mathrl report RUN_DIR... [--out report.html]      one HTML page comparing runs (docs/report.md)
+    mathrl plan  RECIPE.yaml [key.path=value ...] --gpus N --gpu-mem 80   memory per GPU; exit 1 if it does not fit
+
+key.path=value overrides may stand anywhere after the verb, before or after options. Errors a user
+can fix (config, data, paths, models) are printed as one line each on stderr, with no traceback
+(MATHRL_DEBUG=1 shows it). Exit status: 0 done, 1 error, 2 bad command line or config, 130 Ctrl-C.
+
+A new verb is one `VERBS` entry: a function in cli/arguments.py that adds its arguments to its
+sub-parser, and a handler in cli/commands.py, `(ns, console) -> int`, that calls the library. This
+module holds the parser, where overrides may stand, and the one place that turns errors and Ctrl-C
+into messages and exit codes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.console import Console
+
+from mathrl.cli import arguments, commands
+from mathrl.cli.arguments import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, Parser, UsageError
+from mathrl.config import ConfigError
+
+__all__ = ["VERBS", "UsageError", "build_parser", "interrupt_message", "main"]
+
+_OVERRIDE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*=")
+
+
+Verb = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace, Console], int]]
+VERBS: dict[str, Verb] = {
+    "train": ("run an RL experiment (no arguments: the built-in arithmetic demo)", arguments.train, commands.train),
+    "sft": ("supervised fine-tuning on (prompt, response) data; then mathrl train model.path=<run>/final", arguments.sft, commands.sft),
+    "config": ("list every config key with its type, default, allowed values and doc", arguments.config, commands.config),
+    "base": ("build (or find in the cache) the tiny base model; prints its path", arguments.base, commands.base),
+    "eval": ("evaluate checkpoints: avg@n pass@1 over seeds with 95% CIs, pass@k, maj@n, collapse rates",
+             arguments.eval, commands.eval),
+    "inspect": ("token-level views of what RL changed in one response: probabilities, Δlogp, entropy (HTML)",
+                arguments.inspect, commands.inspect),
+    "report": ("one self-contained HTML page comparing runs: curves, eval tables, config differences",
+               arguments.report, commands.report),
+    "plan": ("memory per GPU of a recipe (params, grads, optimizer, activations, KV cache) and whether it fits",
+             arguments.plan, commands.plan),
+}
+_EXTRA_POSITIONALS = {"train": "args", "sft": "args", "config": "args", "base": "args", "eval": "args", "report": "run_dirs", "plan": "args"}
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    parser = Parser(prog="mathrl", description="RL from verifiable rewards for math reasoning.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(VERBS) + "}")
+    verbs = {}
+    for name, (help_text, add_arguments, _) in VERBS.items():
+        # help strings go through %-formatting (a literal "95% CIs" broke --help); descriptions do not
+        verbs[name] = sub.add_parser(name, help=help_text.replace("%", "%%"),
+                                     description=help_text[0].upper() + help_text[1:] + ".")
+        add_arguments(verbs[name])
+    return parser, verbs
+
+
+def _hoist_overrides(argv: list[str], verbs: dict[str, argparse.ArgumentParser]) -> list[str]:
+    """key.path=value words (and a train/config recipe) moved to just after the verb, so that argparse
+    reads them as the verb's positional words wherever they stood; an option's own value stays put."""
+    at = next((i for i, a in enumerate(argv) if a in verbs), None)
+    if at is None or argv[at] not in ("train", "sft", "config", "base", "eval", "plan"):
+        return argv
+    takes_value = {s for a in verbs[argv[at]]._actions if a.option_strings and a.nargs is None for s in a.option_strings}
+    hoisted, kept, rest = [], [], argv[at + 1 :]
+    i = 0
+    while i < len(rest):
+        word = rest[i]
+        if word == "--":
+            kept += rest[i:]
+            break
+        if word in takes_value:
+            kept += rest[i : i + 2]
+            i += 2
+            continue
+        recipe = argv[at] in ("train", "sft", "config", "plan") and word.endswith((".yaml", ".yml")) and not word.startswith("-")
+        (hoisted if (_OVERRIDE.match(word) and not Path(word).exists()) or recipe else kept).append(word)
+        i += 1
+    return argv[: at + 1] + hoisted + kept
+
+
+# ---------------------------------------------------------------------------------------------------
+# errors and interrupts: one place
+# ---------------------------------------------------------------------------------------------------
+def _fail(kind: str, message: str, code: int) -> int:
+    """`mathrl: <kind>: <message>` on stderr, one line per line of the message."""
+    for line in message.splitlines() or [""]:
+        print(f"mathrl: {kind}: {line}" if kind else f"mathrl: {line}", file=sys.stderr, flush=True)
+    return code
+
+
+def _is_known(e: BaseException) -> bool:
+    """Errors raised on purpose with a message for the user: bad values, files, models, missing optional
+    packages, and mathrl's own RuntimeErrors (non-finite losses, exhausted sampling, ...). Anything
+    else is a bug and keeps its traceback."""
+    if isinstance(e, (ValueError, OSError, ImportError)):
+        return True
+    return isinstance(e, RuntimeError) and type(e).__module__.startswith("mathrl.")
+
+
+def _last_logged_step(run_dir: Path) -> int | None:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return None
+    last = None
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            last = int(json.loads(line)["step"])
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut by the interrupt
+    return last
+
+
+def interrupt_message(ns: argparse.Namespace) -> str:
+    """What a Ctrl-C stopped and how to go on: the step in progress, and the step of the run
+    directory's last complete checkpoint that the same command resumes from."""
+    run_dir = getattr(ns, "run_dir_used", None)
+    if ns.command not in ("train", "sft") or run_dir is None:
+        return f"interrupted; mathrl {ns.command} did not finish"
+    from mathrl.train.checkpoint import latest_checkpoint
+
+    run_dir = Path(run_dir)
+    logged = _last_logged_step(run_dir)
+    at = "before the first step" if logged is None else f"at step {logged + 1}"
+    rerun = "rerun the same command" if ns.run_dir and not ns.no_resume else f"rerun with --run-dir {run_dir}"
+    checkpoint = latest_checkpoint(run_dir / "checkpoints") if run_dir.is_dir() else None
+    if checkpoint is not None:
+        step = json.loads((checkpoint / "trainer_state.json").read_text())["step"]
+        return f"interrupted {at}; {rerun} to resume from step {step} ({checkpoint})"
+    if logged is None:
+        return f"interrupted {at}; nothing to resume: rerun to start over"
+    return f"interrupted {at}, before the first checkpoint; rerun with --run-dir {run_dir} --no-resume to start over"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, verbs = build_parser()
+    try:
+        ns, extra = parser.parse_known_args(_hoist_overrides(argv, verbs))
+        dest = _EXTRA_POSITIONALS.get(ns.command)
+        if extra and (dest is None or any(w.startswith("-") for w in extra)):
+            verbs[ns.command].error(f"unrecognized arguments: {' '.join(extra)}")
+        if extra:
+            setattr(ns, dest, list(getattr(ns, dest)) + extra)
+    except SystemExit as e:  # --help / -h printed its text
+        return e.code if isinstance(e.code, int) else 0
+    except UsageError as e:
+        return _fail("error", str(e), EXIT_USAGE)
+
+    from mathrl.track.console import make_console
+
+    console = make_console()
+    debug = os.environ.get("MATHRL_DEBUG", "") not in ("", "0")
+    try:
+        return VERBS[ns.command][2](ns, console)
+    except KeyboardInterrupt:
+        return _fail("", interrupt_message(ns), EXIT_INTERRUPTED)
+    except BrokenPipeError:  # `mathrl config | head`: the reader has gone; nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a writer whose reader left
+    except ConfigError as e:
+        if debug:
+            raise
+        return _fail("config error", str(e), EXIT_USAGE)
+    except Exception as e:
+        if debug or not _is_known(e):
+            raise
+        return _fail("error", str(e) or type(e).__name__, EXIT_ERROR)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

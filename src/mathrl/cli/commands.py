@@ -1,0 +1,196 @@
+"""What each `mathrl` verb does: check what can be checked before work starts, then call the library.
+Each handler takes the parsed arguments and a console and returns the exit status."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from mathrl.cli.arguments import EXIT_ERROR, UsageError
+from mathrl.config import Config, ConfigError, load_config
+
+
+def _split_recipe(args: list[str]) -> tuple[str | None, list[str]]:
+    recipe = None
+    overrides = []
+    for a in args:
+        if a.endswith((".yaml", ".yml")) and "=" not in a and recipe is None:
+            recipe = a
+        else:
+            overrides.append(a)
+    return recipe, overrides
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def check_writable_dir(path: Path, what: str) -> None:
+    """Raise ConfigError unless `path` is a directory that can be written, or can be created as one."""
+    path = Path(path).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{what} {str(path)!r} is a file, not a directory; choose another {what}")
+    existing = path.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{what} {str(path)!r}: {str(existing)!r} is a file, so no directory can be made under it")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what} {str(path)!r}: {str(existing)!r} cannot be written (read-only or no permission); "
+                          f"choose another {what}")
+
+
+def check_data_files(cfg: Config) -> None:
+    """Read the local data files the run will read (data.train whole, each data.eval file's first
+    data.eval_size rows) before anything is built or loaded: a malformed row fails now, naming file and
+    line, instead of after the model has loaded. hf: datasets are read when the run starts."""
+    from mathrl.tasks.loading import load_problems
+    from mathrl.tasks.sources import field_map
+
+    for where, source in cfg._data_files():
+        if where == "data.train":
+            load_problems(source, field_map(cfg, source), on_error=cfg.data.on_error)
+        else:
+            load_problems(source, field_map(cfg, source), limit=cfg.data.eval_size, default_split="test")
+
+
+def train(ns: argparse.Namespace, console: Console) -> int:
+    recipe, overrides = _split_recipe(ns.args)
+    cfg = load_config(recipe, overrides)
+    if ns.run_dir:
+        cfg.run_dir = ns.run_dir  # a path, never re-read as YAML (--run-dir 2024-05-01 stays a string)
+    cfg.run_dir = cfg.run_dir or str(Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
+    ns.run_dir_used = cfg.run_dir  # for the Ctrl-C message
+    check_writable_dir(Path(cfg.run_dir), "--run-dir")
+    check_data_files(cfg)
+    if ns.nproc < 1:
+        raise UsageError(f"--nproc must be >= 1, got {ns.nproc}")
+    if ns.nproc > 1:  # one torchrun job; every rank runs this command without --nproc, on the same run dir
+        from mathrl.train.launch import launch
+
+        return launch(ns.nproc, [*ns.args, "--run-dir", cfg.run_dir, *(["--no-resume"] if ns.no_resume else [])])
+    _quiet_libraries()
+    from mathrl.train import loop
+
+    try:
+        loop.train(cfg, console=console, resume=not ns.no_resume)
+    except Exception as e:
+        if type(e).__name__ == "RunComplete":  # a finished run is not an error: say so and what to do
+            console.print(str(e))
+            return 0
+        raise
+    return 0
+
+
+def sft(ns: argparse.Namespace, console: Console) -> int:
+    recipe, overrides = _split_recipe(ns.args)
+    cfg = load_config(recipe, overrides)
+    cfg.run_dir = ns.run_dir or cfg.run_dir or str(Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
+    ns.run_dir_used = cfg.run_dir  # for the Ctrl-C message
+    check_writable_dir(Path(cfg.run_dir), "--run-dir")
+    from mathrl.train.sft import check_sft_config, sft
+
+    check_sft_config(cfg)
+    check_data_files(cfg)
+    _quiet_libraries()
+    try:
+        sft(cfg, console=console, resume=not ns.no_resume)
+    except Exception as e:
+        if type(e).__name__ == "RunComplete":
+            console.print(str(e))
+            return 0
+        raise
+    return 0
+
+
+def config(ns: argparse.Namespace, console: Console) -> int:
+    from mathrl.config import dump_yaml
+    from mathrl.config_schema import reference
+
+    recipe, overrides = _split_recipe(ns.args)
+    cfg = load_config(recipe, overrides, check_paths=False)
+    if ns.yaml:
+        print(dump_yaml(cfg), end="")
+        return 0
+    values = {e.key: e.default for e in reference(Config)}
+    for e in reference(Config):
+        if e.section:
+            print(f"\n{e.key}:" + (f"  # {e.doc}" if e.doc else ""))
+            continue
+        value = cfg
+        for part in e.key.split("."):
+            value = getattr(value, part)
+        shown = f"{value!r}" + (f" (default {values[e.key]!r})" if value != values[e.key] else "")
+        allowed = f"  [{e.domain}]" if e.domain else ""
+        print(f"{e.key}: {e.type} = {shown}{allowed}" + (f"  # {e.doc}" if e.doc else ""))
+    return 0
+
+
+def base(ns: argparse.Namespace, console: Console) -> int:
+    from mathrl.model.paths import TINY_BASE, resolve_model_path
+    from mathrl.track.console import make_console
+
+    cfg = load_config(None, ns.args)
+    cfg.model.path = TINY_BASE
+    _quiet_libraries()
+    print(resolve_model_path(cfg, make_console(stderr=True)), flush=True)  # stdout holds only the path: $(mathrl base)
+    return 0
+
+
+def eval(ns: argparse.Namespace, console: Console) -> int:
+    from mathrl.evaluation.sweep import SweepSettings, TargetError, split_args, sweep
+
+    targets, overrides = split_args(ns.args)
+    if not targets:
+        raise TargetError("no TARGET given: pass a model directory, a run directory or tiny-arith")
+    if ns.step is None and ns.neighbours is not None:
+        raise ConfigError("--neighbours needs --step (the checkpoint to average around)")
+    settings = SweepSettings(
+        n=ns.n, seeds=list(ns.seeds), temperature=ns.temperature, top_p=ns.top_p, max_new_tokens=ns.max_new_tokens,
+        limit=ns.limit, template=ns.template, data=ns.data, device=ns.device, step=ns.step,
+        neighbours=1 if ns.neighbours is None else ns.neighbours,
+    )
+    settings.validate()
+    if ns.out:
+        check_writable_dir(Path(ns.out), "--out")
+    _quiet_libraries()
+    sweep(targets, settings, overrides=overrides, console=console, out=Path(ns.out) if ns.out else None)
+    return 0
+
+
+def inspect(ns: argparse.Namespace, console: Console) -> int:
+    import dataclasses
+
+    from mathrl.analysis.inspect_cli import InspectOptions, inspect
+
+    _quiet_libraries()
+    options = InspectOptions(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(InspectOptions)})
+    inspect(options, console)
+    return 0
+
+
+def plan(ns: argparse.Namespace, console: Console) -> int:
+    from mathrl.model.plan import estimate_memory, format_plan
+
+    recipe, overrides = _split_recipe(ns.args)
+    cfg = load_config(recipe, overrides, check_paths=False)  # planning needs the architecture, not the data
+    _quiet_libraries()
+    plan = estimate_memory(cfg, gpus=ns.gpus, gpu_mem_gib=ns.gpu_mem)
+    print(format_plan(plan, cfg.model.path), flush=True)
+    return 0 if plan.fits else EXIT_ERROR
+
+
+def report(ns: argparse.Namespace, console: Console) -> int:
+    from mathrl.analysis.report import build_report
+
+    out = build_report([Path(p) for p in ns.run_dirs], Path(ns.out), title=ns.title, pngs=not ns.no_png)
+    console.print(f"wrote {out}" + ("" if ns.no_png else f" and its charts as PNGs in {out.stem}_plots/"))
+    return 0
