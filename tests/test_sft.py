@@ -229,3 +229,19 @@ def test_cli_reports_one_line(tmp_path, capsys):
     assert main(["sft", "--run-dir", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("mathrl: config error: data.train=arith has no responses")
+
+
+def test_arith_sft_rows_are_training_split_and_clean(tmp_path):
+    # SFT rows must never be held-out problems (the eval set stays unseen), and with slip_prob=0 every
+    # worked solution ends in the right answer.
+    from mathrl.tasks.arithmetic import ArithmeticTask
+    from mathrl.tasks.loading import _last_boxed
+
+    path = write_arith_sft_jsonl(tmp_path / "a.jsonl", rows=200, max_digits=2, seed=3)
+    task = ArithmeticTask(min_digits=1, max_digits=2)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(rows) == 200
+    for row in rows:
+        a, b = map(int, row["problem"].split("+"))
+        assert not task.is_heldout(a, b)
+        assert int(_last_boxed(row["response"])) == a + b == int(row["answer"])
