@@ -125,6 +125,10 @@ class VLLMEngine:
         )
         if s.max_num_seqs is not None:
             kwargs["max_num_seqs"] = s.max_num_seqs
+        if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            # under torchrun: one independent engine per rank on the rank's own device (vLLM's launcher for
+            # engines inside an existing process group: it reads RANK / LOCAL_RANK and reuses the group)
+            kwargs["distributed_executor_backend"] = "external_launcher"
         if s.max_num_batched_tokens is not None:
             kwargs["max_num_batched_tokens"] = s.max_num_batched_tokens
         rng = _global_rng_state()  # vLLM seeds the global RNGs of the process it runs in; the trainer's stay as they were
