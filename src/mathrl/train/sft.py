@@ -225,8 +225,11 @@ def sft(cfg: Config, *, console: Console | None = None, resume: bool = True) -> 
             console.print(f"step {step}/{cfg.sft.steps}: {shown}", highlight=False)
             return results
 
-        base = evaluate_now(0) if checkpoint is None else (evals_from_log(run)[0] if eval_sets else {})
-        last: dict = {}
+        base = last = {}
+        if checkpoint is None:
+            base = evaluate_now(0)
+        elif eval_sets:  # a resumed run's evaluations so far are in its log
+            base, last, _ = evals_from_log(run)
         for step in range(start_step, cfg.sft.steps + 1):
             t0 = time.time()
             batch = collate(stream.next_batch(cfg.sft.batch_size), pad_id=tokenizer.pad_token_id)
