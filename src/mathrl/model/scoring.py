@@ -35,10 +35,20 @@ def final_hidden(model, **inputs) -> torch.Tensor:
     return backbone(**inputs).last_hidden_state
 
 
+def input_device(model) -> torch.device:
+    """Where a model's inputs go: its parameters' device, or this process's GPU for an FSDP2-sharded
+    model (whose parameters may live in CPU memory with train.dist.cpu_offload)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule) and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return next(model.parameters()).device
+
+
 def packed_inputs(model, prompt_ids, prompt_mask, response_ids, response_mask):
     """(input_ids, attention_mask, position_ids), each [B, P+T] on the model's device, for the
     `[left-padded prompt | right-padded response]` layout, positions skipping the left padding."""
-    device = next(model.parameters()).device
+    device = input_device(model)
     input_ids = torch.cat([prompt_ids, response_ids], dim=1).to(device)
     attention_mask = torch.cat([prompt_mask.long(), response_mask.long()], dim=1).to(device)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
@@ -80,7 +90,7 @@ def response_logprobs(
 
 def next_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, chunk_size: int = 1024) -> torch.Tensor:
     """[B, L-1] logprob of each token given the ones before it (right-padded text; for PTX-style losses)."""
-    device = next(model.parameters()).device
+    device = input_device(model)
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     _, head = backbone_and_head(model)
     hidden = final_hidden(model, input_ids=input_ids, attention_mask=attention_mask)[:, :-1]

@@ -200,6 +200,9 @@ def save_hf_model(model, tokenizer, out: Path, *, ranks: Ranks | None = None) ->
     out = Path(out)
     main = ranks is None or ranks.main
     weights = full_state_dict(model, all_ranks=False) if is_sharded(model) else None
+    if weights and getattr(model.config, "tie_word_embeddings", False):  # the head is the embedding: save it once
+        head = model.get_output_embeddings()
+        weights.pop(next((f"{n}.weight" for n, m in model.named_modules() if m is head and n), ""), None)
     if main:
         out.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(out, state_dict=weights, safe_serialization=True)

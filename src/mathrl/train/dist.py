@@ -147,7 +147,7 @@ def all_reduce_sum_tensor(t: torch.Tensor) -> torch.Tensor:
 
 def compute_device(model) -> torch.device:
     """Where a model's inputs go: this rank's GPU under NCCL, else the device of its parameters."""
-    if active() and dist.get_backend() == "nccl":
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return next(model.parameters()).device
 
@@ -189,7 +189,8 @@ def shard_model(model, ranks: Ranks, *, mixed_precision: bool, cpu_offload: bool
     kwargs: dict[str, Any] = {}
     if mixed_precision and ranks.device.type == "cuda":
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    kwargs["offload_policy"] = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
+    # offloading moves shards between CPU and GPU memory; on CPU (gloo) everything already lives there
+    kwargs["offload_policy"] = CPUOffloadPolicy() if cpu_offload and ranks.device.type == "cuda" else OffloadPolicy()
     for layer in decoder_layers(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
