@@ -25,10 +25,6 @@ from mathrl.reward.normalize import (
     choice_letter,
     expand_plus_minus,
     inequality_to_interval,
-    mixed_number,
-    plain_number,
-    scientific_number,
-    simple_fraction,
     split_top_level,
     strip_answer_prose,
     strip_delimiters,
@@ -36,6 +32,7 @@ from mathrl.reward.normalize import (
     strip_variable,
     text_answer,
 )
+from mathrl.reward.numeric import mixed_number, plain_number, scientific_number, simple_fraction
 
 CASES_FILE = Path(__file__).parent / "data" / "verifier_cases.jsonl"
 

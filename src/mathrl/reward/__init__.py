@@ -1,7 +1,8 @@
 """Rewards: extract the final boxed answer and check it against the reference, never raising.
 
 `extract.py` finds the boxes (linear-time brace scan) and applies the box policy (`reward.boxed`);
-`normalize.py` holds the small rewriting rules (units, number conventions, inequalities, ...);
+`normalize.py` holds the small rewriting rules (units, prose, names, lists, inequalities, ...) and
+`numeric.py` the exact values of numbers (thousands and decimal-comma conventions, fractions);
 `equivalence.py` compares by the reference's form (tuples in order, solution sets as multisets) with
 exact decimals, else math-verify; `verify.py` runs it in-process (`verify_one`) or in timed worker
 processes (`Verifier`).

@@ -34,10 +34,6 @@ from mathrl.reward.normalize import (
     choice_letter,
     expand_plus_minus,
     inequality_to_interval,
-    mixed_number,
-    plain_number,
-    scientific_number,
-    simple_fraction,
     split_top_level,
     strip_answer_prose,
     strip_delimiters,
@@ -45,6 +41,7 @@ from mathrl.reward.normalize import (
     strip_variable,
     text_answer,
 )
+from mathrl.reward.numeric import mixed_number, plain_number, scientific_number, simple_fraction
 
 __all__ = ["MAX_MATH_VERIFY_CHARS", "UnparsableReference", "Verdict", "answers_equal", "value_equal"]
 
