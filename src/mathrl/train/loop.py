@@ -61,7 +61,7 @@ from mathrl.train.dist import (
 )
 from mathrl.train.critic import gae_targets, outcome_token_rewards, pretrain_critic, update_critic, value_pass
 from mathrl.train.run_dir import RunComplete, RunDir, open_run_dir  # noqa: F401  (RunComplete: caught by the CLI)
-from mathrl.train.update import scoring_pass, update_policy
+from mathrl.train.update import engine_logprobs_are_old, scoring_pass, update_policy
 
 
 @dataclass
@@ -224,14 +224,17 @@ def _train(cfg: Config, *, console: Console, resume: bool, ranks: Ranks) -> Trai
                 rows = rank_rows(len(got.problems), n, ranks)  # this rank's groups (None: all, one process)
 
                 # ---- 4. scoring passes: old logprobs (training model), reference logprobs/entropy ----
-                batch.old_logprobs, rollout_entropy = scoring_pass(model, batch, cfg, with_entropy=True, rows=rows)
+                if engine_logprobs_are_old(cfg, model):  # train.old_logprobs: sampled from these float32 weights
+                    batch.old_logprobs, rollout_entropy = rollout.logprobs * batch.response_mask, None
+                else:
+                    batch.old_logprobs, rollout_entropy = scoring_pass(model, batch, cfg, with_entropy=True, rows=rows)
                 if ref_model is not None:
                     batch.ref_logprobs, batch.ref_entropy = scoring_pass(ref_model, batch, cfg, with_entropy=True, rows=rows)
                     metrics["actor/ref_kl"] = float(masked_mean(batch.old_logprobs - batch.ref_logprobs, batch.loss_mask))
                     metrics["actor/ref_entropy"] = float(masked_mean(batch.ref_entropy, batch.loss_mask))
 
                 # ---- 5. coefficients, KL reward penalty, advantages ---------------------------------
-                mean_entropy = float(masked_mean(rollout_entropy, batch.loss_mask))
+                mean_entropy = float(masked_mean(rollout_entropy, batch.loss_mask)) if rollout_entropy is not None else None
                 coefs = {"entropy": controllers["entropy"].update(mean_entropy)}
                 coefs["kl"] = (controllers["kl"].update(metrics["actor/ref_kl"], n_steps=len(batch))
                                if cfg.algo.kl.use != "none" else 0.0)
@@ -262,7 +265,8 @@ def _train(cfg: Config, *, console: Console, resume: bool, ranks: Ranks) -> Trai
                     skipped_in_a_row = 0
                 metrics["perf/skipped_steps"] = float(skipped_total)
                 metrics["actor/entropy_coef"] = coefs["entropy"]
-                metrics["actor/rollout_entropy"] = mean_entropy
+                if mean_entropy is not None:
+                    metrics["actor/rollout_entropy"] = mean_entropy
                 if cfg.algo.kl.use != "none":
                     metrics["actor/kl_coef"] = coefs["kl"]
                 t_train = time.time()

@@ -56,6 +56,21 @@ def per_token_pass(model, batch: TrainBatch, cfg: Config, forward, *, rows: list
     return [out * batch.response_mask for out in outputs]
 
 
+def engine_logprobs_are_old(cfg: Config, model) -> bool:
+    """train.old_logprobs: whether the rollout engine's sampling logprobs stand in for the old-policy
+    logprobs (no scoring pass). `auto` says yes only where they are the trainer's own to float
+    rounding: the torch engine samples from these very float32 weights (tests/test_old_logprobs.py
+    measures the gap, ~1e-6), an FSDP-sharded model is not involved, no rollout correction weighs the
+    gap, and no entropy controller needs the pass's entropy."""
+    from torch.distributed.fsdp import FSDPModule
+
+    mode = cfg.train.old_logprobs
+    if mode != "auto":
+        return mode == "reuse_engine"
+    return (cfg.rollout.engine == "torch" and cfg.model.dtype == "float32" and not isinstance(model, FSDPModule)
+            and cfg.algo.rollout_correction.mode == "none" and cfg.algo.entropy.mode in ("none", "fixed"))
+
+
 def scoring_pass(model, batch: TrainBatch, cfg: Config, *, with_entropy: bool,
                  rows: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """[N, T] logprobs (and entropy, zeros if not asked) of the sampled tokens under `model`, no grad
