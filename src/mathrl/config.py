@@ -258,8 +258,8 @@ class TrainConfig:
     keep_every: int = 0  # also keep every checkpoint whose step is a multiple of this (0 = none)
     max_skipped_steps: int = 5  # stop after this many consecutive steps with a non-finite loss or gradient
     init_from: str | None = None  # continue from another run's checkpoint dir (model, optimizer, controllers) in this new run
-    dist: DistConfig = field(default_factory=DistConfig)  # several processes (torchrun, mathrl train --nproc N)
     old_logprobs: Literal["auto", "recompute", "reuse_engine"] = "auto"  # the PPO ratio's old logprobs: recompute = a no-grad scoring pass of the training model; reuse_engine = the torch engine's sampling logprobs (same float32 weights, equal to float rounding; no actor/rollout_entropy); auto = reuse_engine where that holds (torch engine, float32, unsharded, no rollout correction, entropy mode none or fixed), else recompute
+    dist: DistConfig = field(default_factory=DistConfig)  # several processes (torchrun, mathrl train --nproc N)
 
 
 @dataclass

@@ -102,9 +102,10 @@ def _train(cfg: Config, *, console: Console, resume: bool, ranks: Ranks) -> Trai
             opened = (open_run_dir(cfg.run_dir, config_text=dump_yaml(cfg), resume=resume, console=console), None)
         except Exception as e:  # every rank raises it, none waits for the others in vain
             opened = (None, e)
-    (run, checkpoint), error = broadcast_object(opened)
-    if error is not None:
+    found, error = broadcast_object(opened)
+    if error is not None:  # e.g. a run directory that holds a run it cannot resume: one line, no traceback
         raise error
+    run, checkpoint = found
     console.print(f"[bold]run directory[/bold] {run.path}" + (f" ({ranks.world_size} ranks)" if ranks.distributed else ""))
     seed_everything(cfg.seed)
 
@@ -185,7 +186,7 @@ def _train(cfg: Config, *, console: Console, resume: bool, ranks: Ranks) -> Trai
                           f"data.max_prompt_tokens={cfg.data.max_prompt_tokens}")
     collapse = CollapseWatch()
     n = cfg.rollout.n
-    with Verifier(num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s) as verifier:
+    with Verifier(num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s, boxed=cfg.reward.boxed) as verifier:
         # ---- evaluate the starting point ---------------------------------------------------------
         base_results = latest = {}
         last_eval: dict[str, float] = {}
