@@ -45,7 +45,7 @@ model loading, evaluation and every step included).
 
 The header names the CPU (model, and whether it has AVX-512 BF16 / AMX units, which decide how fast
 TRL's default bf16 autocast runs), the torch threads and the versions of torch, transformers, TRL and
-mathrl. Run it on an otherwise idle machine; on a shared one take the lock others use for heavy jobs.
+mathrl. Run it on an otherwise idle machine (nothing else running on the cores).
 """
 
 from __future__ import annotations
