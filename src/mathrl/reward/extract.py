@@ -53,18 +53,25 @@ def extract_boxed(text: str, *, max_chars: int = 1_000_000) -> str | None:
     if last_open is None:
         return None
 
-    # Walk the braces after the opening one; depth 0 means we just closed the box.
     start = last_open.end()
+    close = _closing_brace(text, start)
+    return None if close is None else text[start : close.start()].strip()  # None: ran out of tokens mid-answer
+
+
+def _closing_brace(text: str, start: int) -> re.Match | None:
+    """The brace token that closes a box whose content starts at `start`, or None if it never closes.
+
+    Walks the braces after the opening one; depth 0 means the box just closed. Linear time.
+    """
     depth = 1
     for token in _BRACE_TOKEN.finditer(text, start):
-        brace = token.group()
-        if brace == "{":
+        if token.group() == "{":
             depth += 1
-        elif brace == "}":
+        elif token.group() == "}":
             depth -= 1
             if depth == 0:
-                return text[start : token.start()].strip()
-    return None  # unterminated: the model ran out of tokens mid-answer
+                return token
+    return None
 
 
 def extract_boxes(text: str, *, max_chars: int = 1_000_000) -> list[tuple[int, int, str]]:
@@ -84,19 +91,11 @@ def extract_boxes(text: str, *, max_chars: int = 1_000_000) -> list[tuple[int, i
         opening = _BOX_OPEN.search(text, position)
         if opening is None:
             return boxes
-        depth = 1
-        for token in _BRACE_TOKEN.finditer(text, opening.end()):
-            brace = token.group()
-            if brace == "{":
-                depth += 1
-            elif brace == "}":
-                depth -= 1
-                if depth == 0:
-                    boxes.append((opening.start(), token.end(), text[opening.end() : token.start()].strip()))
-                    position = token.end()
-                    break
-        else:
+        close = _closing_brace(text, opening.end())
+        if close is None:
             return boxes  # unclosed: the model ran out of tokens inside it
+        boxes.append((opening.start(), close.end(), text[opening.end() : close.start()].strip()))
+        position = close.end()
 
 
 BoxPolicy = Literal["last", "all", "any"]
