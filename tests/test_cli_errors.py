@@ -180,6 +180,19 @@ def test_a_finished_or_unresumable_run_is_left_as_it_was(tmp_path, capsys):
     assert _tree(run) == before
 
 
+def test_a_finished_run_is_reported_and_left_as_it_was(tmp_path, capsys):
+    # Rerunning the command of a finished run is not an error: exit 0, say what to do, touch nothing
+    # (the run directory is opened before any model is built, so this needs no model).
+    run = tmp_path / "run"
+    (run / "final").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    (run / "summary.json").write_text("{}")
+    before = _tree(run)
+    assert main(["train", "train.steps=1", "--run-dir", str(run)]) == 0
+    assert "holds a finished run" in capsys.readouterr().out
+    assert _tree(run) == before
+
+
 def test_inspect_writes_into_the_run_directory_by_default(tmp_path):
     from mathrl.analysis.inspect_cli import InspectOptions, default_out
 

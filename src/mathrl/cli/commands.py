@@ -80,13 +80,17 @@ def train(ns: argparse.Namespace, console: Console) -> int:
     _quiet_libraries()
     from mathrl.train import loop
 
+    return _run(loop.train, cfg, ns, console)
+
+
+def _run(run, cfg, ns: argparse.Namespace, console: Console) -> int:
+    """Call train or sft; a run directory that holds a finished run is not an error: say so and what to do."""
+    from mathrl.train.run_dir import RunComplete
+
     try:
-        loop.train(cfg, console=console, resume=not ns.no_resume)
-    except Exception as e:
-        if type(e).__name__ == "RunComplete":  # a finished run is not an error: say so and what to do
-            console.print(str(e))
-            return 0
-        raise
+        run(cfg, console=console, resume=not ns.no_resume)
+    except RunComplete as e:
+        console.print(str(e))
     return 0
 
 
@@ -101,14 +105,7 @@ def sft(ns: argparse.Namespace, console: Console) -> int:
     check_sft_config(cfg)
     check_data_files(cfg)
     _quiet_libraries()
-    try:
-        sft(cfg, console=console, resume=not ns.no_resume)
-    except Exception as e:
-        if type(e).__name__ == "RunComplete":
-            console.print(str(e))
-            return 0
-        raise
-    return 0
+    return _run(sft, cfg, ns, console)
 
 
 def config(ns: argparse.Namespace, console: Console) -> int:
