@@ -10,7 +10,7 @@ import torch
 from torch.testing import assert_close
 
 from mathrl.algo.losses import aggregate, policy_loss
-from mathrl.algo.rollout_correction import correction_weights, log_ratio, mismatch_metrics
+from mathrl.algo.rollout_correction import correction_weights, log_ratio
 
 LN2, LN3 = math.log(2.0), math.log(3.0)
 
@@ -85,19 +85,6 @@ def test_weighted_policy_loss_scales_each_tokens_gradient_by_its_weight():
     loss.backward()
     expected = -adv * torch.tensor([[2.0, 1.0, 0.5], [2.5, 2.5, 0.0]]) / 5
     assert_close(logprobs.grad, expected)
-
-
-def test_mismatch_metrics_hand_computed():
-    w, o = correction_weights(OLD, ROLLOUT, MASK, mode="tis", level="token", cap=2.5)
-    m = mismatch_metrics(OLD, ROLLOUT, MASK, w, o)
-    # |diff| over the 5 counted tokens: ln2, 0, ln2, ln3, ln3 (the padded 99 is not counted).
-    assert_close(m["abs_logp_diff"], torch.tensor((2 * LN2 + 2 * LN3) / 5))
-    assert_close(m["max_abs_logp_diff"], torch.tensor(LN3))
-    # rollout - old: -ln2, 0, ln2, -ln3, -ln3 -> mean -2 ln3 / 5
-    assert_close(m["kl_rollout_old"], torch.tensor(-2 * LN3 / 5))
-    assert_close(m["weight_mean"], torch.tensor((2.0 + 1.0 + 0.5 + 2.5 + 2.5) / 5))
-    assert_close(m["over_cap_frac"], torch.tensor(2 / 5))
-    assert set(mismatch_metrics(OLD, ROLLOUT, MASK)) == {"abs_logp_diff", "max_abs_logp_diff", "kl_rollout_old"}
 
 
 @pytest.mark.parametrize(

@@ -35,9 +35,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from mathrl.algo.losses import masked_mean, masked_sum
 
-__all__ = ["CorrectionMode", "CorrectionLevel", "correction_weights", "mismatch_metrics", "log_ratio"]
+__all__ = ["CorrectionMode", "CorrectionLevel", "correction_weights", "log_ratio"]
 
 CorrectionMode = Literal["tis", "mis"]
 CorrectionLevel = Literal["token", "sequence"]
@@ -120,43 +119,3 @@ def correction_weights(
             raise ValueError(f"unknown mode {mode!r}; choose tis or mis")
         weights = torch.where(m, weights, zeros)
     return weights, over.to(old_logprobs.dtype)
-
-
-def mismatch_metrics(
-    old_logprobs: Tensor,
-    rollout_logprobs: Tensor,
-    mask: Tensor,
-    weights: Tensor | None = None,
-    over_cap: Tensor | None = None,
-) -> dict[str, Tensor]:
-    """How far the engine's logprobs are from the trainer's, over the counted tokens.
-
-    Args:
-        old_logprobs, rollout_logprobs, mask: [B, T] as in ``correction_weights``.
-        weights, over_cap: the outputs of ``correction_weights`` (omit both when no correction runs).
-
-    Returns:
-        scalar tensors (detached):
-        ``abs_logp_diff``: mean |old − rollout| per token (nats).
-        ``max_abs_logp_diff``: the largest |old − rollout| of a counted token.
-        ``kl_rollout_old``: mean of rollout − old, the k1 estimate of KL(π_rollout ‖ π_old) on the
-            engine's own samples (nats per token).
-        with weights: ``weight_mean`` (mean weight per token) and ``over_cap_frac`` (share of tokens
-            whose ratio, or whose sequence's ratio, is over the cap).
-    """
-    with torch.no_grad():
-        diff = (old_logprobs - rollout_logprobs).detach()  # [B, T]
-        m = mask.bool()
-        abs_diff = diff.abs()
-        out = {
-            "abs_logp_diff": masked_mean(abs_diff, mask),
-            "max_abs_logp_diff": torch.where(m, abs_diff, torch.zeros_like(abs_diff)).max()
-            if m.any()
-            else abs_diff.new_zeros(()),
-            "kl_rollout_old": masked_mean(-diff, mask),
-        }
-        if weights is not None:
-            out["weight_mean"] = masked_mean(weights, mask)
-        if over_cap is not None:
-            out["over_cap_frac"] = masked_sum(over_cap, mask) / m.sum().clamp_min(1)
-    return out
