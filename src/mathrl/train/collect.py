@@ -134,7 +134,6 @@ def collect_rollouts(cfg: Config, step: int, *, train_stream: ProblemStream, eng
     shaping_metrics: dict[str, list[float]] = {}
     while kept < want and rounds < (ds.max_rounds if ds.mode != "none" else 1):
         rounds += 1
-        t0 = time.time()
         problems, prompt_ids, prompts_text = train_stream.next_batch(want)
         rollout, texts, results, gen_s, rew_s = generate_and_score(
             cfg, [p for p in prompt_ids for _ in range(n)], [p.answer for p in problems for _ in range(n)],

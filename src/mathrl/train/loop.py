@@ -41,9 +41,8 @@ from mathrl.track.console import StepProgress, summary_table
 from mathrl.track.sinks import Tracker
 from mathrl.train.batching import TrainBatch
 from mathrl.train.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint, save_hf_model, set_rng_state
-from mathrl.train.collect import (  # noqa: F401  (DynamicSamplingExhausted: raised from here, caught by the CLI)
+from mathrl.train.collect import (
     CollapseWatch,
-    DynamicSamplingExhausted,
     collect_rollouts,
     filter_samples,
     new_train_batch,
@@ -60,7 +59,7 @@ from mathrl.train.dist import (
     shard_model,
 )
 from mathrl.train.critic import gae_targets, outcome_token_rewards, pretrain_critic, update_critic, value_pass
-from mathrl.train.run_dir import RunComplete, RunDir, open_run_dir  # noqa: F401  (RunComplete: caught by the CLI)
+from mathrl.train.run_dir import RunDir, open_run_dir
 from mathrl.train.update import engine_logprobs_are_old, scoring_pass, update_policy
 
 
