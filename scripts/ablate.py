@@ -17,13 +17,15 @@ Every variant's config is built and validated before the first run starts, so a 
 variant fails in a second, naming the variant and the closest valid key, not after hours. Each run
 goes to OUT/<name>; a finished run (summary.json present) is skipped, and a killed one resumes from
 its last checkpoint (mathrl train's auto-resume), so re-running the same command completes a grid.
-The table goes to OUT/<grid name>.md and to the console. Runs are sequential on purpose: two torch
-processes on a small machine slow each other down far more than they gain.
+The table goes to OUT/<grid name>.md and to the console. Runs are sequential by default; `--jobs N`
+runs N at once, each with cores/N torch threads (OMP_NUM_THREADS): two processes that each take
+every core slow each other down far more than they gain, two with one thread each do not.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import subprocess
 import sys
@@ -74,6 +76,7 @@ def main() -> int:
     parser.add_argument("--only", nargs="+", help="run only these variants (names as in the table)")
     parser.add_argument("--last", type=int, default=10, help="average training metrics over the last N steps")
     parser.add_argument("--dry-run", action="store_true", help="validate and print the commands, run nothing")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once, each with cores/jobs torch threads (default 1)")
     args = parser.parse_args()
 
     try:
@@ -94,6 +97,29 @@ def main() -> int:
             print(f"error: variant {v.name!r}: {e}", file=sys.stderr)
             return 2
 
+    if args.jobs < 1:
+        print("error: --jobs must be >= 1", file=sys.stderr)
+        return 2
+    env = dict(os.environ)
+    if args.jobs > 1:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // args.jobs))
+    running: list[tuple[Variant, subprocess.Popen, float]] = []
+    failed = 0
+
+    def reap_until(at_most: int) -> None:
+        """Wait until at most `at_most` runs are still going, reporting each that ends."""
+        nonlocal failed
+        while True:
+            for item in [r for r in running if r[1].poll() is not None]:
+                running.remove(item)
+                v, proc, started = item
+                print(f"    {v.name}: exit {proc.returncode} after {time.monotonic() - started:.0f} s "
+                      f"(log: {args.out / f'{v.name}.log'})", flush=True)
+                failed = failed or proc.returncode
+            if len(running) <= at_most:
+                return
+            time.sleep(1)
+
     for i, v in enumerate(variants, start=1):
         run_dir = args.out / v.name
         command = [sys.executable, "-m", "mathrl.cli", "train", *([str(recipe)] if recipe else []), *v.overrides,
@@ -104,16 +130,18 @@ def main() -> int:
         if (run_dir / "summary.json").is_file():
             print(f"[{i}/{len(variants)}] {v.name}: finished earlier, kept")
             continue
+        reap_until(args.jobs - 1)
+        if failed:
+            break
         print(f"[{i}/{len(variants)}] {v.name}: {' '.join(v.overrides)}", flush=True)
-        started = time.monotonic()
         args.out.mkdir(parents=True, exist_ok=True)
         with (args.out / f"{v.name}.log").open("a") as log:
-            code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT)
-        print(f"    exit {code} after {time.monotonic() - started:.0f} s (log: {args.out / f'{v.name}.log'})", flush=True)
-        if code != 0:
-            return code
+            running.append((v, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env), time.monotonic()))
+    reap_until(0)
     if args.dry_run:
         return 0
+    if failed:
+        return failed
     table = markdown_table([summarise(args.out / v.name, args.last, columns) for v in variants])
     out = args.out / f"{args.grid.stem}.md"
     out.write_text(table)

@@ -65,8 +65,10 @@ def test_grid_runs_each_variant_once_and_writes_the_table(tmp_path: Path) -> Non
     grid.write_text(f"common: [{common}]\ncolumns: [actor/entropy, actor/pg_clipfrac]\n"
                     "runs:\n  sym: [algo.clip.eps_high=0.2]\n  higher: []\n")
     out = tmp_path / "out"
-    first = ablate(str(grid), "--out", str(out), env_cache=tmp_path / "cache")
+    # two at once: both finish, and the table keeps the grid's order whichever ended first
+    first = ablate(str(grid), "--out", str(out), "--jobs", "2", env_cache=tmp_path / "cache")
     assert first.returncode == 0, first.stdout + first.stderr
+    assert first.stdout.count(": exit 0 after") == 2
     for name in ("sym", "higher"):
         assert (out / name / "summary.json").is_file()
     table = (out / "mini.md").read_text().splitlines()

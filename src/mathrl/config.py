@@ -55,6 +55,7 @@ class BaseModelConfig:
     lr: float = 3e-3  # pretraining learning rate
     warmup_steps: int = 30  # linear warm-up steps of the pretraining
     slip_prob: float = 0.3  # per-column chance of a deliberate slip in the pretraining text
+    check_prob: float = 0.0  # per-column chance of a self-check ("?" and the column recomputed) in the pretraining text
 
 
 @dataclass
@@ -310,6 +311,7 @@ class EvalConfig:
 @dataclass
 class LogConfig:
     rollouts_per_step: int = 8  # samples of rollouts (with per-token logprobs) written to rollouts.jsonl
+    reflection_words: list[str] = field(default_factory=lambda: ["wait", "Wait", "verify", "double-check"])  # markers counted by rollout/reflection_rate
     tensorboard: bool = False  # also write <run_dir>/tensorboard (pip install tensorboard)
     wandb: bool = False  # also log to Weights & Biases (pip install wandb; WANDB_MODE=offline keeps it local)
     wandb_project: str = "mathrl"  # W&B project of the run

@@ -154,6 +154,7 @@ DOMAINS: dict[str, Domain] = {
     "base.lr": positive(),
     "base.warmup_steps": NONNEG,
     "base.slip_prob": unit(),
+    "base.check_prob": unit(),
     "data.train": NON_EMPTY,
     "data.eval": Rule(lambda v: bool(v) and all(isinstance(s, str) and s.strip() for s in v),
                       "a non-empty list of sources (arith, files, hf: datasets)"),

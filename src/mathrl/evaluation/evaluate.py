@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from mathrl.evaluation.metrics import avg_at_n, default_ks, maj_at_k, pass_at_k_table
+from mathrl.reward.reflection import reflection_stats
 from mathrl.reward.verify import Verifier
 from mathrl.tasks.base import Problem
 
@@ -25,6 +26,7 @@ class EvalResult:
     no_answer_rate: float  # share of samples with no extractable \boxed{} answer
     truncated_rate: float  # share of samples that hit the length limit
     mean_response_length: float  # tokens
+    reflection_rate: float = 0.0  # share of samples with a reflection marker (log.reflection_words)
     samples: list[dict] = field(default_factory=list, repr=False)
 
     def metrics(self, prefix: str) -> dict[str, float]:
@@ -33,6 +35,7 @@ class EvalResult:
         out[f"{prefix}/no_answer_rate"] = self.no_answer_rate
         out[f"{prefix}/truncated_rate"] = self.truncated_rate
         out[f"{prefix}/response_length"] = self.mean_response_length
+        out[f"{prefix}/reflection_rate"] = self.reflection_rate
         return out
 
 
@@ -49,6 +52,7 @@ def evaluate(
     temperature: float,
     top_p: float,
     seed: int,
+    reflection_words: Sequence[str] = (),
 ) -> EvalResult:
     """Sample n responses for each (problem, prompt token ids) and score them."""
     flat_prompts = [p for p in prompts for _ in range(n)]
@@ -74,6 +78,7 @@ def evaluate(
         no_answer_rate=sum(r.reason == "no_answer" for r in results) / len(results),
         truncated_rate=float(out.truncated.double().mean()),
         mean_response_length=sum(lengths) / len(lengths),
+        reflection_rate=reflection_stats(texts, reflection_words)["reflection_rate"],
         samples=samples,
     )
 

@@ -257,6 +257,7 @@ def _seed_record(seed: int, result, texts: list[str], repetitive: list[bool], ga
     record["no_answer_rate"] = result.no_answer_rate
     record["truncated_rate"] = result.truncated_rate
     record["response_length"] = result.mean_response_length
+    record["reflection_rate"] = result.reflection_rate
     record["repetitive_rate"] = sum(repetitive) / len(texts)
     record["garbled_rate"] = sum(garbled) / len(texts)
     record["samples"] = [{**s, "response": _clip(s["response"])} for s in result.samples[:_EXAMPLES]]
@@ -303,7 +304,7 @@ def _evaluate_checkpoint(ckpt: Checkpoint, settings: SweepSettings, *, verifier,
             result = evaluate(
                 es.name, es.problems, es.prompt_ids, engine=engine, tokenizer=tokenizer, verifier=verifier,
                 n=settings.n, max_new_tokens=max_new_tokens, temperature=settings.temperature,
-                top_p=settings.top_p, seed=seed,
+                top_p=settings.top_p, seed=seed, reflection_words=cfg.log.reflection_words,
             )
             rollout = engine.last
             # the same decode evaluate() scored, for every sample (problem-major: n per problem)

@@ -8,7 +8,9 @@ its recipe, so changing any field of `BaseModelConfig` builds a new one.
 
 The pretraining text contains deliberate slips (`slip_prob`, see `ArithmeticTask.worked_solution`):
 sampled at temperature 1 the model makes them too, so it is only partly competent — the starting
-point an RL run needs to show that reward sharpens a policy.
+point an RL run needs to show that reward sharpens a policy. With `check_prob` > 0 some columns are
+followed by a self-check that repairs a slip, so the model also knows an optional, longer and more
+reliable way to answer (recipes/arith_check_grpo.yaml).
 
     mathrl base            # build (or find) the cached base model and print its path
 """
@@ -79,7 +81,10 @@ def _default_cache_root() -> Path:
 
 
 def recipe_hash(cfg) -> str:
-    payload = json.dumps({"version": BASE_FORMAT_VERSION, **dataclasses.asdict(cfg)}, sort_keys=True)
+    fields = dataclasses.asdict(cfg)
+    if not fields.get("check_prob"):  # added later: left out at 0 so the models built before it keep their hash
+        fields.pop("check_prob", None)
+    payload = json.dumps({"version": BASE_FORMAT_VERSION, **fields}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 
@@ -87,13 +92,14 @@ def base_model_dir(cfg, cache_root: Path | None = None) -> Path:
     return (cache_root or _default_cache_root()) / "base" / f"tiny-arith-{recipe_hash(cfg)}"
 
 
-def _encode_batch(tokenizer, task: ArithmeticTask, rng: random.Random, batch_size: int, slip_prob: float):
+def _encode_batch(tokenizer, task: ArithmeticTask, rng: random.Random, batch_size: int, slip_prob: float,
+                  check_prob: float = 0.0):
     """Random training-split problems as (input_ids, labels) with loss on the solution and EOS only."""
     rows = []
     for problem in task.train_problems(batch_size, seed=rng.randrange(2**62)):
         a, b = task.operands(problem)
         prompt = tokenizer(problem.question + "=")["input_ids"]
-        solution = tokenizer(task.worked_solution(a, b, rng=rng, slip_prob=slip_prob))["input_ids"]
+        solution = tokenizer(task.worked_solution(a, b, rng=rng, slip_prob=slip_prob, check_prob=check_prob))["input_ids"]
         rows.append((prompt, solution + [tokenizer.eos_token_id]))
     width = max(len(p) + len(s) for p, s in rows)
     input_ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
@@ -145,7 +151,7 @@ def build_base_model(
 
     model.train()
     for step in range(cfg.steps):
-        input_ids, labels = _encode_batch(tokenizer, task, rng, cfg.batch_size, cfg.slip_prob)
+        input_ids, labels = _encode_batch(tokenizer, task, rng, cfg.batch_size, cfg.slip_prob, cfg.check_prob)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step)
         loss = model(input_ids=input_ids, attention_mask=(input_ids != tokenizer.pad_token_id).long(), labels=labels).loss

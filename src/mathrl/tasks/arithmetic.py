@@ -90,13 +90,21 @@ class ArithmeticTask:
         return int(a), int(b)
 
     # -- worked solutions (pretraining data for the tiny base model) --------------------------------
-    def worked_solution(self, a: int, b: int, *, rng: random.Random | None = None, slip_prob: float = 0.0) -> str:
+    def worked_solution(self, a: int, b: int, *, rng: random.Random | None = None, slip_prob: float = 0.0,
+                        check_prob: float = 0.0) -> str:
         """Column-by-column addition ending in `\\boxed{}`.
 
         With `slip_prob` > 0 each column's written sum is, with that probability, replaced by a wrong
         value; later carries and the final answer follow the written (wrong) sums, the way a person's
         slip propagates. A model pretrained on such text samples slips at roughly that rate, which is
         what makes the tiny base model only partly competent at temperature 1.
+
+        With `check_prob` > 0 a column is, with that probability and independently of whether it
+        slipped, followed by a self-check: `?`, the column written again, and its correct sum, which
+        the carry and the digit then follow (`7+9+0=13?7+9+0=16,`: "wait, 7+9+0 is 16"). A check
+        always recomputes correctly, so it repairs a slip and changes nothing otherwise; it costs 9
+        tokens. Whether to check is one sampled token (`?` or `,`) after each column sum, which is how
+        a policy pretrained on this text can learn that checking pays (recipes/arith_check_grpo.yaml).
         """
         width = self.max_digits if self.pad_operands else 0
         da, db = f"{a:0{width}d}"[::-1], f"{b:0{width}d}"[::-1]
@@ -105,9 +113,14 @@ class ArithmeticTask:
             x = int(da[i]) if i < len(da) else 0
             y = int(db[i]) if i < len(db) else 0
             total = x + y + carry
+            correct = total
             if rng is not None and slip_prob > 0 and rng.random() < slip_prob:
                 total = rng.choice([v for v in range(20) if v != total])
-            columns.append(f"{x}+{y}+{carry}={total:02d}")
+            column = f"{x}+{y}+{carry}={total:02d}"
+            if rng is not None and check_prob > 0 and rng.random() < check_prob:
+                column += f"?{x}+{y}+{carry}={correct:02d}"
+                total = correct
+            columns.append(column)
             digits.append(str(total % 10))
             carry = total // 10
         answer = (str(carry) if carry else "") + "".join(reversed(digits))

@@ -181,7 +181,7 @@ class PretrainText:
         self.tokenizer = tokenizer
         self.max_tokens = cfg.algo.ptx.max_tokens
         self.rng = random.Random(f"ptx:{cfg.seed}")
-        self.slip_prob = cfg.base.slip_prob
+        self.slip_prob, self.check_prob = cfg.base.slip_prob, cfg.base.check_prob
         self.docs: list[str] = []
         self.task: ArithmeticTask | None = None
         source = cfg.algo.ptx.data
@@ -202,7 +202,8 @@ class PretrainText:
         if self.task is not None:
             (problem,) = self.task.train_problems(1, seed=self.rng.randrange(2**62))
             a, b = self.task.operands(problem)
-            return problem.question + "=" + self.task.worked_solution(a, b, rng=self.rng, slip_prob=self.slip_prob)
+            return problem.question + "=" + self.task.worked_solution(a, b, rng=self.rng, slip_prob=self.slip_prob,
+                                                                         check_prob=self.check_prob)
         return self.docs[self.rng.randrange(len(self.docs))]
 
     def next_batch(self, batch_size: int) -> tuple["torch.Tensor", "torch.Tensor"]:

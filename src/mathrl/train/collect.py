@@ -130,7 +130,7 @@ def collect_rollouts(cfg: Config, step: int, *, train_stream: ProblemStream, eng
     n, want, ds = cfg.rollout.n, cfg.rollout.prompts_per_step, cfg.data.dynamic_sampling
     parts, kept, counts = [], 0, {"kept_groups": 0, "dropped_all_correct": 0, "dropped_all_wrong": 0, "dropped_out_of_band": 0}
     t_gen = t_rew = 0.0
-    rounds = 0
+    rounds, generated_tokens = 0, 0
     shaping_metrics: dict[str, list[float]] = {}
     while kept < want and rounds < (ds.max_rounds if ds.mode != "none" else 1):
         rounds += 1
@@ -141,6 +141,7 @@ def collect_rollouts(cfg: Config, step: int, *, train_stream: ProblemStream, eng
             engine=engine, tokenizer=tokenizer, verifier=verifier, ranks=ranks,
         )
         t_gen, t_rew = t_gen + gen_s, t_rew + rew_s
+        generated_tokens += int(rollout.response_lengths.sum())  # kept or not: the compute spent
         correct = torch.tensor([r.reason == "correct" for r in results], dtype=torch.float32)  # [N]
         group_ids = torch.arange(len(problems)).repeat_interleave(n)  # [N]
         train_stream.observe([p for p in problems for _ in range(n)], correct.tolist())
@@ -162,6 +163,7 @@ def collect_rollouts(cfg: Config, step: int, *, train_stream: ProblemStream, eng
     counts["kept_groups"] = kept
     metrics = {f"filter/{k}": float(v) for k, v in counts.items()}
     metrics["filter/gen_rounds"] = float(rounds)
+    metrics["rollout/generated_tokens"] = float(generated_tokens)
     metrics.update({k: sum(v) / len(v) for k, v in shaping_metrics.items()})
     if kept < want and ds.mode != "none" and ds.on_exhausted == "error":
         raise DynamicSamplingExhausted(

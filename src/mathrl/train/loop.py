@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from mathrl.evaluation.evaluate import EvalResult, evaluate
 from mathrl.model.io import load_model_and_tokenizer
 from mathrl.model.paths import resolve_model_path
 from mathrl.model.value import load_critic
+from mathrl.reward.reflection import reflection_stats
 from mathrl.reward.verify import Verifier
 from mathrl.rollout.factory import build_engine
 from mathrl.tasks.sources import EvalSet, PretrainText, ProblemStream, build_eval_sets, build_train_stream
@@ -275,7 +277,8 @@ def _train(cfg: Config, *, console: Console, resume: bool, ranks: Ranks) -> Trai
                 metrics["perf/weight_sync_seconds"] = time.time() - t_train
 
                 # ---- 7. metrics, logs, evaluation, checkpoint ----------------------------------------
-                metrics.update(batch_metrics(got, batch, n=n, prompts_too_long=train_stream.encoder.dropped))
+                metrics.update(batch_metrics(got, batch, n=n, prompts_too_long=train_stream.encoder.dropped,
+                                             reflection_words=cfg.log.reflection_words))
                 metrics["data/unencodable_chars"] = float(train_stream.encoder.unencodable)  # prompt chars lost by the tokenizer
                 metrics.update({
                     "perf/rollout_seconds": t_rollout - t0,
@@ -426,13 +429,18 @@ def critic_free_advantages(cfg: Config, batch: TrainBatch, rewards: torch.Tensor
     return expand_to_tokens(seq, batch.loss_mask)
 
 
-def batch_metrics(got, batch: TrainBatch, *, n: int, prompts_too_long: int) -> dict[str, float]:
+def batch_metrics(got, batch: TrainBatch, *, n: int, prompts_too_long: int,
+                  reflection_words: Sequence[str] = ()) -> dict[str, float]:
     """reward/*, rollout/* and data/* metrics of the step's kept samples."""
     rollout, results, correct = got.rollout, got.results, got.correct
     lengths = rollout.response_lengths.float()
     per_group = correct.view(len(got.problems), n)
     group_max, group_min = per_group.max(1).values, per_group.min(1).values
+    reflections = reflection_stats(got.texts, reflection_words)
     return {
+        "rollout/response_length_group_std": float(lengths.view(len(got.problems), n).std(1, unbiased=False).mean()),
+        "rollout/reflection_rate": reflections["reflection_rate"],
+        "rollout/reflections_per_response": reflections["reflections_per_response"],
         "reward/mean": float(got.rewards.mean()),
         "reward/accuracy": float(correct.mean()),
         "reward/no_answer_rate": sum(r.reason == "no_answer" for r in results) / len(results),
@@ -453,7 +461,7 @@ def run_evals(eval_sets: list[EvalSet], *, engine, tokenizer, verifier, cfg: Con
         es.name: evaluate(
             es.name, es.problems, es.prompt_ids, engine=engine, tokenizer=tokenizer, verifier=verifier,
             n=cfg.eval.n, max_new_tokens=cfg.eval_max_new_tokens, temperature=cfg.eval.temperature,
-            top_p=cfg.eval.top_p, seed=cfg.eval.seed,
+            top_p=cfg.eval.top_p, seed=cfg.eval.seed, reflection_words=cfg.log.reflection_words,
         )
         for es in eval_sets
     }

@@ -272,9 +272,10 @@ def sft(cfg: Config, *, console: Console | None = None, resume: bool = True) -> 
 
 # ----------------------------------------------------------------------------------------- example data
 def write_arith_sft_jsonl(path: str | Path, *, rows: int, min_digits: int = 1, max_digits: int = 3, seed: int = 0,
-                          slip_prob: float = 0.0) -> Path:
+                          slip_prob: float = 0.0, check_prob: float = 0.0) -> Path:
     """`rows` training-split arithmetic problems (never held out) with worked solutions, one JSON object
-    per line: {"problem", "answer", "response"}; slip_prob > 0 adds the base model's deliberate slips."""
+    per line: {"problem", "answer", "response"}; slip_prob > 0 adds the base model's deliberate slips,
+    check_prob > 0 its self-checks (each repairs its column)."""
     from mathrl.tasks.arithmetic import ArithmeticTask
 
     task, rng = ArithmeticTask(min_digits=min_digits, max_digits=max_digits), random.Random(f"sft-data:{seed}")
@@ -282,7 +283,7 @@ def write_arith_sft_jsonl(path: str | Path, *, rows: int, min_digits: int = 1, m
     with path.open("w") as f:
         for problem in task.train_problems(rows, seed=seed):
             a, b = task.operands(problem)
-            response = task.worked_solution(a, b, rng=rng, slip_prob=slip_prob)
+            response = task.worked_solution(a, b, rng=rng, slip_prob=slip_prob, check_prob=check_prob)
             f.write(json.dumps({"problem": problem.question, "answer": problem.answer, "response": response}) + "\n")
     return path
 
@@ -297,6 +298,7 @@ if __name__ == "__main__":
     parser.add_argument("--max-digits", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--slip-prob", type=float, default=0.0, help="per-column chance of a slip (0: clean solutions)")
+    parser.add_argument("--check-prob", type=float, default=0.0, help="per-column chance of a self-check (1: check every column)")
     a = parser.parse_args()
     print(write_arith_sft_jsonl(a.out, rows=a.rows, min_digits=a.min_digits, max_digits=a.max_digits, seed=a.seed,
-                                slip_prob=a.slip_prob))
+                                slip_prob=a.slip_prob, check_prob=a.check_prob))
