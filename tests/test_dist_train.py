@@ -65,6 +65,23 @@ def test_rank_rows_keep_whole_groups_and_one_process_keeps_everything() -> None:
     assert shard_seed(123, 0) == 123 and len({shard_seed(123, k) for k in range(4)}) == 4
 
 
+@pytest.mark.parametrize("nproc,omp,cpus,warns", [
+    (2, "1", 2, False),   # one thread per rank on 2 cores: the intended setting
+    (2, None, 2, False),  # unset: torchrun gives every rank 1 thread
+    (2, "2", 2, True),    # a shell set up for one 2-thread process: torchrun passes 2 to each rank, 4 threads
+    (4, None, 2, True),   # more ranks than cores, even at 1 thread each
+    (8, "8", 64, False),  # 8 ranks x 8 threads fill 64 cores exactly
+    (1, "2", 2, False),   # one rank uses the machine's threads
+])
+def test_launch_warns_when_the_ranks_threads_exceed_the_cores(nproc, omp, cpus, warns) -> None:
+    from mathrl.train.launch import oversubscription
+
+    warning = oversubscription(nproc, omp_num_threads=omp, cpus=cpus)
+    assert (warning is not None) == warns, warning
+    if nproc == 2 and omp == "2":
+        assert "OMP_NUM_THREADS=1" in warning  # the fix it names: cores / ranks
+
+
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     cache = tmp_path_factory.mktemp("cache")

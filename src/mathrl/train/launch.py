@@ -2,10 +2,16 @@
 
     mathrl train --nproc 2 train.steps=20 --run-dir runs/dp2
     # is: torchrun --standalone --nproc_per_node 2 -m mathrl.train train.steps=20 --run-dir runs/dp2
+
+Threads: torchrun gives every rank the caller's OMP_NUM_THREADS unchanged (torch's thread count per
+rank), or 1 when it is unset. A shell that sets OMP_NUM_THREADS to the machine's core count therefore
+runs N ranks x that many threads on those cores; `launch` warns when the ranks' threads exceed the
+cores this process may use (set OMP_NUM_THREADS=cores/N, e.g. 1 for 2 ranks on 2 cores).
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -16,6 +22,29 @@ def torchrun_command(nproc: int, args: list[str]) -> list[str]:
             "-m", "mathrl.train", *args]
 
 
+def oversubscription(nproc: int, *, omp_num_threads: str | None, cpus: int) -> str | None:
+    """A warning when `nproc` ranks of `omp_num_threads` torch threads each (torchrun's default: 1) need
+    more than `cpus` cores, else None. Oversubscribed ranks wait for each other's threads at every
+    collective, so the job runs slower than with fewer threads."""
+    per_rank = int(omp_num_threads) if omp_num_threads and omp_num_threads.strip().isdigit() else 1
+    if nproc * per_rank <= cpus:
+        return None
+    fix = (f"set OMP_NUM_THREADS={cpus // nproc} to give each rank its share" if nproc <= cpus
+           else f"run at most {cpus} ranks here")
+    return f"{nproc} ranks x OMP_NUM_THREADS={per_rank} = {nproc * per_rank} threads on {cpus} cores; {fix}"
+
+
+def available_cpus() -> int:
+    """Cores this process may run on (its affinity mask, e.g. a container's or taskset's limit)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
 def launch(nproc: int, args: list[str]) -> int:
     """Run the job and return its exit status (torchrun stops every rank when one fails)."""
+    warning = oversubscription(nproc, omp_num_threads=os.environ.get("OMP_NUM_THREADS"), cpus=available_cpus())
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     return subprocess.call(torchrun_command(nproc, args))
