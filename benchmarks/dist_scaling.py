@@ -74,10 +74,12 @@ def main() -> None:
             results.append(run(n, ns.overrides, device=ns.device, threads=ns.threads, out=Path(tmp) / f"ranks{n}"))
             print(json.dumps(results[-1]), flush=True)
     base = results[0]["step_s"]
-    print(f"\n| ranks ({ns.device}) | threads per rank | step s | rollout s | train s | speed-up | peak memory GiB (rank 0) | reward, step 1 |")
+    print(f"\n| ranks ({ns.device}) | threads per rank | step s | rollout s | train s | speed-up "
+          "| peak memory GiB (rank 0) | reward, step 1 |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
-        print(f"| {r['ranks']} | {r['threads_per_rank']} | {r['step_s']:.2f} | {r['rollout_s']:.2f} | {r['train_s']:.2f} | {base / r['step_s']:.2f}x "
+        print(f"| {r['ranks']} | {r['threads_per_rank']} | {r['step_s']:.2f} | {r['rollout_s']:.2f} | {r['train_s']:.2f} "
+              f"| {base / r['step_s']:.2f}x "
               f"| {r['peak_gb']:.2f} | {r['reward_first_step']:.4f} |")
 
 
