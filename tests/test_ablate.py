@@ -30,7 +30,10 @@ def ablate(*args: str, env_cache: Path) -> subprocess.CompletedProcess:
                           env=env, cwd=REPO, timeout=600)
 
 
-@pytest.mark.parametrize("grid", sorted((REPO / "recipes" / "ablations").glob("*.yaml")), ids=lambda p: p.stem)
+GRIDS = sorted([*(REPO / "recipes" / "ablations").glob("*.yaml"), *(REPO / "recipes" / "findings").glob("*.yaml")])
+
+
+@pytest.mark.parametrize("grid", GRIDS, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_shipped_grids_validate(grid: Path) -> None:
     recipe, variants, columns = load_grid(grid)
     assert variants and columns
