@@ -78,7 +78,7 @@ class ArithConfig:
 class DynamicSamplingConfig:
     """Which groups reach the loss (DAPO dynamic sampling), and refilling the batch when groups are dropped."""
 
-    mode: Literal["none", "nonconstant", "band"] = "none"  # nonconstant: drop all-equal groups; band: keep accuracy in [low, high]
+    mode: Literal["none", "nonconstant", "band"] = "nonconstant"  # nonconstant: drop all-equal groups; band: keep accuracy in [low, high]; none: every group trains
     band_low: float = 0.2  # mode=band: keep groups whose accuracy is >= band_low
     band_high: float = 0.8  # ... and <= band_high
     max_rounds: int = 4  # generation rounds per step to fill the batch with kept groups
@@ -249,7 +249,7 @@ class TrainConfig:
     mini_batch_size: int = 64  # sequences per optimizer step; rollout batch / this = updates per epoch
     epochs: int = 1  # passes over each rollout batch
     micro_batch_tokens: int = 8192  # token budget of one forward/backward (gradient accumulation)
-    lr: float = 2e-4  # AdamW learning rate
+    lr: float = 1e-4  # AdamW learning rate
     warmup_steps: int = 5  # optimizer steps of linear warm-up
     weight_decay: float = 0.0  # AdamW weight decay
     betas: list[float] = field(default_factory=lambda: [0.9, 0.99])  # AdamW [beta1, beta2]
