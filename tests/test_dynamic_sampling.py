@@ -2,7 +2,8 @@
 `data.dynamic_sampling.max_rounds`, then trains on fewer groups or raises, and counts every drop.
 
 The engine and the verifier are scripted fakes, so each round's per-group accuracy is chosen by the
-test; the problem stream, group filter, row selection and concatenation are the real ones.
+test; the problem stream, group filter, row selection and concatenation are the real ones. The last
+test runs the whole loop on a random tiny model, whose steps keep no group at all.
 """
 
 from __future__ import annotations
@@ -121,7 +122,42 @@ def test_band_keeps_only_groups_inside_it(char_tokenizer) -> None:
 
 
 def test_without_dynamic_sampling_one_round_keeps_everything(char_tokenizer) -> None:
-    collected, engine, _ = collect(char_tokenizer, [[4, 0, 4, 0]])
+    # mode=none named: the default is nonconstant, which would drop all four of these groups
+    collected, engine, _ = collect(char_tokenizer, [[4, 0, 4, 0]], "data.dynamic_sampling.mode=none")
     assert engine.calls == 1
     assert len(collected.problems) == PROMPTS
     assert collected.metrics["filter/gen_rounds"] == 1.0
+
+
+def test_a_step_that_keeps_no_group_still_evaluates_and_checkpoints_on_schedule(tmp_path, make_tiny_qwen2,
+                                                                                 char_tokenizer) -> None:
+    # Bug story: a step whose groups were all dropped skipped the rest of the loop body, its due
+    # evaluation and checkpoint included. When that was the last step, summary.json reported an
+    # earlier evaluation as the final one and the finished run had no checkpoint of its last step
+    # to continue from (train.init_from). Here no response can be correct (6 tokens cannot hold a
+    # closed \boxed{}), so every group is all wrong and every step keeps nothing.
+    import io
+    import json
+
+    from rich.console import Console
+
+    from mathrl.model.io import save_model
+    from mathrl.track.sinks import read_metrics
+    from mathrl.train.checkpoint import complete_checkpoints
+    from mathrl.train.loop import train
+
+    model_dir = save_model(make_tiny_qwen2(seed=3), char_tokenizer, tmp_path / "model")
+    cfg = load_config(None, [f"model.path={model_dir}", "data.dynamic_sampling.mode=nonconstant",
+                             "data.dynamic_sampling.max_rounds=1", "rollout.max_new_tokens=6", "train.steps=3",
+                             "rollout.prompts_per_step=2", "rollout.n=2", "train.mini_batch_size=4", "eval.n=1",
+                             "data.eval_size=2", "eval.every=2", "train.save_every=2", "reward.num_workers=0",
+                             f"run_dir={tmp_path / 'run'}"])
+    result = train(cfg, console=Console(file=io.StringIO(), width=120))
+    rows = read_metrics(result.run_dir / "metrics.jsonl")
+    steps = [r for r in rows if "filter/kept_groups" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3] and all(r["filter/kept_groups"] == 0 for r in steps)
+    assert not any("actor/pg_loss" in r for r in rows)  # nothing trained
+    evals = [json.loads(line) for line in (result.run_dir / "evals.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in evals] == [0, 2, 3]  # eval.every=2, and after the last step
+    assert [s for s, _ in complete_checkpoints(result.run_dir / "checkpoints")] == [2, 3]
+    assert json.loads((result.run_dir / "summary.json").read_text())["steps"] == 3

@@ -179,6 +179,11 @@ def _train(cfg: Config, *, console: Console, resume: bool, ranks: Ranks) -> Trai
             "skipped_steps": skipped_total,
         }
 
+    def save(step: int) -> None:
+        save_checkpoint(run.checkpoints, step, model=model, tokenizer=tokenizer, state=trainer_state(),
+                        keep_last=cfg.train.keep_last, keep_every=cfg.train.keep_every, critic=critic,
+                        ranks=ranks, **optimizers)
+
     for note in train_stream.notes:
         console.print(note)
     for es in eval_sets:
@@ -215,6 +220,14 @@ def _train(cfg: Config, *, console: Console, resume: bool, ranks: Ranks) -> Trai
                 if not got.problems:  # every group was filtered out and on_exhausted=train_smaller: nothing to learn from
                     console.print(f"[yellow]warning:[/yellow] step {step}: dynamic sampling kept no group; update skipped")
                     tracker.log(step, got.metrics)
+                    # the weights did not move, but a due evaluation and checkpoint still happen: on the last
+                    # step they are the run's final scores and the checkpoint a finished run continues from
+                    if ranks.main and eval_due(cfg, step):
+                        progress.note(f"step {step}: evaluating")
+                        latest = run_evals(eval_sets, engine=engine, tokenizer=tokenizer, verifier=verifier, cfg=cfg)
+                        last_eval = log_evals(step, latest, tracker, run)
+                    if save_due(cfg, step) and not skipped_in_a_row:
+                        save(step)
                     progress.advance_empty()
                     continue
                 rollout, rewards, correct = got.rollout, got.rewards, got.correct
@@ -292,16 +305,14 @@ def _train(cfg: Config, *, console: Console, resume: bool, ranks: Ranks) -> Trai
                 if ranks.main:
                     run.append_rollouts(rollout_records(step, got.problems, got.prompts_text, got.texts, got.results, rollout,
                                                         tokenizer, n, cfg.log.rollouts_per_step))
-                if ranks.main and (step % cfg.eval.every == 0 or step == cfg.train.steps):
+                if ranks.main and eval_due(cfg, step):
                     progress.note(f"step {step}: evaluating")
                     latest = run_evals(eval_sets, engine=engine, tokenizer=tokenizer, verifier=verifier, cfg=cfg)
                     last_eval = log_evals(step, latest, tracker, run)
                 collapse.check(step, metrics, console)
                 # no checkpoint while updates are being skipped: the last one stays the last good one
-                if cfg.train.save_every and (step % cfg.train.save_every == 0 or step == cfg.train.steps) and not skipped_in_a_row:
-                    save_checkpoint(run.checkpoints, step, model=model, tokenizer=tokenizer, state=trainer_state(),
-                                    keep_last=cfg.train.keep_last, keep_every=cfg.train.keep_every, critic=critic,
-                                    ranks=ranks, **optimizers)
+                if save_due(cfg, step) and not skipped_in_a_row:
+                    save(step)
                 if skipped_in_a_row >= cfg.train.max_skipped_steps:
                     last = latest_checkpoint(run.checkpoints)
                     where = f"the last good checkpoint is {last}" if last else "no checkpoint had been written yet"
@@ -474,6 +485,16 @@ def log_evals(step: int, results: dict[str, EvalResult], tracker: Tracker, run: 
     tracker.log(step, metrics)
     run.append_evals(step, results)
     return metrics
+
+
+def eval_due(cfg: Config, step: int) -> bool:
+    """Whether step `step` ends with an evaluation: every eval.every steps and after the last."""
+    return step % cfg.eval.every == 0 or step == cfg.train.steps
+
+
+def save_due(cfg: Config, step: int) -> bool:
+    """Whether step `step` ends with a checkpoint: every train.save_every steps and after the last (0: never)."""
+    return bool(cfg.train.save_every) and (step % cfg.train.save_every == 0 or step == cfg.train.steps)
 
 
 def evals_from_log(run: RunDir) -> tuple[dict[str, EvalResult], dict[str, EvalResult], dict[str, float]]:
