@@ -202,6 +202,9 @@ def test_literal_typo_suggests_the_closest_choice(override, choice):
         # GRPO and RLOO compare samples within a group: a group of 1 gives every advantage 0
         (["rollout.n=1", "train.mini_batch_size=16"], "rollout.n"),
         (["rollout.n=1", "train.mini_batch_size=16", "algo.adv.estimator=rloo"], "rollout.n"),
+        # dynamic sampling (on by default) judges groups: with one sample each, every group is all-equal
+        # and dropped; the message names the way out even where the estimator needs no groups
+        (["rollout.n=1", "train.mini_batch_size=16", "algo.adv.estimator=reinforce_pp"], "data.dynamic_sampling.mode=none"),
         # dual clip (Ye et al. 2020) needs c > 1 to bound the ratio above 1 + eps for negative advantages
         (["algo.clip.dual_clip_c=1"], "algo.clip.dual_clip_c"),
         (["algo.clip.dual_clip_c=0.5"], "algo.clip.dual_clip_c"),
@@ -221,8 +224,10 @@ def test_impossible_combinations_name_the_field(overrides, field_name):
 
 
 def test_rollout_n_1_is_fine_with_reinforce_pp():
-    # The rollout.n=1 rule is specific to group estimators; the message suggests reinforce_pp, so it must work.
-    cfg = load_config(None, ["rollout.n=1", "train.mini_batch_size=16", "algo.adv.estimator=reinforce_pp"])
+    # The rollout.n=1 rule is specific to group estimators; the message suggests reinforce_pp, so it must work
+    # (with dynamic sampling off: it judges groups, which one sample per problem does not make).
+    cfg = load_config(None, ["rollout.n=1", "train.mini_batch_size=16", "algo.adv.estimator=reinforce_pp",
+                             "data.dynamic_sampling.mode=none"])
     assert cfg.rollout_batch_size == 16
 
 
@@ -311,8 +316,10 @@ def test_critic_settings_are_checked(override, message):
 
 
 def test_ppo_with_a_critic_needs_no_groups():
-    # one sample per problem is plain PPO; GRPO would have nothing to compare against
-    assert load_config(None, ["algo.adv.estimator=gae", "rollout.n=1", "train.mini_batch_size=16"]).rollout.n == 1
+    # one sample per problem is plain PPO; GRPO would have nothing to compare against (nor would dynamic
+    # sampling, on by default, so it is switched off)
+    assert load_config(None, ["algo.adv.estimator=gae", "rollout.n=1", "train.mini_batch_size=16",
+                              "data.dynamic_sampling.mode=none"]).rollout.n == 1
 
 
 # --------------------------------------------------------------------------------------------------

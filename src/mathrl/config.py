@@ -399,7 +399,8 @@ class Config:
             errors.append(f"eval.temperature=0 is greedy decoding: all eval.n={self.eval.n} samples of a problem "
                           "would be the same; set eval.n=1 with it")
         if ds.mode != "none" and self.rollout.n == 1:
-            errors.append("data.dynamic_sampling needs groups: rollout.n is 1, so every group would be dropped")
+            errors.append(f"data.dynamic_sampling.mode={ds.mode} needs groups: rollout.n is 1, so every group would be "
+                          "dropped. Raise rollout.n or set data.dynamic_sampling.mode=none")
         unknown = set(self.data.sample_filter) - {"repetitive", "garbled", "no_answer"}
         if unknown:
             errors.append(f"data.sample_filter: unknown reasons {sorted(unknown)}; choose from repetitive, garbled, no_answer")
