@@ -225,7 +225,9 @@ def test_ctrl_c_says_where_to_resume_and_piped_output_has_progress_lines(tmp_pat
     argv = [sys.executable, "-m", "mathrl.cli", "train", f"model.path={model_dir}", "train.steps=200",
             "rollout.prompts_per_step=2", "rollout.n=2", "train.mini_batch_size=4", "rollout.max_new_tokens=8",
             "data.eval_size=2", "eval.n=1", "eval.every=1000", "train.save_every=1", "train.keep_last=1",
-            "reward.num_workers=1", "data.arith.max_digits=2", "--run-dir", str(run)]
+            "reward.num_workers=1", "data.arith.max_digits=2",
+            "data.dynamic_sampling.mode=none",  # every group trains: a random model is never right, all would be dropped
+            "--run-dir", str(run)]
     env = {**os.environ, "PYTHONUNBUFFERED": "0"}  # block-buffered stdout, as under nohup: lines must be flushed
     child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                              start_new_session=True)  # its own process group, which Ctrl-C signals as a whole
