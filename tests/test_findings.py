@@ -43,6 +43,7 @@ def write_run(path: Path, train: dict[int, dict], evals: dict[int, dict], *, eva
         if step in evals and not evals_jsonl:
             rows.append({"step": step, **{f"eval/arith_heldout/{k}": v for k, v in evals[step].items()}})
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (path / "summary.json").write_text("{}")  # a finished run
     if evals_jsonl:
         (path / "evals.jsonl").write_text("".join(
             json.dumps({"step": s, "set": "arith_heldout", "name": "arith_heldout", "n": 2, "num_problems": 4,
@@ -99,6 +100,7 @@ def test_ci_cell_is_mean_std_ci95() -> None:
     assert ci_cell(A_FINAL) == f"{fmt(mean)} ± {fmt(half)} (n=3)"
     assert ci_cell([0.5]) == "0.500 ± nan (n=1)"  # one seed: the spread is unknown, not zero
     assert ci_cell([]) == "—"
+    assert ci_cell([4500.0, 4520.0]) == "4510.0 ± 127.1 (n=2)"  # a count: the half-width takes its mean's decimals
 
 
 def test_mean_curve_bands_only_where_two_seeds_have_a_value() -> None:
@@ -118,6 +120,15 @@ def test_seeds_group_into_variants_and_a_missing_seed_is_left_out(grid, capsys) 
                                                                       "b": ["b", "b_seed1"]}
     assert columns == ["reward/accuracy", "actor/ref_kl"]
     assert "b_seed2 holds no run" in capsys.readouterr().err
+
+
+def test_an_unfinished_run_is_left_out_unless_asked(grid, capsys) -> None:
+    (grid[1] / "a_seed2" / "summary.json").unlink()  # still training: its last eval is from an earlier step
+    variants, _ = load_variants([grid[0]], out=grid[1], labels=None)
+    assert [r.name for r in variants["a"]] == ["a", "a_seed1"]
+    assert "a_seed2 is not finished" in capsys.readouterr().err
+    variants, _ = load_variants([grid[0]], out=grid[1], labels=None, unfinished=True)
+    assert [r.name for r in variants["a"]] == ["a", "a_seed1", "a_seed2"]
 
 
 def test_table_numbers_are_mean_std_ci95_over_seeds(grid) -> None:

@@ -27,6 +27,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--smooth", type=int, default=5, help="rolling mean of training metrics over W steps (default 5)")
     c.add_argument("--last", type=int, default=10, help="final training value = mean over the last N steps (default 10)")
     c.add_argument("--group", nargs="+", help="the variant of each run, in order (default: the name without _seed<N>)")
+    c.add_argument("--unfinished", action="store_true", help="include runs still going (no summary.json)")
 
     for name, text in (("passk", "pass@k of the base and the runs' final models"),
                        ("overconfidence", "how RL moved the probabilities of response tokens")):
@@ -51,11 +52,17 @@ def main(argv: list[str] | None = None) -> int:
             from findings.curves import run_curves
 
             table = run_curves(args.sources, fig_path=args.fig, out=args.out, metrics=args.metrics, x=args.x,
-                               window=args.smooth, last=args.last, labels=args.group)
+                               window=args.smooth, last=args.last, labels=args.group,
+                               unfinished=args.unfinished)
         else:
             if args.limit < 1 or getattr(args, "n", 1) < 1:
                 raise ValueError("--limit and --n must be >= 1")
+            from transformers.utils import logging as hf_logging
+
             from findings.sampling import run_overconfidence, run_passk
+
+            hf_logging.set_verbosity_error()  # as the mathrl CLI: no per-load progress bars between the lines
+            hf_logging.disable_progress_bar()
 
             if args.command == "passk":
                 table, _ = run_passk(args.base, args.runs, n=args.n, limit=args.limit, fig_path=args.fig,

@@ -29,11 +29,13 @@ def group_runs(runs: Sequence[Path], labels: Sequence[str] | None = None) -> dic
     return groups
 
 
-def fmt(value: float) -> str:
-    """Three decimals for fractions and small numbers, one for lengths and counts."""
+def fmt(value: float, like: float | None = None) -> str:
+    """Three decimals for fractions and small numbers, one for lengths and counts (chosen by `like`,
+    default the value itself: a half-width is written with its mean's decimals)."""
     if math.isnan(value):
         return "nan"
-    return f"{value:.1f}" if abs(value) >= 100 else f"{value:.3f}"
+    ref = value if like is None or math.isnan(like) else like
+    return f"{value:.1f}" if abs(ref) >= 100 else f"{value:.3f}"
 
 
 def ci_cell(values: Sequence[float]) -> str:
@@ -41,7 +43,7 @@ def ci_cell(values: Sequence[float]) -> str:
     if not values:
         return MISSING
     mean, _, half = mean_std_ci95(list(values))
-    return f"{fmt(mean)} ± {fmt(half)} (n={len(values)})"
+    return f"{fmt(mean)} ± {fmt(half, mean)} (n={len(values)})"
 
 
 def band(values: Sequence[float]) -> tuple[float, float, float]:

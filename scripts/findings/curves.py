@@ -215,9 +215,12 @@ def plot(variants: dict[str, list[RunSeries]], metrics: list[str], *, window: in
 # ---- the command ----------------------------------------------------------------------------------
 
 
-def load_variants(sources: list[Path], *, out: Path | None, labels: list[str] | None) -> tuple[dict[str, list[RunSeries]], list[str]]:
+def load_variants(sources: list[Path], *, out: Path | None, labels: list[str] | None,
+                  unfinished: bool = False) -> tuple[dict[str, list[RunSeries]], list[str]]:
     """(variant -> its runs' series, the grid's columns or []) from a grid file (runs under `out`) or
-    run directories. A run that is missing or has logged nothing is left out, with a note."""
+    run directories. A run that is missing or has logged nothing is left out, with a note, and so is
+    one still going (no summary.json: its "final" values would be from an earlier step than its
+    seeds') unless `unfinished`."""
     columns: list[str] = []
     if len(sources) == 1 and sources[0].suffix in (".yaml", ".yml"):
         from ablate import load_grid  # the sibling script: grid names exactly as ablate.py gives them
@@ -237,6 +240,10 @@ def load_variants(sources: list[Path], *, out: Path | None, labels: list[str] | 
         if not RunDir(path).is_run():
             print(f"note: {path} holds no run; variant {name} is reported without it", file=sys.stderr)
             continue
+        if not unfinished and not RunDir(path).summary_path.exists():
+            print(f"note: {path} is not finished (no summary.json); variant {name} is reported without it "
+                  "(--unfinished includes it)", file=sys.stderr)
+            continue
         runs.append(read_run(path))
     return variants, columns
 
@@ -248,11 +255,12 @@ def default_metrics(variants: dict[str, list[RunSeries]], columns: list[str]) ->
 
 
 def run_curves(sources: list[Path], *, fig_path: Path, out: Path | None = None, metrics: list[str] | None = None,
-               x: str = "step", window: int = 5, last: int = 10, labels: list[str] | None = None) -> str:
+               x: str = "step", window: int = 5, last: int = 10, labels: list[str] | None = None,
+               unfinished: bool = False) -> str:
     """Plot and tabulate; returns the table (also written next to the figure)."""
     if window < 1 or last < 1:
         raise ValueError("--smooth and --last must be >= 1")
-    variants, columns = load_variants(sources, out=out, labels=labels)
+    variants, columns = load_variants(sources, out=out, labels=labels, unfinished=unfinished)
     metrics = metrics or default_metrics(variants, columns)
     if not metrics:
         raise ValueError("no metrics to plot: give --metrics, or a grid with columns")

@@ -120,7 +120,7 @@ def run_passk(base: str, runs: Sequence[Path], *, n: int, limit: int, fig_path: 
     configs = {run: run_config(run) for run in runs}
     own_verifier = verifier is None
     verifier = verifier or _verifier(configs[runs[0]])
-    results: dict = {"ks": ks, "n": n, "limit": limit, "base": {}, "runs": {}}
+    results: dict = {"ks": ks, "n": n, "limit": limit, "base": {}, "base_of": {}, "runs": {}}
     try:
         for run in runs:
             cfg = configs[run]
@@ -130,6 +130,9 @@ def run_passk(base: str, runs: Sequence[Path], *, n: int, limit: int, fig_path: 
                 console.print(f"pass@k of the base {path} (n={n}, {limit} problems)")
                 results["base"][path] = model_pass_at_k(path, cfg, n=n, limit=limit, seed=draw, device=device,
                                                          verifier=verifier)
+            results["base_of"].setdefault(path, [])
+            if _group_label(groups, run) not in results["base_of"][path]:
+                results["base_of"][path].append(_group_label(groups, run))
             console.print(f"pass@k of {run}/final")
             results["runs"][str(run)] = {
                 "group": _group_label(groups, run), "base": path,
@@ -144,15 +147,17 @@ def run_passk(base: str, runs: Sequence[Path], *, n: int, limit: int, fig_path: 
     shown = [k for k in TABLE_KS if k in ks] + ([ks[-1]] if ks[-1] not in TABLE_KS else [])
     rows = []
     for path, table in results["base"].items():
-        rows.append([_base_label(path, results["base"]), "1"] + [fmt(table[k]) for k in shown])
+        rows.append([_base_label(path, results), "1"] + [fmt(table[k]) for k in shown])
     for g, tables in per_group.items():
         rows.append([g, str(len(tables))] + [ci_cell([t[k] for t in tables]) for k in shown])
     table = markdown_table(["model", "runs"] + [f"pass@{k}" for k in shown], rows)
 
     fig, (ax,) = new_figure(1, size=(6.0, 4.0))
-    for path, t in results["base"].items():
-        ax.plot(ks, [t[k] for k in ks], color="black", linestyle="--", marker="o", markersize=3,
-                label=_base_label(path, results["base"]))
+    group_index = {g: i for i, g in enumerate(groups)}
+    for path, t in results["base"].items():  # several bases (runs from different base.* settings): their runs' colour
+        base_color = "black" if len(results["base"]) == 1 else color(group_index[results["base_of"][path][0]])
+        ax.plot(ks, [t[k] for k in ks], color=base_color, linestyle="--", marker="o", markersize=3,
+                label=_base_label(path, results))
     for i, (g, tables) in enumerate(per_group.items()):
         stats = [mean_std_ci95([t[k] for t in tables]) for k in ks]
         mean = [m for m, _, _ in stats]
@@ -172,8 +177,9 @@ def run_passk(base: str, runs: Sequence[Path], *, n: int, limit: int, fig_path: 
     return table, results
 
 
-def _base_label(path: str, bases: dict) -> str:
-    return "base" if len(bases) == 1 else f"base {Path(path).name}"
+def _base_label(path: str, results: dict) -> str:
+    """"base", or with several base models "base of <the variants trained from it>"."""
+    return "base" if len(results["base"]) == 1 else f"base of {', '.join(results['base_of'][path])}"
 
 
 # ---- over-confidence ------------------------------------------------------------------------------
