@@ -78,6 +78,7 @@ def arith_run(tmp_path_factory):
             "data.eval_size=4",
             "eval.n=2",
             "eval.every=1",
+            "data.dynamic_sampling.mode=none",  # every group trains: the assertions count the full batch
             "reward.num_workers=1",
             "reward.timeout_s=60",  # a slow worker start on a busy machine must not read as a timeout
             f"run_dir={root / 'run'}",
@@ -242,6 +243,7 @@ def test_train_on_a_jsonl_file_with_a_user_model(tmp_path, gsm8k_file, random_mo
         "eval.n=2",
         "eval.every=1",
         "reward.num_workers=0",  # in-process: this test is about data and model plumbing
+        "data.dynamic_sampling.mode=none",  # every group trains: a random model is never right, all would be dropped
         f"run_dir={tmp_path / 'run'}",
     ])
     result = train(cfg, console=quiet_console())
@@ -278,6 +280,7 @@ def test_train_on_parquet_with_an_hf_folder_eval_set(tmp_path, gsm8k_file, rando
         "data.template=plain", "data.max_prompt_tokens=1000", "rollout.max_new_tokens=8",
         "rollout.prompts_per_step=2", "rollout.n=2", "train.mini_batch_size=4", "train.steps=1",
         "eval.n=2", "eval.every=1", "reward.num_workers=0", f"run_dir={tmp_path / 'run'}",
+        "data.dynamic_sampling.mode=none",  # every group trains: a random model is never right, all would be dropped
     ])
     result = train(cfg, console=quiet_console())
     assert set(result.final) == {"hf_gsm8k_test"}  # folder name + the default eval split
