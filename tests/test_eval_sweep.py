@@ -109,7 +109,7 @@ def test_sweep_writes_results_ordered_by_step(report: dict, run_dir: Path) -> No
         assert row["template"] == "arith" and row["max_new_tokens"] == 10
         assert [r["seed"] for r in row["per_seed"]] == [0, 1]
         expected = {"pass@1", "pass@2", "maj@2", "no_answer_rate", "truncated_rate", "response_length",
-                    "repetitive_rate", "garbled_rate"}
+                    "reflection_rate", "repetitive_rate", "garbled_rate"}
         assert set(row["metrics"]) == expected
         for rec in row["per_seed"]:
             assert expected <= set(rec)
