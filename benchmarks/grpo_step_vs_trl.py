@@ -117,6 +117,7 @@ def run_mathrl(steps: int, model_dir: str, out_dir: Path, w: dict) -> dict:
         f"rollout.n={w['n']}", f"rollout.max_new_tokens={w['max_new']}", f"train.mini_batch_size={w['mini']}",
         f"train.lr={LR}", "train.save_every=0", "reward.num_workers=0", "data.eval_size=2", "eval.n=1",
         f"eval.every={steps + 1}", "log.rollouts_per_step=0", f"run_dir={out_dir / 'mathrl'}",
+        "data.dynamic_sampling.mode=none",  # as TRL: one generation round per step, every group trains
     ])
     train(cfg, console=Console(quiet=True))
     rows = [r for r in read_metrics(out_dir / "mathrl" / "metrics.jsonl") if "perf/step_seconds" in r]
