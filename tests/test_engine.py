@@ -1,6 +1,7 @@
 """Tests for mathrl.rollout.engine: TorchEngine against references, and its helpers.
 
-A tiny random Qwen2 (conftest.py) is the real model; a mock LM whose next token is a known function
+The sampler itself (`sample_top_p`) is tested in tests/test_sampling.py. A tiny random Qwen2
+(conftest.py) is the real model; a mock LM whose next token is a known function
 of the position tests stopping and the logprob bookkeeping exactly (STYLE.md point 6: engines are
 testable with a mock model).
 
@@ -17,7 +18,7 @@ import torch
 from torch.testing import assert_close
 
 from mathrl.model.scoring import response_logprobs
-from mathrl.rollout.engine import RolloutBatch, TorchEngine, left_pad, sample_top_p
+from mathrl.rollout.engine import RolloutBatch, TorchEngine, left_pad
 
 PAD, EOS = 0, 1
 
@@ -280,41 +281,6 @@ def test_left_pad():
 def test_left_pad_single_row_needs_no_padding():
     ids, mask = left_pad([[7, 8]], pad_id=0)
     assert ids.tolist() == [[7, 8]] and mask.tolist() == [[1, 1]]
-
-
-def test_sample_top_p_respects_the_nucleus():
-    # probs [0.5, 0.3, 0.15, 0.05], top_p=0.7: the mass before tokens 0,1,2,3 is 0, 0.5, 0.8, 0.95,
-    # so only {0, 1} are kept, renormalised to 0.625 / 0.375. 4000 draws: std of the share of token 0
-    # is 0.0077, and the 0.05 tolerance is 6.5 std (false-failure odds ~1e-10; the generator is seeded).
-    logits = torch.tensor([0.5, 0.3, 0.15, 0.05]).log().repeat(4000, 1)
-    gen = torch.Generator().manual_seed(0)
-    draws = sample_top_p(logits, 0.7, gen)
-    assert set(draws.tolist()) <= {0, 1}
-    assert abs((draws == 0).float().mean().item() - 0.625) < 0.05
-
-
-def test_sample_top_p_one_samples_the_full_distribution():
-    # top_p=1: plain sampling; every token with positive mass shows up, a -inf logit never does.
-    logits = torch.tensor([0.0, 0.0, float("-inf"), 0.0]).repeat(2000, 1)
-    draws = sample_top_p(logits, 1.0, torch.Generator().manual_seed(0))
-    assert set(draws.tolist()) == {0, 1, 3}
-    # shares of 1/3 each; std 0.0105 over 2000 draws, tolerance 0.06 is ~5.7 std (odds ~1e-8)
-    for token in (0, 1, 3):
-        assert abs((draws == token).float().mean().item() - 1 / 3) < 0.06
-
-
-def test_sample_top_p_tiny_is_argmax_per_row():
-    # A tiny nucleus holds only the top token of each row, whatever its rank in the vocabulary.
-    logits = torch.tensor([[0.1, 2.0, 0.3], [5.0, 4.9, -1.0], [0.0, 0.0, 0.5]])
-    draws = sample_top_p(logits, 1e-9, torch.Generator().manual_seed(0))
-    assert draws.tolist() == [1, 0, 2]
-
-
-def test_sample_top_p_is_reproducible_from_the_generator():
-    logits = torch.randn(64, 10, generator=torch.Generator().manual_seed(1))
-    a = sample_top_p(logits, 0.9, torch.Generator().manual_seed(3))
-    b = sample_top_p(logits, 0.9, torch.Generator().manual_seed(3))
-    assert torch.equal(a, b)
 
 
 # --------------------------------------------------------------------------------------------------
