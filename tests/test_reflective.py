@@ -132,3 +132,26 @@ def test_reflection_stats():
     stats = reflection_stats(["a?b?", "none", "?", ""], ["?"])
     assert stats == {"reflection_rate": 0.5, "reflections_per_response": 0.75}
     assert reflection_stats([], ["?"]) == {"reflection_rate": 0.0, "reflections_per_response": 0.0}
+
+
+def test_batch_metrics_length_spread_and_reflection():
+    # Two groups of n=2: lengths (3, 5) and (4, 4) -> population std 1 and 0 -> mean 0.5; one of the
+    # four texts holds the marker twice, another once -> reflection rate 0.5, 0.75 markers per response.
+    from types import SimpleNamespace
+
+    import torch
+
+    from mathrl.train.loop import batch_metrics
+
+    lengths = torch.tensor([3, 5, 4, 4])
+    mask = (torch.arange(5)[None, :] < lengths[:, None]).float()  # [4, 5]
+    rollout = SimpleNamespace(response_lengths=lengths, truncated=torch.zeros(4, dtype=torch.bool),
+                              logprobs=torch.zeros(4, 5), response_mask=mask)
+    got = SimpleNamespace(rollout=rollout, results=[SimpleNamespace(reason="correct")] * 4,
+                          correct=torch.tensor([1.0, 0.0, 1.0, 1.0]), rewards=torch.tensor([1.0, 0.0, 1.0, 1.0]),
+                          problems=["p", "q"], texts=["a?b?", "c", "?d", "e"])
+    batch = SimpleNamespace(old_logprobs=torch.zeros(4, 5))
+    m = batch_metrics(got, batch, n=2, prompts_too_long=0, reflection_words=["?"])
+    assert m["rollout/response_length_group_std"] == pytest.approx(0.5)
+    assert m["rollout/reflection_rate"] == 0.5 and m["rollout/reflections_per_response"] == 0.75
+    assert m["rollout/response_length"] == 4.0
