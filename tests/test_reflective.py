@@ -155,3 +155,36 @@ def test_batch_metrics_length_spread_and_reflection():
     assert m["rollout/response_length_group_std"] == pytest.approx(0.5)
     assert m["rollout/reflection_rate"] == 0.5 and m["rollout/reflections_per_response"] == 0.75
     assert m["rollout/response_length"] == 4.0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_checker_scores_a_reflective_trace_by_its_final_box(seed):
+    # A trace's checks add "?" and digits but no box: the verifier reads only the final \boxed{},
+    # so a repaired slip scores 1 and an unrepaired one 0, whatever the checks wrote on the way.
+    from mathrl.reward.verify import verify_one
+
+    task, rng = ArithmeticTask(max_digits=3), random.Random(seed)
+    (problem,) = task.train_problems(1, seed=seed)
+    a, b = task.operands(problem)
+    repaired = task.worked_solution(a, b, rng=rng, slip_prob=1.0, check_prob=1.0)
+    assert verify_one(repaired, problem.answer).score == 1.0
+    unrepaired = task.worked_solution(a, b, rng=rng, slip_prob=1.0, check_prob=0.0)
+    expected = 1.0 if int(parse(unrepaired)[1]) == int(problem.answer) else 0.0  # slips can cancel out
+    assert verify_one(unrepaired, problem.answer).score == expected
+
+
+def test_reflective_sft_rows_are_training_problems(tmp_path):
+    # The R1 path's distillation data must never hold a held-out problem (the eval set stays unseen),
+    # and with check_prob 1 every row is checked at every column and ends in the right answer.
+    import json
+
+    from mathrl.train.sft import write_arith_sft_jsonl
+
+    task = ArithmeticTask(max_digits=3)
+    path = write_arith_sft_jsonl(tmp_path / "r.jsonl", rows=300, seed=0, slip_prob=0.3, check_prob=1.0)
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        x, y = (int(v) for v in row["problem"].split("+"))
+        assert not task.is_heldout(x, y)
+        cols, answer = parse(row["response"])
+        assert all(check is not None for *_, check in cols) and answer == row["answer"]
