@@ -123,6 +123,7 @@ def test_base_recipe_hash_ignores_a_zero_check_prob():
     ("double-check and check", ["check", "double-check"], 2),  # longest first: one marker per place
     ("7+9+0=13?7+9+0=16,2+2+1=05?2+2+1=05,\\boxed{56}", ["?"], 2),
     ("anything", [], 0),
+    ("a?b", ["", "?"], 1),  # an empty marker counts nothing
 ])
 def test_count_reflections(text, words, count):
     assert count_reflections(text, words) == count

@@ -7,6 +7,8 @@ reflective arithmetic task writes its self-checks as "?" (recipes/arith_check_gr
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Sequence
 
 
@@ -16,19 +18,14 @@ def count_reflections(text: str, words: Sequence[str]) -> int:
     >>> count_reflections("Wait, 3+4=7. Wait, verify: 7.", ["Wait", "verify"])
     3
     """
-    if not words:
-        return 0
-    ordered = sorted(set(words), key=len, reverse=True)
-    count, i = 0, 0
-    while i < len(text):
-        for word in ordered:
-            if text.startswith(word, i):
-                count += 1
-                i += len(word)
-                break
-        else:
-            i += 1
-    return count
+    words = tuple(w for w in words if w)  # an empty marker would match everywhere
+    return len(_pattern(words).findall(text)) if words else 0
+
+
+@functools.lru_cache(maxsize=8)
+def _pattern(words: tuple[str, ...]) -> re.Pattern:
+    """One regex for the markers: a single C-level scan per response (long traces, every step)."""
+    return re.compile("|".join(re.escape(w) for w in sorted(set(words), key=len, reverse=True)))
 
 
 def reflection_stats(texts: Sequence[str], words: Sequence[str]) -> dict[str, float]:
