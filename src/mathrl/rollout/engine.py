@@ -145,7 +145,7 @@ class TorchEngine:
                     max_new_tokens=max_new_tokens,
                     temperature=temperature,
                     top_p=top_p,
-                    seed=seed * 1_000_003 + i // self.batch_size,
+                    seed=(seed * 1_000_003 + i // self.batch_size) % (2**63 - 1),  # a Generator takes < 2**64
                 )
                 for i in range(0, len(prompts), self.batch_size)
             ]

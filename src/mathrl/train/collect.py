@@ -70,9 +70,28 @@ def shape_rewards(cfg: Config, step: int, rollout: RolloutBatch, correct: torch.
     return r, metrics
 
 
-def shard_seed(seed: int, shard: int) -> int:
-    """The sampling seed of rollout shard `shard` of a call seeded with `seed` (shard 0 keeps `seed`)."""
-    return seed if shard == 0 else seed + shard * 1_000_000_007
+def shard_seed(seed: int, shard: int, offset: int = 0) -> int:
+    """The sampling seed of rollout shard `shard` of a call seeded with `seed` (shard 0 keeps `seed`).
+
+    offset: the first row of a rank's piece inside the shard, when a rank holds only part of it. 0 (the
+    whole shard, or its first piece) keeps the one-process seed; any other offset gets a seed of its own,
+    so two ranks that split one shard never replay the same random stream.
+    """
+    s = seed if shard == 0 else seed + shard * 1_000_000_007
+    return s if offset == 0 else (s * 1_000_003 + offset * 998_244_353 + 1) % (2**61 - 1)
+
+
+def rank_pieces(rows: int, n: int, batch_size: int, ranks: Ranks) -> list[tuple[int, int, int, int]]:
+    """The (start, end, shard, offset) pieces this rank samples: its rows (whole groups of n, a contiguous
+    block in global order) cut at the shard boundaries of batch_size rows; offset is the piece's first
+    row inside its shard (see `shard_seed`). One process: every shard whole, offset 0."""
+    lo, hi = (g * n for g in tdist.split_range(rows // n, ranks.rank, ranks.world_size))
+    pieces = []
+    for start in range(0, rows, batch_size):
+        a, b = max(start, lo), min(start + batch_size, hi)
+        if a < b:
+            pieces.append((a, b, start // batch_size, a - start))
+    return pieces
 
 
 def generate_and_score(cfg: Config, prompts: list[list[int]], answers: list[str], *, seed: int, engine, tokenizer,
@@ -82,21 +101,20 @@ def generate_and_score(cfg: Config, prompts: list[list[int]], answers: list[str]
 
     The rows are cut into shards of rollout.batch_size, each sampled with `shard_seed(seed, shard)`;
     with several ranks each samples and scores the rows of its own groups (contiguous blocks of whole
-    groups of rollout.n) and the rows are gathered on every rank. So 1 and N processes draw the same
-    samples whenever each rank's share is a multiple of rollout.batch_size (or the whole batch fits
-    in one shard), and the same step sees the same batch on every rank.
+    groups of rollout.n; `rank_pieces`) and the rows are gathered on every rank. So 1 and N processes
+    draw the same samples whenever each rank's share is a multiple of rollout.batch_size, and the same
+    step sees the same batch on every rank. A rank holding part of a shard samples it with a seed of
+    its own (`shard_seed`'s offset): then the samples differ from one process's, drawn as independently.
     """
-    n, size = cfg.rollout.n, cfg.rollout.batch_size
-    lo, hi = (g * n for g in tdist.split_range(len(prompts) // n, ranks.rank, ranks.world_size))
+    lo, hi = (g * cfg.rollout.n for g in tdist.split_range(len(prompts) // cfg.rollout.n, ranks.rank, ranks.world_size))
     t0 = time.time()
-    shards = []
-    for start in range(0, len(prompts), size):
-        a, b = max(start, lo), min(start + size, hi)
-        if a < b:
-            shards.append(engine.generate(
-                prompts[a:b], max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
-                top_p=cfg.rollout.top_p, seed=shard_seed(seed, start // size),
-            ))
+    shards = [
+        engine.generate(
+            prompts[a:b], max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
+            top_p=cfg.rollout.top_p, seed=shard_seed(seed, shard, offset),
+        )
+        for a, b, shard, offset in rank_pieces(len(prompts), cfg.rollout.n, cfg.rollout.batch_size, ranks)
+    ]
     rollout = concat_rollouts(shards, tokenizer.pad_token_id) if shards else None
     t1 = time.time()
     texts = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True) if rollout is not None else []
