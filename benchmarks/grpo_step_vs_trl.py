@@ -39,7 +39,11 @@ both. The time of an RL step is: mathrl, `perf/step_seconds` (rollout, reward, s
 optimizer steps, logging; evaluations and checkpoints are outside it); TRL, the wall time from the
 start of the optimizer step that generates to the end of the second one (a `TrainerCallback`). The
 first RL step of every run is warm-up and dropped. ratio = TRL seconds / mathrl seconds per RL step
-(medians over all timed steps): above 1 means mathrl is faster. Both sides also report their mean
+(medians over all timed steps): above 1 means mathrl is faster. Each side also prints where its step
+goes (medians over the timed steps): mathrl its perf/rollout_seconds, perf/reward_seconds and
+perf/train_seconds (everything after the rewards); TRL the time inside its generation call, inside its
+no-grad logprob passes (the old-policy logprobs: TRL computes them whenever one generation feeds
+several optimizer steps) and the rest (rewards, advantages, both optimizer steps). Both sides also report their mean
 reward, to show they ran the same task, and the peak resident memory of their process (ru_maxrss:
 model loading, evaluation and every step included).
 
@@ -127,6 +131,7 @@ def run_mathrl(steps: int, model_dir: str, out_dir: Path, w: dict) -> dict:
 
 
 def run_trl(steps: int, model_dir: str, out_dir: Path, w: dict, *, matched: bool = True) -> dict:
+    import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -164,11 +169,34 @@ def run_trl(steps: int, model_dir: str, out_dir: Path, w: dict, *, matched: bool
     trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir), reward_funcs=reward, args=args,
                           train_dataset=data, processing_class=AutoTokenizer.from_pretrained(model_dir),
                           callbacks=[clock])
+    # phase clocks: TRL's generation call (one per RL step) and its no-grad logprob passes (the old-policy
+    # logprobs, computed because 2 optimizer steps share one generation); the rest of the step is
+    # rewards, advantages and the two optimizer steps
+    generate_s: list[float] = []
+    scoring_s: list[float] = []
+
+    def timed(method):
+        def wrapper(*a, **k):
+            t = time.perf_counter()
+            out = method(*a, **k)
+            if method.__name__ == "_generate":
+                generate_s.append(time.perf_counter() - t)
+                scoring_s.append(0.0)
+            elif not torch.is_grad_enabled() and scoring_s:
+                scoring_s[-1] += time.perf_counter() - t
+            return out
+        return wrapper
+
+    trainer._generate = timed(trainer._generate)
+    trainer._get_per_token_logps_and_entropies = timed(trainer._get_per_token_logps_and_entropies)
     trainer.train()
     per_rl = prompts * n // mini  # optimizer steps per RL step
     seconds = [clock.ends[i + per_rl - 1] - clock.begins[i] for i in range(0, len(clock.ends), per_rl)]
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
-    return {"step_seconds": seconds, "reward": rewards}
+    rest = [step - g - sc for step, g, sc in zip(seconds, generate_s, scoring_s)]
+    phases = {"generate": generate_s[1:], "scoring": scoring_s[1:], "train": rest[1:]}
+    return {"step_seconds": seconds, "reward": rewards,
+            "phases": {k: statistics.median(v) for k, v in phases.items() if v}}
 
 
 def child(side: str, steps: int, threads: int, model_dir: str, workload: str) -> None:
@@ -244,7 +272,7 @@ def main() -> None:
                       f"mean reward {statistics.mean(result['reward']):.3f}, peak RSS {result['peak_rss_mb']:.0f} MB "
                       f"({time.perf_counter() - started:.0f} s with start-up)", flush=True)
                 if result.get("phases"):
-                    print("    mathrl phases (median s): " + ", ".join(f"{k} {v:.2f}" for k, v in result["phases"].items()))
+                    print(f"    {side} phases (median s): " + ", ".join(f"{k} {v:.2f}" for k, v in result["phases"].items()))
     median = {side: statistics.median(s for r in rs for s in r["step_seconds"][1:]) for side, rs in runs.items()}
     rss = {side: max(r["peak_rss_mb"] for r in rs) for side, rs in runs.items()}
     ratio = {side: median[side] / median["mathrl"] for side in args.sides if side != "mathrl"}

@@ -186,3 +186,45 @@ def test_reproducible_from_the_generator():
         c = sample_top_p(logits, top_p, torch.Generator().manual_seed(4))
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
         assert not torch.equal(a[0], c[0])  # 64 rows of 10 tokens: two seeds agreeing on all is negligible
+
+
+# --------------------------------------------------------------------------------------------------
+# the two-level search of large vocabularies (over BLOCKED_ABOVE tokens, top_p 1)
+# --------------------------------------------------------------------------------------------------
+def test_large_vocabularies_take_the_two_level_search():
+    from mathrl.rollout.engine import BLOCK, BLOCKED_ABOVE
+
+    assert BLOCKED_ABOVE % BLOCK == 0 and 32_000 > BLOCKED_ABOVE >= 4 * BLOCK
+
+
+@pytest.mark.parametrize("vocab", [40_000, 32_000])  # with and without a shorter last block (40000 = 156 * 256 + 64)
+def test_two_level_search_draws_what_the_full_cumulative_sum_draws(vocab):
+    # The same uniforms through the float64 cumulative sum of all V probabilities and through the blocks
+    # pick the same token: the two differ only by float64 rounding of the interval ends (~1e-16 each),
+    # so a disagreement in 512 rows has odds of about 512 * V * 1e-16.
+    logits = torch.randn(512, vocab, generator=torch.Generator().manual_seed(8)) * 4
+    logits[:, -70:] += 6.0  # mass in the last block too
+    tokens, logprobs = sample_top_p(logits, 1.0, torch.Generator().manual_seed(9))
+    u = torch.rand((512, 1), generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    cdf = torch.softmax(logits, dim=-1).double().cumsum(-1)
+    assert torch.equal(tokens, inverse_cdf(cdf, cdf[:, -1:], u))
+    assert (tokens >= vocab - 70).any()
+    expected = torch.log_softmax(logits.double(), dim=-1).gather(-1, tokens[:, None]).squeeze(-1).float()
+    assert_close(logprobs, expected, rtol=0, atol=1e-6)
+
+
+def test_two_level_search_never_draws_zero_probability_tokens_or_blocks():
+    # 5000 tokens (19 full blocks and one of 136), mass on 5 tokens: the first, one inside a block, the
+    # last token of a block, the first of the next, and the very last token; every other token and all
+    # other blocks have zero mass (-inf, or e^-200 which is 0 in float32). Chi-square, 4 degrees of
+    # freedom: P(X > 33) ~ 1e-6.
+    vocab = 5000
+    probs = [0.0] * vocab
+    for token, p in {0: 0.1, 1000: 0.2, 2047: 0.3, 2048: 0.15, vocab - 1: 0.25}.items():
+        probs[token] = p
+    logits = torch.tensor(probs).log()
+    logits[3000] = -200.0
+    tokens, _ = sample_top_p(logits.repeat(20_000, 1), 1.0, torch.Generator().manual_seed(10))
+    assert set(tokens.tolist()) == {0, 1000, 2047, 2048, vocab - 1}
+    assert chi_square(tokens, probs) < 33.0
+    assert chi_square(tokens, [p + (0.02 if i == 1000 else -0.02 if i == 2047 else 0.0) for i, p in enumerate(probs)]) > 33.0
