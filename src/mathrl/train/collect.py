@@ -106,14 +106,15 @@ def generate_and_score(cfg: Config, prompts: list[list[int]], answers: list[str]
     step sees the same batch on every rank. A rank holding part of a shard samples it with a seed of
     its own (`shard_seed`'s offset): then the samples differ from one process's, drawn as independently.
     """
-    lo, hi = (g * cfg.rollout.n for g in tdist.split_range(len(prompts) // cfg.rollout.n, ranks.rank, ranks.world_size))
+    pieces = rank_pieces(len(prompts), cfg.rollout.n, cfg.rollout.batch_size, ranks)
+    lo, hi = (pieces[0][0], pieces[-1][1]) if pieces else (0, 0)  # this rank's rows
     t0 = time.time()
     shards = [
         engine.generate(
             prompts[a:b], max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
             top_p=cfg.rollout.top_p, seed=shard_seed(seed, shard, offset),
         )
-        for a, b, shard, offset in rank_pieces(len(prompts), cfg.rollout.n, cfg.rollout.batch_size, ranks)
+        for a, b, shard, offset in pieces
     ]
     rollout = concat_rollouts(shards, tokenizer.pad_token_id) if shards else None
     t1 = time.time()
