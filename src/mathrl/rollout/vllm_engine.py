@@ -28,6 +28,8 @@ Why the details are as they are:
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import os
 import time
@@ -125,7 +127,9 @@ class VLLMEngine:
         )
         if s.max_num_seqs is not None:
             kwargs["max_num_seqs"] = s.max_num_seqs
-        if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        self._in_trainer_group = (torch.distributed.is_available() and torch.distributed.is_initialized()
+                                  and torch.distributed.get_world_size() > 1)
+        if self._in_trainer_group:
             # under torchrun: one independent engine per rank on the rank's own device (vLLM's launcher for
             # engines inside an existing process group: it reads RANK / LOCAL_RANK and reuses the group)
             kwargs["distributed_executor_backend"] = "external_launcher"
@@ -236,16 +240,38 @@ class VLLMEngine:
         llm, self.llm = getattr(self, "llm", None), None
         if llm is None:
             return
-        try:
-            llm.llm_engine.engine_core.shutdown()
-        except Exception:  # pragma: no cover - best effort at teardown
-            pass
+        # vLLM's shutdown ends by destroying the default torch.distributed process group; under torchrun
+        # that group is the trainer's (the final save and every later collective need it)
+        with _default_group_kept() if getattr(self, "_in_trainer_group", False) else contextlib.nullcontext():
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception:  # pragma: no cover - best effort at teardown
+                pass
         del llm
         import gc
 
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+@contextlib.contextmanager
+def _default_group_kept():
+    """While active, `torch.distributed.destroy_process_group` leaves the default group alone (the
+    groups vLLM created for itself are still destroyed)."""
+    original = torch.distributed.destroy_process_group
+    world = torch.distributed.group.WORLD
+
+    def destroy(group=None):
+        if group is None or group is world:
+            return
+        original(group)
+
+    torch.distributed.destroy_process_group = destroy
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group = original
 
 
 def _global_rng_state() -> tuple:
