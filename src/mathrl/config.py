@@ -136,7 +136,7 @@ class RolloutConfig:
     temperature: float = 1.0  # sampling temperature (> 0: training samples from the policy)
     top_p: float = 1.0  # nucleus sampling: keep the most likely tokens holding this much probability
     max_new_tokens: int = 48  # maximum response length in tokens
-    batch_size: int = 512  # sequences decoded together by the torch engine
+    batch_size: int = 512  # sequences decoded together by the torch engine; each such shard is seeded on its own, so 1 and N ranks draw the same samples when every rank's share is a multiple of it
     vllm: VLLMConfig = field(default_factory=VLLMConfig)  # settings of the vllm engine
 
 
