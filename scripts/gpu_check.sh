@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, as one script: bf16 + NCCL training under torchrun/FSDP2, the torch
-# rollout engine on CUDA against the trainer's logprobs, rollout throughput, entropy memory, and
+# rollout engine on CUDA against the trainer's logprobs, rollout throughput, the sampler, entropy memory, and
 # (where vLLM is installed) vLLM on CUDA with sleep mode and in-memory weight sync.
 #
 #     bash scripts/gpu_check.sh [OUT_DIR]        # default OUT_DIR: $OUT, else ./gpu_check_out
@@ -34,6 +34,8 @@ step dist_scaling 420 python3 benchmarks/dist_scaling.py --device cuda --nproc 1
 # the torch engine on CUDA in bf16 and float32 vs vLLM (if installed) vs model.generate, a real architecture
 step rollout_engines 420 python3 benchmarks/rollout_engines.py --device cuda --dtype bfloat16 --arch qwen2.5-0.5b \
   --batch 128 --max-new-tokens 256 --out "$out/rollout_engines.json"
+# one sampling call on the GPU: the engine's inverse-CDF sampler vs torch.multinomial, 256 rows
+step sampler_speed 120 python3 benchmarks/sampler_speed.py --device cuda --rows 256
 # peak memory of logprob + entropy over a real vocabulary, chunked vs naive
 step entropy_memory 300 python3 benchmarks/entropy_memory.py --device cuda --out "$out/entropy_memory.json"
 if python3 -c "import vllm" >/dev/null 2>&1; then
