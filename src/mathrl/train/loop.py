@@ -179,10 +179,20 @@ def _train(cfg: Config, *, console: Console, resume: bool, ranks: Ranks) -> Trai
             "skipped_steps": skipped_total,
         }
 
-    def save(step: int) -> None:
-        save_checkpoint(run.checkpoints, step, model=model, tokenizer=tokenizer, state=trainer_state(),
-                        keep_last=cfg.train.keep_last, keep_every=cfg.train.keep_every, critic=critic,
-                        ranks=ranks, **optimizers)
+    def evaluate_if_due(step: int, latest: dict, last_eval: dict) -> tuple[dict, dict]:
+        """(latest results, their logged metrics): new ones when the step is due an evaluation."""
+        if not (ranks.main and eval_due(cfg, step)):
+            return latest, last_eval
+        progress.note(f"step {step}: evaluating")
+        results = run_evals(eval_sets, engine=engine, tokenizer=tokenizer, verifier=verifier, cfg=cfg)
+        return results, log_evals(step, results, tracker, run)
+
+    def save_if_due(step: int) -> None:
+        # no checkpoint while updates are being skipped: the last one stays the last good one
+        if save_due(cfg, step) and not skipped_in_a_row:
+            save_checkpoint(run.checkpoints, step, model=model, tokenizer=tokenizer, state=trainer_state(),
+                            keep_last=cfg.train.keep_last, keep_every=cfg.train.keep_every, critic=critic,
+                            ranks=ranks, **optimizers)
 
     for note in train_stream.notes:
         console.print(note)
@@ -222,12 +232,8 @@ def _train(cfg: Config, *, console: Console, resume: bool, ranks: Ranks) -> Trai
                     tracker.log(step, got.metrics)
                     # the weights did not move, but a due evaluation and checkpoint still happen: on the last
                     # step they are the run's final scores and the checkpoint a finished run continues from
-                    if ranks.main and eval_due(cfg, step):
-                        progress.note(f"step {step}: evaluating")
-                        latest = run_evals(eval_sets, engine=engine, tokenizer=tokenizer, verifier=verifier, cfg=cfg)
-                        last_eval = log_evals(step, latest, tracker, run)
-                    if save_due(cfg, step) and not skipped_in_a_row:
-                        save(step)
+                    latest, last_eval = evaluate_if_due(step, latest, last_eval)
+                    save_if_due(step)
                     progress.advance_empty()
                     continue
                 rollout, rewards, correct = got.rollout, got.rewards, got.correct
@@ -305,14 +311,9 @@ def _train(cfg: Config, *, console: Console, resume: bool, ranks: Ranks) -> Trai
                 if ranks.main:
                     run.append_rollouts(rollout_records(step, got.problems, got.prompts_text, got.texts, got.results, rollout,
                                                         tokenizer, n, cfg.log.rollouts_per_step))
-                if ranks.main and eval_due(cfg, step):
-                    progress.note(f"step {step}: evaluating")
-                    latest = run_evals(eval_sets, engine=engine, tokenizer=tokenizer, verifier=verifier, cfg=cfg)
-                    last_eval = log_evals(step, latest, tracker, run)
+                latest, last_eval = evaluate_if_due(step, latest, last_eval)
                 collapse.check(step, metrics, console)
-                # no checkpoint while updates are being skipped: the last one stays the last good one
-                if save_due(cfg, step) and not skipped_in_a_row:
-                    save(step)
+                save_if_due(step)
                 if skipped_in_a_row >= cfg.train.max_skipped_steps:
                     last = latest_checkpoint(run.checkpoints)
                     where = f"the last good checkpoint is {last}" if last else "no checkpoint had been written yet"
