@@ -21,6 +21,10 @@ from mathrl.rollout.base import RolloutBatch, concat_rollouts, full_tensor, left
 __all__ = ["TorchEngine", "RolloutBatch", "concat_rollouts", "inverse_cdf", "left_pad", "sample_top_p", "select_rollout_rows"]
 
 
+BLOCK = 256  # tokens per block of the two-level search
+BLOCKED_ABOVE = 16 * BLOCK  # vocabularies larger than this sample through blocks; smaller ones in one pass
+
+
 def inverse_cdf(cdf: torch.Tensor, mass: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """The token whose cumulative-mass interval holds u * mass: inverse-CDF sampling of one token per row.
 
@@ -79,10 +83,6 @@ def sample_top_p(logits: torch.Tensor, top_p: float, generator: torch.Generator)
     picked = logits.gather(-1, token[:, None]).double() - top.double()  # [B, 1]
     logprob = (picked - total.log()).squeeze(-1).float()  # [B]
     return token, logprob
-
-
-BLOCK = 256  # tokens per block of the two-level search
-BLOCKED_ABOVE = 16 * BLOCK  # vocabularies larger than this sample through blocks; smaller ones in one pass
 
 
 def _inverse_cdf_blocked(weights: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -29,7 +29,6 @@ Why the details are as they are:
 from __future__ import annotations
 
 import contextlib
-
 import json
 import os
 import time
@@ -242,7 +241,7 @@ class VLLMEngine:
             return
         # vLLM's shutdown ends by destroying the default torch.distributed process group; under torchrun
         # that group is the trainer's (the final save and every later collective need it)
-        with _default_group_kept() if getattr(self, "_in_trainer_group", False) else contextlib.nullcontext():
+        with _default_group_kept() if self._in_trainer_group else contextlib.nullcontext():
             try:
                 llm.llm_engine.engine_core.shutdown()
             except Exception:  # pragma: no cover - best effort at teardown
