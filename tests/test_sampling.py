@@ -191,10 +191,22 @@ def test_reproducible_from_the_generator():
 # --------------------------------------------------------------------------------------------------
 # the two-level search of large vocabularies (over BLOCKED_ABOVE tokens, top_p 1)
 # --------------------------------------------------------------------------------------------------
-def test_large_vocabularies_take_the_two_level_search():
-    from mathrl.rollout.engine import BLOCK, BLOCKED_ABOVE
+@pytest.mark.parametrize("vocab, top_p, blocked", [
+    (32_000, 1.0, True),    # a real vocabulary: two levels
+    (4_097, 1.0, True),     # just over the threshold
+    (4_096, 1.0, False),    # at the threshold and below: one float64 cumulative sum (the tiny model's path)
+    (99, 1.0, False),
+    (32_000, 0.9, False),   # top-p < 1 sorts and searches the sorted cumulative sum
+])
+def test_which_vocabularies_take_the_two_level_search(monkeypatch, vocab, top_p, blocked):
+    from mathrl.rollout import engine
 
-    assert BLOCKED_ABOVE % BLOCK == 0 and 32_000 > BLOCKED_ABOVE >= 4 * BLOCK
+    calls = []
+    real = engine._inverse_cdf_blocked
+    monkeypatch.setattr(engine, "_inverse_cdf_blocked", lambda w, u: calls.append(w.shape) or real(w, u))
+    assert engine.BLOCKED_ABOVE == 4_096
+    sample_top_p(torch.randn(3, vocab), top_p, torch.Generator().manual_seed(0))
+    assert calls == ([(3, vocab)] if blocked else [])
 
 
 @pytest.mark.parametrize("vocab", [40_000, 32_000])  # with and without a shorter last block (40000 = 156 * 256 + 64)
