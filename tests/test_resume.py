@@ -204,9 +204,10 @@ def test_restart_takes_the_weights_only_and_makes_them_the_kl_reference(referenc
                               capture_output=True, timeout=600)
         assert proc.returncode == 0, proc.stderr.decode()[-2000:]
         runs[mode] = child
-    step = {m: json.loads((runs[m] / "metrics.jsonl").read_text().splitlines()[-1]) for m in runs}
+    step = {m: next(r for r in map(json.loads, (runs[m] / "metrics.jsonl").read_text().splitlines()) if "actor/ref_kl" in r)
+            for m in runs}
     assert step["restart"]["actor/ref_kl"] == 0.0  # the reference is the starting checkpoint itself
-    assert step["continue"]["actor/ref_kl"] > 0.0  # the reference stays the original base model
+    assert step["continue"]["actor/ref_kl"] != 0.0  # the reference stays the original base model (a k1 mean: either sign)
     state = torch.load(runs["restart"] / "checkpoints" / "step_000001" / "trainer_state.pt", weights_only=True)
     assert float(state["optimizer"]["state"][0]["step"]) == 2  # Adam started from zero: this run's 2 updates
     assert json.loads((runs["restart"] / "parent.json").read_text())["step"] == 6
