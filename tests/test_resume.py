@@ -26,16 +26,16 @@ import torch
 torch.set_num_threads(1)
 from rich.console import Console
 from mathrl.config import load_config
-from mathrl.train import checkpoint, loop
+from mathrl.train import checkpoint, loop, step
 
 overrides, mode, kill_step = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 if mode == "kill_in_step":  # die in the middle of step K, after its rollout, inside the update
-    real_update = loop.update_policy
+    real_update = step.update_policy
     def update_then_die(*args, step, **kwargs):
         if step == kill_step:
             os.kill(os.getpid(), signal.SIGKILL)
         return real_update(*args, step=step, **kwargs)
-    loop.update_policy = update_then_die
+    step.update_policy = update_then_die
 elif mode == "kill_in_save":  # die after checkpoint K's files are written, before the atomic rename
     real_replace = os.replace
     def replace_then_die(src, dst):
@@ -139,10 +139,10 @@ def test_consecutive_non_finite_steps_stop_the_run_with_its_checkpoint_intact(tm
     from rich.console import Console
 
     from mathrl.config import load_config
-    from mathrl.train import loop
+    from mathrl.train import loop, step
 
     monkeypatch.setenv("MATHRL_CACHE", str(tmp_path / "cache"))
-    real = loop.critic_free_advantages
+    real = step.critic_free_advantages
     calls = {"n": 0}
 
     def nan_from_step_3(*args, **kwargs):
@@ -150,7 +150,7 @@ def test_consecutive_non_finite_steps_stop_the_run_with_its_checkpoint_intact(tm
         adv = real(*args, **kwargs)
         return adv * float("nan") if calls["n"] >= 3 else adv
 
-    monkeypatch.setattr(loop, "critic_free_advantages", nan_from_step_3)
+    monkeypatch.setattr(step, "critic_free_advantages", nan_from_step_3)
     # every group trains (dynamic sampling off): the skipped-step counts below assume the full batch
     cfg = load_config(None, [*OVERRIDES, "train.max_skipped_steps=2", "data.dynamic_sampling.mode=none",
                              f"run_dir={tmp_path / 'run'}"])

@@ -36,7 +36,7 @@ from mathrl.analysis.tokens import (
     token_probs,
 )
 from mathrl.model.io import load_model_and_tokenizer
-from mathrl.train.run_dir import RunDir
+from mathrl.run_dir import RunDir
 
 
 class InspectError(ValueError):

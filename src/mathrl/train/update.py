@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Any, Callable
 
 import torch
@@ -148,18 +149,26 @@ def run_updates(
             extra = after_micro_batches() if after_micro_batches is not None else {}
             grad_norm = tdist.total_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm))
             log.lr = optimizer.param_groups[0]["lr"]
-            if torch.isfinite(grad_norm) and all(math.isfinite(v) for v in totals.values()):
-                optimizer.step()
-                scheduler.step()
-            else:  # a non-finite loss or gradient: skip this optimizer step rather than corrupt the weights
+            if not step_if_finite(optimizer, scheduler, grad_norm, totals.values()):
                 log.skipped += 1
-            optimizer.zero_grad(set_to_none=True)
             for k, v in totals.items():
                 log.terms.setdefault(k, []).append(v)
             for k, v in extra.items():
                 log.extra.setdefault(k, []).append(v)
             log.grad_norms.append(float(grad_norm))
     return log
+
+
+def step_if_finite(optimizer, scheduler, grad_norm: torch.Tensor, losses: Iterable[float]) -> bool:
+    """Take the optimizer (and schedule) step unless the gradient norm or a loss is not finite: a
+    skipped step leaves the weights as they were rather than corrupt them. The gradients are cleared
+    either way. Returns whether the step was taken."""
+    finite = bool(torch.isfinite(grad_norm)) and all(math.isfinite(v) for v in losses)
+    if finite:
+        optimizer.step()
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return finite
 
 
 def _mean(xs: list[float]) -> float:
