@@ -16,14 +16,14 @@ from collections.abc import Sequence
 
 import torch
 
-from mathrl.algo.advantages import expand_to_tokens, group_advantages, reinforce_pp_advantages, rloo_advantages
+from mathrl.algo.estimators import AdvantageInputs
 from mathrl.algo.kl import apply_kl_reward_penalty, kl_penalty
 from mathrl.algo.losses import masked_mean
-from mathrl.config import Config
+from mathrl.registry import ADVANTAGE_ESTIMATORS
 from mathrl.reward.reflection import reflection_stats
 from mathrl.train.batching import TrainBatch
 from mathrl.train.collect import Collected, collect_rollouts, filter_samples, new_train_batch, rank_rows, rollout_records
-from mathrl.train.critic import gae_targets, outcome_token_rewards, update_critic, value_pass
+from mathrl.train.critic import update_critic, value_pass
 from mathrl.train.dist import Ranks
 from mathrl.train.trainer import Trainer
 from mathrl.train.update import engine_logprobs_are_old, scoring_pass, update_policy
@@ -101,40 +101,24 @@ def step_coefs(trainer: Trainer, batch: TrainBatch, rollout_entropy: torch.Tenso
 
 def advantages(trainer: Trainer, batch: TrainBatch, got: Collected, *, coefs: dict[str, float], rows,
                metrics: dict) -> None:
-    """Fill batch.advantages (and, with a critic, batch.old_values and batch.returns)."""
+    """Fill batch.advantages with algo.adv.estimator's (and, with a critic, batch.old_values and batch.returns)."""
     cfg = trainer.cfg
     kl_rewards = torch.zeros_like(batch.response_mask)  # [N, T]
     if cfg.algo.kl.use == "reward":
         kl_tok = kl_penalty(batch.old_logprobs, batch.ref_logprobs, estimator=cfg.algo.kl.estimator)
         kl_rewards = apply_kl_reward_penalty(torch.zeros_like(kl_tok), kl_tok, batch.loss_mask, coef=coefs["kl"])
         metrics["reward/kl_penalty"] = float(-kl_rewards.sum(-1).mean())
-    if trainer.critic is not None:  # PPO: token-level GAE from the critic's values, KL penalty per token
+    if trainer.critic is not None:  # the values the critic gave the sampled responses
         batch.old_values = value_pass(trainer.critic, batch, cfg, rows=rows)
-        token_rewards = outcome_token_rewards(got.rewards, batch.response_mask) + kl_rewards
-        batch.advantages, batch.returns, metrics["actor/gae_lambda"] = gae_targets(cfg, batch, token_rewards)
-    else:
-        batch.advantages = critic_free_advantages(cfg, batch, got.rewards, kl_rewards, num_groups=len(got.problems))
-
-
-def critic_free_advantages(cfg: Config, batch: TrainBatch, rewards: torch.Tensor, kl_rewards: torch.Tensor, *,
-                           num_groups: int) -> torch.Tensor:
-    """[N, T] advantages of the critic-free estimators (algo.adv.estimator), 0 outside batch.loss_mask.
-
-    grpo / rloo: one advantage per response from the group's rewards (the sequence reward minus coef x
-    its summed KL when algo.kl.use=reward), broadcast to its tokens.
-    reinforce_pp: per-token returns (the sequence reward minus the KL penalty still to go) whitened
-    over all the batch's counted tokens (`algo.advantages.reinforce_pp_advantages`).
-    """
-    adv = cfg.algo.adv
-    if adv.estimator == "reinforce_pp":
-        return reinforce_pp_advantages(rewards, batch.response_mask, kl_rewards=kl_rewards, loss_mask=batch.loss_mask)
-    shaped = rewards + kl_rewards.sum(-1)  # [N]
-    group_ids = torch.arange(num_groups).repeat_interleave(cfg.rollout.n)  # [N]
-    if adv.estimator == "grpo":
-        seq = group_advantages(shaped, group_ids, std_normalize=adv.std_normalize, std_scope=adv.std_scope)
-    else:
-        seq = rloo_advantages(shaped, group_ids)
-    return expand_to_tokens(seq, batch.loss_mask)
+    group_ids = torch.arange(len(got.problems)).repeat_interleave(cfg.rollout.n)  # [N]
+    inputs = AdvantageInputs(rewards=got.rewards, response_mask=batch.response_mask, loss_mask=batch.loss_mask,
+                             kl_rewards=kl_rewards, group_ids=group_ids,
+                             values=batch.old_values if trainer.critic is not None else None)
+    out = ADVANTAGE_ESTIMATORS.get(cfg.algo.adv.estimator).fn(inputs, cfg)
+    batch.advantages = out.advantages
+    if out.returns is not None:
+        batch.returns = out.returns
+    metrics.update(out.metrics)
 
 
 def update(trainer: Trainer, batch: TrainBatch, step: int, *, coefs: dict[str, float], mean_entropy: float | None,

@@ -31,6 +31,7 @@ from mathrl.evaluation.evaluate import EvalResult
 from mathrl.model.io import load_model_and_tokenizer
 from mathrl.model.paths import resolve_model_path
 from mathrl.model.value import load_critic
+from mathrl.registry import ADVANTAGE_ESTIMATORS
 from mathrl.reward.verify import Verifier
 from mathrl.rollout.factory import build_engine
 from mathrl.run_dir import RunDir, open_run_dir
@@ -137,7 +138,7 @@ def build_trainer(cfg: Config, ranks: Ranks, *, console: Console, resume: bool =
         console.print("loading the reference model (a frozen copy of the starting model)")
         ref_model, _ = load_model_and_tokenizer(model_path, dtype=cfg.model.dtype)
         trainer.ref_model = shard(ref_model.eval().requires_grad_(False), cfg, ranks)
-    if cfg.algo.adv.estimator == "gae":  # PPO with a learned critic; it resumes from checkpoints like the policy
+    if ADVANTAGE_ESTIMATORS.get(cfg.algo.adv.estimator).needs_critic:  # PPO; the critic resumes like the policy
         _add_critic(trainer)
     if checkpoint is not None or parent is not None:
         _restore(trainer)
