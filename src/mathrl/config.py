@@ -25,9 +25,10 @@ from typing import Any, Literal
 import yaml
 
 from mathrl.config_schema import check_domains, model_path_problem
-from mathrl.registry import ADVANTAGE_ESTIMATORS, ENGINES
-from mathrl.tasks.loading import DATA_FILE_SUFFIXES
+from mathrl.registry import ADVANTAGE_ESTIMATORS, ARCHITECTURES, ENGINES
 
+DATA_FILE_SUFFIXES = (".jsonl", ".parquet")  # the local data file formats tasks.loading reads
+CONFIG_PREFIX = "config:"  # model.path=config:<name> names an architecture (model/init.py) with random weights
 _FLOAT_RE = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
@@ -443,15 +444,13 @@ class Config:
         if check_paths:
             errors += self._missing_paths()
         errors += self._model_init_errors(check_paths)
-        errors += self._vllm_errors()
+        errors += ENGINES.get(self.rollout.engine).check(self)  # the engine's own settings
         if errors:
             raise ConfigError("\n".join(errors))  # one line per problem
 
     def _model_init_errors(self, check_paths: bool) -> list[str]:
         """model.init=random goes with model.path=config:<name> (a shipped architecture or a config.json), and only with it."""
-        from mathrl.model.init import architecture_names, parse_config_path
-
-        arch, names = parse_config_path(self.model.path), ", ".join(architecture_names())
+        arch, names = parse_config_path(self.model.path), ", ".join(ARCHITECTURES.names())
         if self.model.init == "pretrained":
             if arch is None:
                 return []
@@ -460,35 +459,13 @@ class Config:
         if arch is None:
             return [f"model.init=random needs model.path=config:<name> (one of {names}) or config:<file>.json, "
                     f"got model.path={self.model.path!r}"]
-        if arch in architecture_names():
+        if arch in ARCHITECTURES.names():
             return []
         if not arch.endswith(".json"):
             return [f"model.path={self.model.path!r}: unknown architecture {arch!r}; choose one of {names} or give config:<file>.json"]
         if check_paths and not Path(arch).expanduser().is_file():
             return [f"model.path={self.model.path!r}: no such config file {arch!r}"]
         return []
-
-    def _vllm_errors(self) -> list[str]:
-        """rollout.vllm: the settings that can be judged before vLLM (or the model) is loaded."""
-        v, errors = self.rollout.vllm, []
-        if self.rollout.engine != "vllm":
-            return errors
-        longest = max(self.rollout.max_new_tokens, self.eval_max_new_tokens)
-        if v.max_model_len is not None and v.max_model_len <= longest:
-            errors.append(f"rollout.vllm.max_model_len={v.max_model_len} leaves no room for a prompt before "
-                          f"{longest} new tokens; raise it or lower rollout.max_new_tokens / eval.max_new_tokens")
-        if v.tensor_parallel_size != 1:
-            errors.append(f"rollout.vllm.tensor_parallel_size={v.tensor_parallel_size}: the colocated engine runs one "
-                          "unsharded vLLM per training process; use 1 (scale out with more training processes)")
-        if v.sleep_level != 1 and not v.enable_sleep_mode:
-            errors.append("rollout.vllm.sleep_level is set but rollout.vllm.enable_sleep_mode is false")
-        import importlib.util
-
-        from mathrl.rollout.vllm_engine import INSTALL_HINT
-
-        if importlib.util.find_spec("vllm") is None:  # cheap; an install that fails to import is caught at engine start
-            errors.append(f"rollout.engine=vllm but vLLM is not installed; {INSTALL_HINT}")
-        return errors
 
     def _missing_paths(self) -> list[str]:
         errors = []
@@ -508,6 +485,13 @@ class Config:
         """(config key, source) of every data.train / data.eval source that names a local file."""
         sources = [("data.train", self.data.train), *(("data.eval", s) for s in self.data.eval)]
         return [(where, s) for where, s in sources if s != "arith" and not s.startswith("hf:")]
+
+
+def parse_config_path(path: str) -> str | None:
+    """The name or .json path after `config:` in a model.path, or None when it is not a `config:` path."""
+    if not path.startswith(CONFIG_PREFIX):
+        return None
+    return path[len(CONFIG_PREFIX) :]
 
 
 # --------------------------------------------------------------------------------------------------

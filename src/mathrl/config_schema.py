@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mathrl.registry import ADVANTAGE_ESTIMATORS, ENGINES, Registry
+from mathrl.registry import ADVANTAGE_ESTIMATORS, ENGINES, PROMPT_TEMPLATES, Registry
 
 __all__ = ["DOMAINS", "Domain", "FieldInfo", "Range", "Registered", "Rule", "check_domains", "config_changes", "field_docs", "model_path_problem", "reference"]
 
@@ -146,9 +146,7 @@ NON_EMPTY = Rule(lambda v: isinstance(v, str) and bool(v.strip()), "a non-empty 
 
 
 def _template_ok(value: Any) -> bool:
-    from mathrl.tasks.prompts import TEMPLATES
-
-    return value == "chat" or value in TEMPLATES or "{question}" in str(value)
+    return value == "chat" or value in PROMPT_TEMPLATES.names() or "{question}" in str(value)
 
 
 def _schedule_ok(value: Any) -> bool:

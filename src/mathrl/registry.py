@@ -1,5 +1,6 @@
-"""Named extension points: the advantage estimators (algo/estimators.py) and the rollout engines
-(rollout/factory.py). Each implementation registers itself under the name a config field chooses it by;
+"""Named extension points: the advantage estimators (algo/estimators.py), the rollout engines
+(rollout/factory.py), the prompt templates (tasks/prompts.py) and the shipped model architectures
+(model/init.py). Each implementation registers itself under the name a config field chooses it by;
 the config accepts exactly the registered names, and an unknown one is an error that names the field
 and the choices.
 
@@ -57,3 +58,5 @@ class Registry:
 
 ADVANTAGE_ESTIMATORS = Registry("advantage estimator", field="algo.adv.estimator", home="mathrl.algo.estimators")
 ENGINES = Registry("rollout engine", field="rollout.engine", home="mathrl.rollout.factory")
+PROMPT_TEMPLATES = Registry("prompt template", field="data.template", home="mathrl.tasks.prompts")
+ARCHITECTURES = Registry("architecture", field="model.path", home="mathrl.model.init")  # model/configs/*.json

@@ -27,6 +27,8 @@ class EngineSpec:
     # its sampling logprobs are the trainer's own to float rounding (same weights, same kernels), so they
     # may stand in for the old-policy logprobs (train.old_logprobs; Config.engine_logprobs_not_old)
     logprobs_match_trainer: bool
+    # its settings' problems that can be judged before anything loads, one message each (Config.validate)
+    check: Callable[..., list[str]] = lambda cfg: []
 
 
 def build_engine(cfg, *, model, tokenizer, model_path: str | Path) -> Engine:
@@ -59,5 +61,26 @@ def build_vllm_engine(cfg, *, model, tokenizer, model_path: str | Path) -> Engin
     return engine
 
 
+def check_vllm_settings(cfg) -> list[str]:
+    """rollout.vllm: the settings that can be judged before vLLM (or the model) is loaded."""
+    v, errors = cfg.rollout.vllm, []
+    longest = max(cfg.rollout.max_new_tokens, cfg.eval_max_new_tokens)
+    if v.max_model_len is not None and v.max_model_len <= longest:
+        errors.append(f"rollout.vllm.max_model_len={v.max_model_len} leaves no room for a prompt before "
+                      f"{longest} new tokens; raise it or lower rollout.max_new_tokens / eval.max_new_tokens")
+    if v.tensor_parallel_size != 1:
+        errors.append(f"rollout.vllm.tensor_parallel_size={v.tensor_parallel_size}: the colocated engine runs one "
+                      "unsharded vLLM per training process; use 1 (scale out with more training processes)")
+    if v.sleep_level != 1 and not v.enable_sleep_mode:
+        errors.append("rollout.vllm.sleep_level is set but rollout.vllm.enable_sleep_mode is false")
+    import importlib.util
+
+    from mathrl.rollout.vllm_engine import INSTALL_HINT
+
+    if importlib.util.find_spec("vllm") is None:  # cheap; an install that fails to import is caught at engine start
+        errors.append(f"rollout.engine=vllm but vLLM is not installed; {INSTALL_HINT}")
+    return errors
+
+
 ENGINES.register("torch", EngineSpec(build_torch_engine, logprobs_match_trainer=True))
-ENGINES.register("vllm", EngineSpec(build_vllm_engine, logprobs_match_trainer=False))
+ENGINES.register("vllm", EngineSpec(build_vllm_engine, logprobs_match_trainer=False, check=check_vllm_settings))
