@@ -29,6 +29,15 @@ class EngineSpec:
     logprobs_match_trainer: bool
     # its settings' problems that can be judged before anything loads, one message each (Config.validate)
     check: Callable[..., list[str]] = lambda cfg: []
+    # it samples from the trainer's torch module (so several ranks need an unsharded copy of it); vLLM
+    # loads and holds its own weights
+    samples_from_module: bool = False
+
+
+def engine_samples_from_module(engine: str) -> bool:
+    """Whether rollout.engine=`engine` samples from the trainer's torch module (so that several ranks
+    need an unsharded copy of it)."""
+    return ENGINES.get(engine).samples_from_module
 
 
 def build_engine(cfg, *, model, tokenizer, model_path: str | Path) -> Engine:
@@ -50,7 +59,8 @@ def build_vllm_engine(cfg, *, model, tokenizer, model_path: str | Path) -> Engin
     from mathrl.rollout.vllm_engine import VLLMEngine
 
     common = dict(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                  settings=cfg.rollout.vllm, seed=cfg.seed, dtype=cfg.model.dtype)
+                  settings=cfg.rollout.vllm, seed=cfg.seed, dtype=cfg.model.dtype,
+                  max_position_embeddings=cfg.model.max_position_embeddings)
     local = Path(str(model_path)).expanduser()
     if (local / "config.json").is_file() and any(local.glob("*.safetensors")):
         return VLLMEngine(local, **common)
@@ -82,5 +92,6 @@ def check_vllm_settings(cfg) -> list[str]:
     return errors
 
 
-ENGINES.register("torch", EngineSpec(build_torch_engine, logprobs_match_trainer=True))
+ENGINES.register("torch", EngineSpec(build_torch_engine, logprobs_match_trainer=True, samples_from_module=True))
 ENGINES.register("vllm", EngineSpec(build_vllm_engine, logprobs_match_trainer=False, check=check_vllm_settings))
+

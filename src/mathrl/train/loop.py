@@ -42,7 +42,7 @@ class TrainResult:
 def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -> TrainResult:
     """Run the experiment `cfg` describes: in this process, or as one rank of a torchrun job (the
     ranks split each step's prompts; rank 0 alone writes the run directory, logs and evaluates)."""
-    ranks = init_distributed(timeout_s=cfg.train.dist.timeout_s)
+    ranks = init_distributed(timeout_s=cfg.train.dist.timeout_s, device=cfg.train.device)
     console = (console or Console()) if ranks.main else Console(quiet=True)
     try:
         result = _train(cfg, console=console, resume=resume, ranks=ranks)
@@ -82,13 +82,14 @@ def _train(cfg: Config, *, console: Console, resume: bool, ranks: Ranks) -> Trai
 def evaluate_start(trainer: Trainer) -> None:
     """The starting point's evaluation (read back from the log when resuming) and VC-PPO critic pretraining."""
     cfg, t = trainer.cfg, trainer
-    if not t.ranks.main:
-        pass  # rank 0 evaluates
-    elif t.checkpoint is None:
+    if t.checkpoint is None:  # every rank samples its share; rank 0 logs
         t.console.print(f"evaluating the base model on {', '.join(f'{e.name} ({len(e.problems)} problems)' for e in t.eval_sets)}, "
                         f"{cfg.eval.n} samples each")
-        t.base_results = t.latest = run_evals(t.eval_sets, engine=t.engine, tokenizer=t.tokenizer, verifier=t.verifier, cfg=cfg)
-        t.last_eval = log_evals(0, t.base_results, t.tracker, t.run)
+        t.base_results = t.latest = run_evals(t.eval_sets, engine=t.engine, tokenizer=t.tokenizer, verifier=t.verifier,
+                                              cfg=cfg, ranks=t.ranks)
+        t.last_eval = log_evals(0, t.base_results, t.tracker, t.run) if t.ranks.main else {}
+    elif not t.ranks.main:
+        pass  # rank 0 reads the resumed run's evaluations back
     else:
         t.base_results, t.latest, t.last_eval = evals_from_log(t.run)
     if t.critic is not None and cfg.algo.critic.pretrain_steps > 0 and t.checkpoint is None and t.parent is None:
@@ -98,13 +99,14 @@ def evaluate_start(trainer: Trainer) -> None:
 
 
 def evaluate_if_due(trainer: Trainer, step: int, progress: StepProgress) -> None:
-    """A new evaluation (rank 0) when step `step` is due one (`eval_due`)."""
+    """A new evaluation when step `step` is due one (`eval_due`): every rank samples its share of it,
+    rank 0 logs it."""
     t = trainer
-    if not (t.ranks.main and eval_due(t.cfg, step, last=t.cfg.train.steps)):
+    if not eval_due(t.cfg, step, last=t.cfg.train.steps):
         return
     progress.note(f"step {step}: evaluating")
-    t.latest = run_evals(t.eval_sets, engine=t.engine, tokenizer=t.tokenizer, verifier=t.verifier, cfg=t.cfg)
-    t.last_eval = log_evals(step, t.latest, t.tracker, t.run)
+    t.latest = run_evals(t.eval_sets, engine=t.engine, tokenizer=t.tokenizer, verifier=t.verifier, cfg=t.cfg, ranks=t.ranks)
+    t.last_eval = log_evals(step, t.latest, t.tracker, t.run) if t.ranks.main else {}
 
 
 def finish(trainer: Trainer) -> TrainResult:

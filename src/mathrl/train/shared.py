@@ -17,7 +17,7 @@ from mathrl.run_dir import RunDir
 from mathrl.tasks.sources import EvalSet
 from mathrl.track.sinks import Tracker
 from mathrl.train.checkpoint import latest_checkpoint
-from mathrl.train.dist import Ranks
+from mathrl.train.dist import Ranks, all_gather_objects
 
 
 class NonFiniteError(RuntimeError):
@@ -96,12 +96,17 @@ def save_due(cfg: Config, step: int, *, last: int) -> bool:
     return bool(cfg.train.save_every) and (step % cfg.train.save_every == 0 or step == last)
 
 
-def run_evals(eval_sets: list[EvalSet], *, engine, tokenizer, verifier, cfg: Config) -> dict[str, EvalResult]:
+def run_evals(eval_sets: list[EvalSet], *, engine, tokenizer, verifier, cfg: Config,
+              ranks: Ranks | None = None) -> dict[str, EvalResult]:
+    """Every eval set evaluated; with several ranks each samples a block of the rows and every rank gets
+    the whole result (`evaluation.evaluate.evaluate`), so no rank waits alone in a collective."""
+    ranks = ranks or Ranks()
     return {
         es.name: evaluate(
             es.name, es.problems, es.prompt_ids, engine=engine, tokenizer=tokenizer, verifier=verifier,
             n=cfg.eval.n, max_new_tokens=cfg.eval_max_new_tokens, temperature=cfg.eval.temperature,
             top_p=cfg.eval.top_p, seed=cfg.eval.seed, reflection_words=cfg.log.reflection_words,
+            rank=ranks.rank, world_size=ranks.world_size, gather=all_gather_objects,
         )
         for es in eval_sets
     }

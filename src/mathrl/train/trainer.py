@@ -33,7 +33,7 @@ from mathrl.model.paths import resolve_model_path
 from mathrl.model.value import load_critic
 from mathrl.registry import ADVANTAGE_ESTIMATORS
 from mathrl.reward.verify import Verifier
-from mathrl.rollout.factory import build_engine
+from mathrl.rollout.factory import build_engine, engine_samples_from_module
 from mathrl.run_dir import RunDir, open_run_dir
 from mathrl.tasks.sources import EvalSet, PretrainText, ProblemStream, build_eval_sets, build_train_stream
 from mathrl.train.checkpoint import load_trainer_state, save_checkpoint, set_rng_state
@@ -112,21 +112,22 @@ def build_trainer(cfg: Config, ranks: Ranks, *, console: Console, resume: bool =
     model_path = broadcast_object(resolve_model_path(cfg, console) if ranks.main else None)  # rank 0 builds the tiny base
     console.print(f"loading model from {model_path}")
     parent = Path(cfg.train.init_from) if cfg.train.init_from and checkpoint is None else None
-    source = checkpoint or parent or model_path
-    model, tokenizer = load_model_and_tokenizer(source, dtype=cfg.model.dtype)
+    source, overrides = checkpoint or parent or model_path, model_overrides(cfg)
+    model, tokenizer = load_model_and_tokenizer(source, dtype=cfg.model.dtype, overrides=overrides)
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.train()
     train_stream = build_train_stream(cfg, tokenizer)
     eval_sets = build_eval_sets(cfg, tokenizer, limit=cfg.data.eval_size)
     # rollout.engine: torch samples from `model` itself; vllm loads the weights `model` was loaded from.
-    # Several ranks: the engine gets its own unsharded copy (ranks stop generating at different lengths,
-    # which a sharded model's collectives cannot follow), refreshed by update_weights after each update.
+    # Several ranks with the torch engine: it gets its own unsharded copy (ranks stop generating at
+    # different lengths, which a sharded model's collectives cannot follow), refreshed by update_weights
+    # after each update. vLLM holds its own weights: no copy is loaded for it.
     engine_model = model
-    if ranks.distributed:
-        engine_model = load_model_and_tokenizer(source, dtype=cfg.model.dtype)[0]
+    if ranks.distributed and engine_samples_from_module(cfg.rollout.engine):
+        engine_model = load_model_and_tokenizer(source, dtype=cfg.model.dtype, overrides=overrides)[0]
         engine_model.to(ranks.device).eval()
-        model = shard(model, cfg, ranks)
+    model = shard(model, cfg, ranks)  # one process: moved to train.device
     engine = build_engine(cfg, model=engine_model, tokenizer=tokenizer, model_path=source)
     optimizer, scheduler = build_optimizer(model.parameters(), cfg, lr=cfg.train.lr, warmup_steps=cfg.train.warmup_steps)
     trainer = Trainer(cfg=cfg, ranks=ranks, console=console, run=run, checkpoint=checkpoint, parent=parent,
@@ -136,7 +137,7 @@ def build_trainer(cfg: Config, ranks: Ranks, *, console: Console, resume: bool =
     trainer.ptx = PretrainText(cfg, tokenizer) if cfg.algo.ptx.coef > 0 else None
     if cfg.needs_reference:  # loaded only when a KL term or ref_gain_clip needs it
         console.print("loading the reference model (a frozen copy of the starting model)")
-        ref_model, _ = load_model_and_tokenizer(model_path, dtype=cfg.model.dtype)
+        ref_model, _ = load_model_and_tokenizer(model_path, dtype=cfg.model.dtype, overrides=overrides)
         trainer.ref_model = shard(ref_model.eval().requires_grad_(False), cfg, ranks)
     if ADVANTAGE_ESTIMATORS.get(cfg.algo.adv.estimator).needs_critic:  # PPO; the critic resumes like the policy
         _add_critic(trainer)
@@ -202,10 +203,18 @@ def _print_data_notes(t: Trainer) -> None:
                             f"data.max_prompt_tokens={t.cfg.data.max_prompt_tokens}")
 
 
+def model_overrides(cfg: Config) -> dict | None:
+    """Changes to the model's config.json made at load time (model.max_position_embeddings), for the
+    trainer's models; the vLLM engine gets the same through hf_overrides."""
+    if cfg.model.max_position_embeddings is None:
+        return None
+    return {"max_position_embeddings": cfg.model.max_position_embeddings}
+
+
 def shard(model, cfg: Config, ranks: Ranks):
-    """FSDP2-shard `model` over the ranks (train.dist.*); the model itself in one process."""
+    """FSDP2-shard `model` over the ranks (train.dist.*); in one process the model itself, on ranks.device."""
     if not ranks.distributed:
-        return model
+        return model.to(ranks.device)
     return shard_model(model, ranks, mixed_precision=cfg.train.dist.mixed_precision, cpu_offload=cfg.train.dist.cpu_offload)
 
 
