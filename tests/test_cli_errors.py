@@ -302,7 +302,7 @@ def test_resuming_with_a_changed_config_names_the_changed_fields(tmp_path):
     from rich.console import Console
 
     from mathrl.config import dump_yaml, load_config
-    from mathrl.train.run_dir import open_run_dir
+    from mathrl.run_dir import open_run_dir
 
     run = tmp_path / "run"
     (run / "checkpoints" / "step_000002").mkdir(parents=True)

@@ -178,7 +178,6 @@ def test_override_through_a_value_is_an_error(tmp_path):
 @pytest.mark.parametrize(
     "override, choice",
     [
-        ("algo.adv.estimator=grp", "'grpo'"),
         ("algo.loss_agg=token_men", "'token_mean'"),
         ("model.dtype=bf16", "'bfloat16'"),
         ("algo.adv.std_scope=batches", "'batch'"),
@@ -190,6 +189,23 @@ def test_literal_typo_suggests_the_closest_choice(override, choice):
     message = str(info.value)
     assert message.startswith(override.split("=")[0] + ":"), message
     assert f"did you mean {choice}" in message, message
+
+
+@pytest.mark.parametrize(
+    "override, choices",
+    [
+        ("algo.adv.estimator=grp", "grpo, rloo, reinforce_pp, gae"),  # the registered estimators
+        ("rollout.engine=torhc", "torch, vllm"),  # the registered engines
+    ],
+)
+def test_an_unregistered_name_is_an_error_naming_the_field_and_the_choices(override, choices):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    message = str(info.value)
+    key, value = override.split("=")
+    assert message.startswith(f"{key}={value!r}: must be a registered"), message
+    assert choices in message, message
+    assert "did you mean" in message, message
 
 
 @pytest.mark.parametrize(

@@ -169,7 +169,7 @@ def test_load_critic_starts_at_zero_from_an_lm_and_keeps_a_saved_head(tmp_path, 
 
 
 def test_outcome_token_rewards_sit_on_the_last_token() -> None:
-    from mathrl.train.critic import outcome_token_rewards
+    from mathrl.algo.critic import outcome_token_rewards
 
     mask = t([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]])
     assert_close(outcome_token_rewards(torch.tensor([1.0, 0.5, 1.0]), mask),

@@ -1,7 +1,7 @@
 """scripts/findings: curves over seeds on hand-written run directories; passk and overconfidence on tiny
 random models.
 
-The run directories are written by hand in the format of train/run_dir.py (metrics.jsonl: training rows
+The run directories are written by hand in the format of run_dir.py (metrics.jsonl: training rows
 and `eval/<set>/*` rows per step; evals.jsonl: one row per evaluation), so every number in a table can
 be computed here from the values written.
 

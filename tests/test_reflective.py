@@ -142,7 +142,7 @@ def test_batch_metrics_length_spread_and_reflection():
 
     import torch
 
-    from mathrl.train.loop import batch_metrics
+    from mathrl.train.step import batch_metrics
 
     lengths = torch.tensor([3, 5, 4, 4])
     mask = (torch.arange(5)[None, :] < lengths[:, None]).float()  # [4, 5]

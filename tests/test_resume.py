@@ -26,16 +26,16 @@ import torch
 torch.set_num_threads(1)
 from rich.console import Console
 from mathrl.config import load_config
-from mathrl.train import checkpoint, loop
+from mathrl.train import checkpoint, loop, step
 
 overrides, mode, kill_step = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 if mode == "kill_in_step":  # die in the middle of step K, after its rollout, inside the update
-    real_update = loop.update_policy
+    real_update = step.update_policy
     def update_then_die(*args, step, **kwargs):
         if step == kill_step:
             os.kill(os.getpid(), signal.SIGKILL)
         return real_update(*args, step=step, **kwargs)
-    loop.update_policy = update_then_die
+    step.update_policy = update_then_die
 elif mode == "kill_in_save":  # die after checkpoint K's files are written, before the atomic rename
     real_replace = os.replace
     def replace_then_die(src, dst):
@@ -139,23 +139,29 @@ def test_consecutive_non_finite_steps_stop_the_run_with_its_checkpoint_intact(tm
     from rich.console import Console
 
     from mathrl.config import load_config
+    from mathrl.algo.estimators import Estimator, grpo
+    from mathrl.registry import ADVANTAGE_ESTIMATORS
     from mathrl.train import loop
 
     monkeypatch.setenv("MATHRL_CACHE", str(tmp_path / "cache"))
-    real = loop.critic_free_advantages
     calls = {"n": 0}
 
-    def nan_from_step_3(*args, **kwargs):
+    def nan_from_step_3(x, cfg):
         calls["n"] += 1
-        adv = real(*args, **kwargs)
-        return adv * float("nan") if calls["n"] >= 3 else adv
+        out = grpo(x, cfg)
+        if calls["n"] >= 3:
+            out.advantages = out.advantages * float("nan")
+        return out
 
-    monkeypatch.setattr(loop, "critic_free_advantages", nan_from_step_3)
+    ADVANTAGE_ESTIMATORS.register("grpo_nan_from_step_3", Estimator(nan_from_step_3))
     # every group trains (dynamic sampling off): the skipped-step counts below assume the full batch
-    cfg = load_config(None, [*OVERRIDES, "train.max_skipped_steps=2", "data.dynamic_sampling.mode=none",
-                             f"run_dir={tmp_path / 'run'}"])
-    with pytest.raises(loop.NonFiniteError, match="step_000002"):
-        loop.train(cfg, console=Console(quiet=True))
+    try:
+        cfg = load_config(None, [*OVERRIDES, "train.max_skipped_steps=2", "data.dynamic_sampling.mode=none",
+                                 "algo.adv.estimator=grpo_nan_from_step_3", f"run_dir={tmp_path / 'run'}"])
+        with pytest.raises(loop.NonFiniteError, match="step_000002"):
+            loop.train(cfg, console=Console(quiet=True))
+    finally:
+        ADVANTAGE_ESTIMATORS.remove("grpo_nan_from_step_3")
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     # cumulative skipped optimizer steps: each RL step here makes 2 (16 samples / mini-batch 8)
     assert [r["perf/skipped_steps"] for r in rows if "perf/skipped_steps" in r] == [0.0, 0.0, 2.0, 4.0]

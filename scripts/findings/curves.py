@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mathrl.evaluation.evaluate import EvalResult
-from mathrl.train.run_dir import RunDir
+from mathrl.run_dir import RunDir
 
 from findings.common import MISSING, band, ci_cell, color, markdown_table, new_figure, variant_name, write_outputs
 

@@ -25,8 +25,10 @@ from typing import Any, Literal
 import yaml
 
 from mathrl.config_schema import check_domains, model_path_problem
-from mathrl.tasks.loading import DATA_FILE_SUFFIXES
+from mathrl.registry import ADVANTAGE_ESTIMATORS, ARCHITECTURES, ENGINES
 
+DATA_FILE_SUFFIXES = (".jsonl", ".parquet")  # the local data file formats tasks.loading reads
+CONFIG_PREFIX = "config:"  # model.path=config:<name> names an architecture (model/init.py) with random weights
 _FLOAT_RE = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
@@ -132,7 +134,7 @@ class VLLMConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: Literal["torch", "vllm"] = "torch"  # rollout engine: torch (KV cache, any device) or vllm
+    engine: str = "torch"  # a registered rollout engine (rollout/factory.py): torch (KV cache, any device) or vllm
     prompts_per_step: int = 16  # problems per rollout batch
     n: int = 8  # samples per problem (the GRPO group size)
     temperature: float = 1.0  # sampling temperature (> 0: training samples from the policy)
@@ -151,7 +153,7 @@ class ClipConfig:
 
 @dataclass
 class AdvConfig:
-    estimator: Literal["grpo", "rloo", "reinforce_pp", "gae"] = "grpo"  # gae: PPO with a learned critic (algo.critic)
+    estimator: str = "grpo"  # a registered advantage estimator (algo/estimators.py): grpo, rloo, reinforce_pp, or gae (PPO with a learned critic, algo.critic)
     std_normalize: bool = True  # divide by the reward std (GRPO); False is Dr. GRPO
     std_scope: Literal["group", "batch"] = "group"  # the std that normalises: per group or over the batch
 
@@ -354,6 +356,21 @@ class Config:
     def eval_max_new_tokens(self) -> int:
         return self.eval.max_new_tokens or self.rollout.max_new_tokens
 
+    def engine_logprobs_not_old(self) -> tuple[str, str] | None:
+        """(setting, reason) why the rollout engine's sampling logprobs cannot stand in for the old-policy
+        logprobs (train.old_logprobs); None where they can: an engine whose logprobs are the trainer's own
+        (rollout/factory.py), float32 weights, no rollout correction weighing the gap, and no entropy
+        controller needing the scoring pass's entropy. An FSDP-sharded model is judged when it is built."""
+        if not ENGINES.get(self.rollout.engine).logprobs_match_trainer:
+            return f"rollout.engine={self.rollout.engine}", "its logprobs come from other kernels"
+        if self.model.dtype != "float32":
+            return f"model.dtype={self.model.dtype}", "the sampler's cached decoding and the trainer's forward round differently"
+        if self.algo.rollout_correction.mode != "none":
+            return f"algo.rollout_correction.mode={self.algo.rollout_correction.mode}", "it weighs the gap between the two"
+        if self.algo.entropy.mode not in ("none", "fixed"):
+            return f"algo.entropy.mode={self.algo.entropy.mode}", "its controller needs the scoring pass's entropy"
+        return None
+
     def validate(self, check_paths: bool = True) -> None:
         """Raise ConfigError listing every problem. `check_paths=False` skips the checks that local
         files exist (model, init_from checkpoint, data files): evaluating or inspecting a finished
@@ -374,10 +391,10 @@ class Config:
                 f"the rollout batch ({self.rollout_batch_size}) is not a multiple of train.mini_batch_size "
                 f"({self.train.mini_batch_size})"
             )
-        if self.rollout.n == 1 and self.algo.adv.estimator in ("grpo", "rloo"):
+        if self.rollout.n == 1 and ADVANTAGE_ESTIMATORS.get(self.algo.adv.estimator).needs_groups:
             errors.append(
                 f"algo.adv.estimator={self.algo.adv.estimator} needs groups of several samples; rollout.n is 1 "
-                "(every advantage would be 0). Raise rollout.n or use algo.adv.estimator=reinforce_pp or gae"
+                "(every advantage would be 0). Raise rollout.n or use an estimator without groups (reinforce_pp, gae)"
             )
         ent = self.algo.entropy
         if ent.mode == "none" and (ent.ref_gain_clip.max_gain is not None or ent.ref_gain_clip.max_ratio is not None):
@@ -411,17 +428,9 @@ class Config:
             errors.append(f"data.sample_filter: unknown reasons {sorted(unknown)}; choose from repetitive, garbled, no_answer")
         if self.reward.overlong.soft_punishment and not 0 < self.reward.overlong.cache_len <= self.rollout.max_new_tokens:
             errors.append("reward.overlong.cache_len must be in (0, rollout.max_new_tokens]")
-        if self.train.old_logprobs == "reuse_engine":
-            why = (("rollout.engine=vllm", "its logprobs come from other kernels")
-                   if self.rollout.engine != "torch" else
-                   (f"model.dtype={self.model.dtype}", "the sampler's cached decoding and the trainer's forward round differently")
-                   if self.model.dtype != "float32" else
-                   (f"algo.rollout_correction.mode={self.algo.rollout_correction.mode}", "it weighs the gap between the two")
-                   if self.algo.rollout_correction.mode != "none" else
-                   (f"algo.entropy.mode={self.algo.entropy.mode}", "its controller needs the scoring pass's entropy")
-                   if self.algo.entropy.mode not in ("none", "fixed") else None)
-            if why:
-                errors.append(f"train.old_logprobs=reuse_engine with {why[0]}: {why[1]}; use train.old_logprobs=recompute or auto")
+        why = self.engine_logprobs_not_old()
+        if self.train.old_logprobs == "reuse_engine" and why:
+            errors.append(f"train.old_logprobs=reuse_engine with {why[0]}: {why[1]}; use train.old_logprobs=recompute or auto")
         if self.reward.boxed not in ("all", "last", "any"):
             errors.append(f"reward.boxed={self.reward.boxed!r}: choose all (default), last or any (evaluation only)")
         if self.data.curriculum.mode != "none" and self.data.train == "arith":
@@ -440,16 +449,14 @@ class Config:
         if check_paths:
             errors += self._missing_paths()
         errors += self._model_init_errors(check_paths)
-        errors += self._vllm_errors()
+        errors += ENGINES.get(self.rollout.engine).check(self)  # the engine's own settings
         errors += self._context_errors()
         if errors:
             raise ConfigError("\n".join(errors))  # one line per problem
 
     def _model_init_errors(self, check_paths: bool) -> list[str]:
         """model.init=random goes with model.path=config:<name> (a shipped architecture or a config.json), and only with it."""
-        from mathrl.model.init import architecture_names, parse_config_path
-
-        arch, names = parse_config_path(self.model.path), ", ".join(architecture_names())
+        arch, names = parse_config_path(self.model.path), ", ".join(ARCHITECTURES.names())
         if self.model.init == "pretrained":
             if arch is None:
                 return []
@@ -458,7 +465,7 @@ class Config:
         if arch is None:
             return [f"model.init=random needs model.path=config:<name> (one of {names}) or config:<file>.json, "
                     f"got model.path={self.model.path!r}"]
-        if arch in architecture_names():
+        if arch in ARCHITECTURES.names():
             return []
         if not arch.endswith(".json"):
             return [f"model.path={self.model.path!r}: unknown architecture {arch!r}; choose one of {names} or give config:<file>.json"]
@@ -488,28 +495,6 @@ class Config:
                           f"({self.model.path}); lower it, or raise the context with model.max_position_embeddings")
         return errors
 
-    def _vllm_errors(self) -> list[str]:
-        """rollout.vllm: the settings that can be judged before vLLM (or the model) is loaded."""
-        v, errors = self.rollout.vllm, []
-        if self.rollout.engine != "vllm":
-            return errors
-        longest = max(self.rollout.max_new_tokens, self.eval_max_new_tokens)
-        if v.max_model_len is not None and v.max_model_len <= longest:
-            errors.append(f"rollout.vllm.max_model_len={v.max_model_len} leaves no room for a prompt before "
-                          f"{longest} new tokens; raise it or lower rollout.max_new_tokens / eval.max_new_tokens")
-        if v.tensor_parallel_size != 1:
-            errors.append(f"rollout.vllm.tensor_parallel_size={v.tensor_parallel_size}: the colocated engine runs one "
-                          "unsharded vLLM per training process; use 1 (scale out with more training processes)")
-        if v.sleep_level != 1 and not v.enable_sleep_mode:
-            errors.append("rollout.vllm.sleep_level is set but rollout.vllm.enable_sleep_mode is false")
-        import importlib.util
-
-        from mathrl.rollout.vllm_engine import INSTALL_HINT
-
-        if importlib.util.find_spec("vllm") is None:  # cheap; an install that fails to import is caught at engine start
-            errors.append(f"rollout.engine=vllm but vLLM is not installed; {INSTALL_HINT}")
-        return errors
-
     def _missing_paths(self) -> list[str]:
         errors = []
         if self.model.path != "tiny-arith" and not self.model.path.startswith("config:"):
@@ -528,6 +513,13 @@ class Config:
         """(config key, source) of every data.train / data.eval source that names a local file."""
         sources = [("data.train", self.data.train), *(("data.eval", s) for s in self.data.eval)]
         return [(where, s) for where, s in sources if s != "arith" and not s.startswith("hf:")]
+
+
+def parse_config_path(path: str) -> str | None:
+    """The name or .json path after `config:` in a model.path, or None when it is not a `config:` path."""
+    if not path.startswith(CONFIG_PREFIX):
+        return None
+    return path[len(CONFIG_PREFIX) :]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import difflib
 import functools
 import inspect
 import io
@@ -32,7 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DOMAINS", "Domain", "FieldInfo", "Range", "Rule", "check_domains", "config_changes", "field_docs", "model_path_problem", "reference"]
+from mathrl.registry import ADVANTAGE_ESTIMATORS, ENGINES, PROMPT_TEMPLATES, Registry
+
+__all__ = ["DOMAINS", "Domain", "FieldInfo", "Range", "Registered", "Rule", "check_domains", "config_changes", "field_docs", "model_path_problem", "reference"]
 
 INF = math.inf
 SEED_MAX = 2**32 - 1  # numpy's seeds are 32-bit
@@ -100,6 +103,25 @@ class Rule(Domain):
         return None if self.ok(value) else f"must be {self.text}"
 
 
+class Registered(Domain):
+    """A name registered in `registry` (mathrl.registry): the choices are whatever is registered when
+    the config is checked, built-in or added by the user's code."""
+
+    def __init__(self, registry: Registry):
+        self.registry = registry
+
+    @property
+    def text(self) -> str:
+        return f"a registered {self.registry.kind}: {', '.join(self.registry.names())}"
+
+    def problem(self, value: Any) -> str | None:
+        names = self.registry.names()
+        if value in names:
+            return None
+        close = difflib.get_close_matches(str(value), names, n=1)
+        return f"must be {self.text}" + (f"; did you mean {close[0]!r}?" if close else "")
+
+
 def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else repr(x)
 
@@ -124,9 +146,7 @@ NON_EMPTY = Rule(lambda v: isinstance(v, str) and bool(v.strip()), "a non-empty 
 
 
 def _template_ok(value: Any) -> bool:
-    from mathrl.tasks.prompts import TEMPLATES
-
-    return value == "chat" or value in TEMPLATES or "{question}" in str(value)
+    return value == "chat" or value in PROMPT_TEMPLATES.names() or "{question}" in str(value)
 
 
 def _schedule_ok(value: Any) -> bool:
@@ -169,6 +189,7 @@ DOMAINS: dict[str, Domain] = {
     "data.arith.min_digits": Range(1, 18),
     "data.arith.max_digits": Range(1, 18),
     "data.arith.heldout_permille": Range(1, 999),
+    "rollout.engine": Registered(ENGINES),
     "rollout.prompts_per_step": COUNT,
     "rollout.n": COUNT,
     "rollout.temperature": positive(
@@ -183,6 +204,7 @@ DOMAINS: dict[str, Domain] = {
     "rollout.vllm.tensor_parallel_size": COUNT,
     "rollout.vllm.max_num_seqs": COUNT,
     "rollout.vllm.max_num_batched_tokens": COUNT,
+    "algo.adv.estimator": Registered(ADVANTAGE_ESTIMATORS),
     "algo.clip.eps_low": unit(open_high=True),
     "algo.clip.eps_high": NONNEG,
     "algo.clip.dual_clip_c": Range(1, open_low=True, why="the dual-clip bound sits above the ratio clip"),

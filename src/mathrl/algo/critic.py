@@ -19,7 +19,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["gae", "length_adaptive_lambda", "value_loss", "explained_variance"]
+__all__ = ["gae", "length_adaptive_lambda", "outcome_token_rewards", "value_loss", "explained_variance"]
+
+
+def outcome_token_rewards(rewards: Tensor, response_mask: Tensor) -> Tensor:
+    """[N, T]: each sequence's reward [N] on its last response token, 0 elsewhere."""
+    token_rewards = torch.zeros_like(response_mask)
+    last = (response_mask.sum(-1).long() - 1).clamp(min=0)  # [N]
+    token_rewards[torch.arange(len(rewards)), last] = rewards.float() * (response_mask.sum(-1) > 0)
+    return token_rewards
 
 
 def gae(

@@ -14,7 +14,7 @@ How the training loop uses them, for one mini-batch split into micro-batches on 
     for micro in micro_batches:
         per_token, stats = policy_loss(lp, micro.old_lp, micro.adv, micro.mask)
         loss = aggregate(per_token, micro.mask, mode=cfg.algo.loss_agg,
-                         num_tokens=num_tokens, num_seqs=num_seqs, max_len=cfg.max_response_len)
+                         num_tokens=num_tokens, num_seqs=num_seqs, max_len=cfg.rollout.max_new_tokens)
         (loss * dp_scale()).backward()                           # DDP/FSDP average the grads
     optimizer.step()
 

@@ -5,7 +5,7 @@
     mathrl inspect --run runs/X --step 50 --checkpoints runs/X/checkpoints/step_* --position 12
 
 Loads the base and RL models (and any `--checkpoints`, one at a time), scores the response with each,
-prints the summary tables and writes one self-contained HTML page. `cli.py` registers the subcommand
+prints the summary tables and writes one self-contained HTML page. `cli/arguments.py` registers the subcommand
 and calls `inspect(InspectOptions(...), console)`; the computation is in `analysis/tokens.py`
 and the page in `analysis/token_html.py`.
 """
@@ -36,7 +36,7 @@ from mathrl.analysis.tokens import (
     token_probs,
 )
 from mathrl.model.io import load_model_and_tokenizer
-from mathrl.train.run_dir import RunDir
+from mathrl.run_dir import RunDir
 
 
 class InspectError(ValueError):
@@ -45,7 +45,7 @@ class InspectError(ValueError):
 
 @dataclass
 class InspectOptions:
-    """What `mathrl inspect` was asked for (cli.py lists each option's meaning)."""
+    """What `mathrl inspect` was asked for (cli/arguments.py lists each option's meaning)."""
 
     prompt: str | None = None
     response: str | None = None

@@ -2,7 +2,7 @@
 
     mathrl report runs/clip_sym runs/clip_higher --out clip.html --title "clip-higher ablation"
 
-Reads the run directories that `mathrl train` writes (layout in src/mathrl/train/run_dir.py) and writes
+Reads the run directories that `mathrl train` writes (layout in src/mathrl/run_dir.py) and writes
 
     clip.html           the runs' eval tables (base vs final pass@1, pass@k, maj@n), the config fields
                         that differ between them, one chart per metric with one line per run (inline
@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 from rich.console import Console
 
-from mathrl.train.run_dir import RunDir
+from mathrl.run_dir import RunDir
 
 # ---- what to chart ----------------------------------------------------------------------------------
 # Sections of the page, in order, and the metric keys they chart (docs/metrics.md). "eval/*" expands to

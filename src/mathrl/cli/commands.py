@@ -85,7 +85,7 @@ def train(ns: argparse.Namespace, console: Console) -> int:
 
 def _run(run, cfg, ns: argparse.Namespace, console: Console) -> int:
     """Call train or sft; a run directory that holds a finished run is not an error: say so and what to do."""
-    from mathrl.train.run_dir import RunComplete
+    from mathrl.run_dir import RunComplete
 
     try:
         run(cfg, console=console, resume=not ns.no_resume)

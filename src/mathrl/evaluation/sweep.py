@@ -45,7 +45,7 @@ from mathrl.evaluation.metrics import default_ks, mean_std_ci95
 from mathrl.model.paths import TINY_BASE
 from mathrl.tasks.sources import build_eval_sets
 from mathrl.track.console import make_progress
-from mathrl.train.run_dir import RunDir
+from mathrl.run_dir import RunDir
 
 __all__ = [
     "Checkpoint",

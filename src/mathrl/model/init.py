@@ -43,7 +43,9 @@ __all__ = [
     "context_length",
 ]
 
-CONFIG_PREFIX = "config:"
+from mathrl.config import CONFIG_PREFIX, parse_config_path
+from mathrl.registry import ARCHITECTURES
+
 CONFIG_DIR = Path(__file__).with_name("configs")
 
 
@@ -52,11 +54,8 @@ def architecture_names() -> list[str]:
     return sorted(p.stem for p in CONFIG_DIR.glob("*.json"))
 
 
-def parse_config_path(path: str) -> str | None:
-    """The name or .json path after `config:`, or None when `path` is not a `config:` path."""
-    if not path.startswith(CONFIG_PREFIX):
-        return None
-    return path[len(CONFIG_PREFIX) :]
+for _path in sorted(CONFIG_DIR.glob("*.json")):  # the names model.path=config:<name> accepts
+    ARCHITECTURES.register(_path.stem, _path)
 
 
 def shipped_architecture_of(hub_id: str) -> str | None:

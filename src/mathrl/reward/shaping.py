@@ -5,7 +5,7 @@ float term; the loop sums the enabled terms into the sequence reward:
 
     r = correctness
     r = r + soft_overlong_punishment(lengths, max_len=L, cache_len=C)    # reward.overlong.soft_punishment
-    r = r + kimi_length_penalty(lengths, correct, group_ids, coef=c)     # reward.length_penalty.kimi_coef
+    r = r + kimi_length_penalty(lengths, correct, group_ids, coef=c)     # reward.kimi_length_coef
     r = r + length_bonus(lengths, coef=c, max_len=L)                     # reward.length_bonus.coef
     r = r + length_schedule_reward(lengths, correct, step=s,
                                    schedule=sched, coef=c)               # reward.length_schedule
@@ -86,7 +86,7 @@ def kimi_length_penalty(lengths: Tensor, correct: Tensor, group_ids: Tensor, *, 
         lengths: [N] response lengths in tokens.
         correct: [N] correctness (bool or 0/1); entries > 0 count as correct.
         group_ids: [N] integer prompt id per response.
-        coef: scale of the term. Config ``reward.length_penalty.kimi_coef``.
+        coef: scale of the term. Config ``reward.kimi_length_coef``.
 
     Returns:
         [N] float, in [-0.5 coef, 0.5 coef].

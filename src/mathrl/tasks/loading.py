@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from mathrl.config import DATA_FILE_SUFFIXES  # the local file formats load_problems reads
 from mathrl.tasks.base import Problem
 
 __all__ = [
@@ -45,7 +46,6 @@ __all__ = [
     "source_name",
 ]
 
-DATA_FILE_SUFFIXES = (".jsonl", ".parquet")  # the local file formats load_problems reads
 
 
 class DataError(ValueError):

@@ -24,6 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mathrl.registry import PROMPT_TEMPLATES
+
 __all__ = ["BOXED_INSTRUCTION", "TEMPLATES", "PromptEncoder", "model_context_length", "render_prompt", "render_chat"]
 
 PLACEHOLDER = "{question}"
@@ -46,6 +48,8 @@ TEMPLATES: dict[str, str] = {
     # The question followed by Qwen2.5-Math's step-by-step instruction.
     "plain": "{question}\n" + BOXED_INSTRUCTION + "\n",
 }
+for _name in TEMPLATES:  # the names data.template accepts (besides chat and a custom string)
+    PROMPT_TEMPLATES.register(_name, TEMPLATES[_name])
 
 
 def render_prompt(question: str, *, template: str) -> str:

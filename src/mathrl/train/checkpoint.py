@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -34,10 +33,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from mathrl.run_dir import complete_checkpoints, latest_checkpoint  # the layout of checkpoints/ is the run directory's
 from mathrl.train.dist import Ranks, barrier, broadcast_object, full_state_dict, is_sharded
 
 FORMAT_VERSION = 1
-_STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 class CheckpointError(RuntimeError):
@@ -128,23 +127,6 @@ def save_checkpoint(
         raise
     prune_checkpoints(checkpoints_dir, keep_last=keep_last, keep_every=keep_every)
     return final
-
-
-def complete_checkpoints(checkpoints_dir: Path) -> list[tuple[int, Path]]:
-    """(step, path) of every complete checkpoint, oldest first; temporary or partial ones are ignored."""
-    out = []
-    if not Path(checkpoints_dir).is_dir():
-        return out
-    for p in Path(checkpoints_dir).iterdir():
-        m = _STEP_DIR.match(p.name)
-        if m and (p / "trainer_state.json").exists() and (p / "trainer_state.pt").exists():
-            out.append((int(m.group(1)), p))
-    return sorted(out)
-
-
-def latest_checkpoint(checkpoints_dir: Path) -> Path | None:
-    done = complete_checkpoints(checkpoints_dir)
-    return done[-1][1] if done else None
 
 
 def prune_checkpoints(checkpoints_dir: Path, *, keep_last: int, keep_every: int) -> None:

@@ -1,5 +1,5 @@
-"""PPO's critic: the value pass, GAE advantages and value targets, the clipped value-loss update,
-and VC-PPO value pretraining. Used when algo.adv.estimator is gae (algo.critic.*).
+"""PPO's critic: the value pass, the clipped value-loss update, and VC-PPO value pretraining. Used when
+algo.adv.estimator is gae (algo.critic.*; its advantages and value targets: `algo.estimators.ppo_gae`).
 """
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ import math
 import torch
 from rich.console import Console
 
-from mathrl.algo.advantages import whiten_advantages
-from mathrl.algo.critic import explained_variance, gae, length_adaptive_lambda, value_loss
+from mathrl.algo.critic import explained_variance, gae, outcome_token_rewards, value_loss
 from mathrl.algo.losses import aggregate, dp_scale, global_counts, masked_mean
 from mathrl.config import Config
 from mathrl.model.value import response_values
@@ -30,33 +29,6 @@ def value_pass(critic, batch: TrainBatch, cfg: Config, *, rows: list[int] | None
 
     (values,) = per_token_pass(critic, batch, cfg, forward, rows=rows)
     return values
-
-
-def outcome_token_rewards(rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """[N, T]: each sequence's reward on its last response token, 0 elsewhere."""
-    token_rewards = torch.zeros_like(response_mask)
-    last = (response_mask.sum(-1).long() - 1).clamp(min=0)  # [N]
-    token_rewards[torch.arange(len(rewards)), last] = rewards.float() * (response_mask.sum(-1) > 0)
-    return token_rewards
-
-
-def gae_targets(cfg: Config, batch: TrainBatch, token_rewards: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """(policy advantages [N, T], value targets [N, T], mean policy lambda) from batch.old_values.
-
-    Decoupled GAE (VC-PPO): lam_actor for the advantages, lam_critic for the targets; with
-    algo.critic.length_adaptive_alpha the policy lambda is VAPO's 1 - 1/(alpha * length) per response.
-    """
-    crit = cfg.algo.critic
-    mask = batch.response_mask
-    if crit.length_adaptive_alpha is not None:
-        lam_actor = length_adaptive_lambda(mask.sum(-1), crit.length_adaptive_alpha)  # [N]
-    else:
-        lam_actor = torch.full((len(batch),), crit.lam_actor)
-    advantages, _ = gae(token_rewards, batch.old_values, mask, gamma=crit.gamma, lam=lam_actor)
-    _, returns = gae(token_rewards, batch.old_values, mask, gamma=crit.gamma, lam=crit.lam_critic)
-    if crit.whiten_advantages:
-        advantages = whiten_advantages(advantages, batch.loss_mask)
-    return advantages * batch.loss_mask, returns, float(lam_actor.mean())
 
 
 def update_critic(critic, optimizer, scheduler, batch: TrainBatch, cfg: Config, *, step: int,

@@ -12,7 +12,7 @@ negative log-likelihood of the response tokens (EOS included) only, token-mean o
 mini-batch: every micro-batch is normalised by the mini-batch's token count (`algo.losses.aggregate`
 with `global_counts`), so the gradient does not depend on train.micro_batch_tokens.
 
-The run directory, checkpoints, exact resume and trackers are train's (train/run_dir.py,
+The run directory, checkpoints, exact resume and trackers are train's (run_dir.py,
 train/checkpoint.py, track/); metrics are `sft/*` (docs/metrics.md) plus `eval/<set>/*`.
 """
 
@@ -28,17 +28,30 @@ import torch
 from rich.console import Console
 
 from mathrl.algo.losses import aggregate, dp_scale, global_counts, sft_loss
-from mathrl.config import Config, ConfigError, dump_yaml, to_dict
+from mathrl.config import Config, ConfigError, dump_yaml
 from mathrl.model.io import load_model_and_tokenizer
 from mathrl.model.paths import resolve_model_path
 from mathrl.model.scoring import response_logprobs
+from mathrl.reward.verify import Verifier
+from mathrl.rollout.factory import build_engine
+from mathrl.run_dir import open_run_dir
 from mathrl.tasks.loading import load_problems
 from mathrl.tasks.sources import build_eval_sets, field_map, prompt_encoder
-from mathrl.track.sinks import Tracker
 from mathrl.train.batching import TrainBatch, micro_batches
 from mathrl.train.checkpoint import load_trainer_state, save_checkpoint, set_rng_state
-from mathrl.train.run_dir import open_run_dir
-from mathrl.train.update import per_token_pass
+from mathrl.train.shared import (
+    SkipCount,
+    build_optimizer,
+    build_tracker,
+    eval_due,
+    evals_from_log,
+    log_evals,
+    run_evals,
+    save_due,
+    seed_everything,
+    summary,
+)
+from mathrl.train.update import per_token_pass, step_if_finite
 
 
 @dataclass
@@ -174,10 +187,6 @@ def heldout_loss(model, batch: TrainBatch, cfg: Config) -> float:
 def sft(cfg: Config, *, console: Console | None = None, resume: bool = True) -> Path:
     """Fine-tune model.path on data.train's responses for sft.steps optimizer steps; returns the run
     directory, whose final/ is a Hugging Face model `mathrl train model.path=<run>/final` starts from."""
-    from mathrl.reward.verify import Verifier
-    from mathrl.rollout.factory import build_engine
-    from mathrl.train.loop import evals_from_log, log_evals, run_evals, seed_everything
-
     console = console or Console()
     check_sft_config(cfg)
     t_start = time.time()
@@ -195,10 +204,8 @@ def sft(cfg: Config, *, console: Console | None = None, resume: bool = True) -> 
     eval_batch = collate(eval_rows, pad_id=tokenizer.pad_token_id) if eval_rows else None
     eval_sets = build_eval_sets(cfg, tokenizer, limit=cfg.data.eval_size) if cfg.sft.eval_pass1 else []
     engine = build_engine(cfg, model=model, tokenizer=tokenizer, model_path=checkpoint or model_path) if eval_sets else None
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.sft.lr, betas=tuple(cfg.train.betas),
-                                  weight_decay=cfg.train.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, cfg.sft.warmup_steps)))
-    start_step = 1
+    optimizer, scheduler = build_optimizer(model.parameters(), cfg, lr=cfg.sft.lr, warmup_steps=cfg.sft.warmup_steps)
+    start_step, skips = 1, SkipCount()
     if checkpoint is not None:  # exact resume: weights (loaded above), optimizer, schedule, data order, RNG
         state = load_trainer_state(checkpoint, optimizers={"optimizer": optimizer, "scheduler": scheduler}, controllers={})
         set_rng_state(state["rng"])
@@ -206,8 +213,7 @@ def sft(cfg: Config, *, console: Console | None = None, resume: bool = True) -> 
         run.truncate_after(state["step"])
         start_step = state["step"] + 1
         console.print(f"[bold]resuming[/bold] from {checkpoint} (step {state['step']} of {cfg.sft.steps})")
-    tracker = Tracker(run.path, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb, mlflow=cfg.log.mlflow,
-                      wandb_project=cfg.log.wandb_project, mlflow_experiment=cfg.log.mlflow_experiment, config=to_dict(cfg))
+    tracker = build_tracker(cfg, run)
 
     with Verifier(num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s, boxed=cfg.reward.boxed) as verifier:
 
@@ -237,20 +243,19 @@ def sft(cfg: Config, *, console: Console | None = None, resume: bool = True) -> 
                                         chunk_size=cfg.model.logprob_chunk_size)
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
             lr = optimizer.param_groups[0]["lr"]
-            skipped = not (torch.isfinite(grad_norm) and torch.isfinite(torch.tensor(loss)))
-            if not skipped:  # a non-finite loss or gradient is not stepped on (as in train)
-                optimizer.step()
-                scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            skipped = not step_if_finite(optimizer, scheduler, grad_norm, [loss])  # as in train
+            skips.record(step, int(skipped), console)
             tracker.log(step, {"sft/loss": loss, "sft/grad_norm": float(grad_norm), "sft/lr": lr,
                                "sft/response_tokens": tokens, "perf/skipped_updates": float(skipped),
                                "perf/step_seconds": time.time() - t0})
-            if step % cfg.eval.every == 0 or step == cfg.sft.steps:
+            if eval_due(cfg, step, last=cfg.sft.steps):
                 last = evaluate_now(step)
-            if cfg.train.save_every and (step % cfg.train.save_every == 0 or step == cfg.sft.steps):
+            # no checkpoint while updates are being skipped: the last one stays the last good one
+            if save_due(cfg, step, last=cfg.sft.steps) and not skips.in_a_row:
                 save_checkpoint(run.checkpoints, step, model=model, tokenizer=tokenizer, optimizer=optimizer,
                                 scheduler=scheduler, state={"controllers": {}, "data": stream.state_dict()},
                                 keep_last=cfg.train.keep_last, keep_every=cfg.train.keep_every)
+            skips.stop_if_over(cfg.train.max_skipped_steps, run.checkpoints)
 
     if engine is not None:
         engine.close()
@@ -259,11 +264,8 @@ def sft(cfg: Config, *, console: Console | None = None, resume: bool = True) -> 
     (run.final / "trainer_state.json").write_text(json.dumps({"step": cfg.sft.steps, "data": stream.state_dict()}))
     tracker.close()
     losses = [r for r in run.metrics() if "sft/eval_loss" in r]
-    run.write_summary({  # train's summary format, plus the held-out loss before and after
-        "wall_seconds": time.time() - t_start,
-        "steps": cfg.sft.steps,
-        "base": {k: {"pass@1": v.pass_at_1, "pass@k": v.pass_at_k, "maj@n": v.maj_at_n} for k, v in base.items()},
-        "final": {k: {"pass@1": v.pass_at_1, "pass@k": v.pass_at_k, "maj@n": v.maj_at_n} for k, v in last.items()},
+    run.write_summary({  # train's summary, plus the held-out loss before and after
+        **summary(wall_seconds=time.time() - t_start, steps=cfg.sft.steps, base=base, final=last),
         "sft_eval_loss": {"base": losses[0]["sft/eval_loss"], "final": losses[-1]["sft/eval_loss"]} if losses else None,
     })
     console.print(f"[bold]run directory[/bold] {run.path}; continue with RL: mathrl train model.path={run.final}")

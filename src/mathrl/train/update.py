@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Any, Callable
 
 import torch
@@ -59,16 +60,14 @@ def per_token_pass(model, batch: TrainBatch, cfg: Config, forward, *, rows: list
 def engine_logprobs_are_old(cfg: Config, model) -> bool:
     """train.old_logprobs: whether the rollout engine's sampling logprobs stand in for the old-policy
     logprobs (no scoring pass). `auto` says yes only where they are the trainer's own to float
-    rounding: the torch engine samples from these very float32 weights (tests/test_old_logprobs.py
-    measures the gap, ~1e-6), an FSDP-sharded model is not involved, no rollout correction weighs the
-    gap, and no entropy controller needs the pass's entropy."""
+    rounding (`Config.engine_logprobs_not_old`: e.g. the torch engine samples from these very float32
+    weights, tests/test_old_logprobs.py measures the gap, ~1e-6) and no FSDP-sharded model is involved."""
     from torch.distributed.fsdp import FSDPModule
 
     mode = cfg.train.old_logprobs
     if mode != "auto":
         return mode == "reuse_engine"
-    return (cfg.rollout.engine == "torch" and cfg.model.dtype == "float32" and not isinstance(model, FSDPModule)
-            and cfg.algo.rollout_correction.mode == "none" and cfg.algo.entropy.mode in ("none", "fixed"))
+    return cfg.engine_logprobs_not_old() is None and not isinstance(model, FSDPModule)
 
 
 def scoring_pass(model, batch: TrainBatch, cfg: Config, *, with_entropy: bool,
@@ -148,12 +147,8 @@ def run_updates(
             extra = after_micro_batches() if after_micro_batches is not None else {}
             grad_norm = tdist.total_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm))
             log.lr = optimizer.param_groups[0]["lr"]
-            if torch.isfinite(grad_norm) and all(math.isfinite(v) for v in totals.values()):
-                optimizer.step()
-                scheduler.step()
-            else:  # a non-finite loss or gradient: skip this optimizer step rather than corrupt the weights
+            if not step_if_finite(optimizer, scheduler, grad_norm, totals.values()):
                 log.skipped += 1
-            optimizer.zero_grad(set_to_none=True)
             for k, v in totals.items():
                 log.terms.setdefault(k, []).append(v)
             for k, v in extra.items():
@@ -162,8 +157,93 @@ def run_updates(
     return log
 
 
+def step_if_finite(optimizer, scheduler, grad_norm: torch.Tensor, losses: Iterable[float]) -> bool:
+    """Take the optimizer (and schedule) step unless the gradient norm or a loss is not finite: a
+    skipped step leaves the weights as they were rather than corrupt them. The gradients are cleared
+    either way. Returns whether the step was taken."""
+    finite = bool(torch.isfinite(grad_norm)) and all(math.isfinite(v) for v in losses)
+    if finite:
+        optimizer.step()
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return finite
+
+
 def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else 0.0
+
+
+# ----------------------------------------------------------------------------- loss terms
+@dataclass
+class TermInputs:
+    """What a loss term sees of one micro-batch: the policy's logprobs and entropy [n, t] of its
+    sampled tokens, the micro-batch, the mini-batch's normalisers and the step's coefficients."""
+
+    cfg: Config
+    micro: TrainBatch
+    logprobs: torch.Tensor  # [n, t]
+    entropy: torch.Tensor  # [n, t]
+    mask: torch.Tensor  # [n, t] micro.loss_mask
+    num_tokens: float  # the whole mini-batch's counted tokens and sequences (all micro-batches, all ranks)
+    num_seqs: float
+    pos_tokens: float  # ... of its correct samples only
+    pos_seqs: float
+    coefs: dict[str, float]  # this step's controlled coefficients: entropy, kl
+    sums: dict[str, float]  # token counts the update's metrics are made of
+
+    def aggregate(self, token_loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """algo.loss_agg over the whole mini-batch's counts."""
+        return aggregate(token_loss, mask, mode=self.cfg.algo.loss_agg, max_len=self.cfg.rollout.max_new_tokens,
+                         num_tokens=self.num_tokens, num_seqs=self.num_seqs)
+
+
+@dataclass(frozen=True)
+class LossTerm:
+    """One term added to the policy-gradient loss: `fn` returns (its weighted, signed contribution or
+    None when it adds nothing this micro-batch, the value logged as actor/<name>)."""
+
+    name: str  # the logged metric is actor/<name>
+    enabled: Callable[[Config], bool]
+    fn: Callable[[TermInputs], tuple[torch.Tensor | None, float]]
+
+
+def entropy_term(x: TermInputs) -> tuple[torch.Tensor | None, float]:
+    """- entropy_coef x entropy (an entropy bonus), without the tokens ref_gain_clip masks."""
+    ent = x.cfg.algo.entropy
+    if x.coefs["entropy"] == 0.0:
+        return None, 0.0
+    bonus_mask = x.mask
+    if ent.ref_gain_clip.max_gain is not None or ent.ref_gain_clip.max_ratio is not None:
+        bonus_mask = entropy_bonus_mask(x.entropy.detach(), x.micro.ref_entropy, x.mask,
+                                        max_gain=ent.ref_gain_clip.max_gain, max_ratio=ent.ref_gain_clip.max_ratio)
+    # masked tokens contribute 0 but stay in the normaliser: the bonus per kept token is unchanged
+    ent_term = x.aggregate(x.entropy, bonus_mask)
+    x.sums["ent_masked"] += float((x.mask - bonus_mask).sum())
+    return -(x.coefs["entropy"] * ent_term), -ent_term.item()
+
+
+def kl_loss_term(x: TermInputs) -> tuple[torch.Tensor | None, float]:
+    """kl_coef x KL(policy || reference) as a loss (algo.kl.use=loss)."""
+    kl_term = x.aggregate(kl_penalty(x.logprobs, x.micro.ref_logprobs, estimator=x.cfg.algo.kl.estimator), x.mask)
+    return x.coefs["kl"] * kl_term, kl_term.item()
+
+
+def pos_lm_term(x: TermInputs) -> tuple[torch.Tensor | None, float]:
+    """VAPO's mu x NLL of the correct responses, token-normalised over the correct samples' tokens of the
+    whole mini-batch."""
+    if x.pos_tokens <= 0:
+        return None, 0.0
+    nll, pos_mask = positive_example_lm_loss(x.logprobs, x.mask, x.micro.correct)
+    pos = aggregate(nll, pos_mask, mode="token_mean", num_tokens=x.pos_tokens, num_seqs=x.pos_seqs)
+    return x.cfg.algo.pos_lm.coef * pos, pos.item()
+
+
+# Added to the loss in this order; a new term is one function and one entry here.
+LOSS_TERMS: list[LossTerm] = [
+    LossTerm("entropy_loss", lambda cfg: cfg.algo.entropy.mode != "none", entropy_term),
+    LossTerm("kl_loss", lambda cfg: cfg.algo.kl.use == "loss", kl_loss_term),
+    LossTerm("pos_lm_loss", lambda cfg: cfg.algo.pos_lm.coef > 0, pos_lm_term),
+]
 
 
 # ----------------------------------------------------------------------------- the policy update
@@ -173,12 +253,12 @@ def update_policy(
 ) -> dict[str, float]:
     """Mini-batches x epochs of updates on one rollout batch.
 
-    loss = policy loss - entropy_coef * entropy + kl_coef * KL (as loss) + mu * positive-example NLL,
-    each aggregated with algo.loss_agg over the whole mini-batch's counts, plus ptx_coef * the token-mean
-    pretraining NLL of one PTX batch per optimizer step.
+    loss = policy loss + the enabled LOSS_TERMS (entropy bonus, KL as loss, positive-example NLL), each
+    aggregated over the whole mini-batch's counts, plus ptx_coef * the token-mean pretraining NLL of one
+    PTX batch per optimizer step.
     """
     algo = cfg.algo
-    agg = dict(mode=algo.loss_agg, max_len=cfg.rollout.max_new_tokens)
+    terms_on = [term for term in LOSS_TERMS if term.enabled(cfg)]
     sums = {k: 0.0 for k in ("entropy", "clipped", "dual_clipped", "ppo_kl", "tokens", "ent_masked", "is_weight", "is_over")}
     correction = algo.rollout_correction
 
@@ -188,57 +268,42 @@ def update_policy(
 
     def micro_step(micro: TrainBatch, counts) -> dict[str, float]:
         (num_tokens, num_seqs), (pos_tokens, pos_seqs) = counts
-        terms = {k: 0.0 for k in ("pg_loss", "entropy_loss", "kl_loss", "pos_lm_loss")}
         logprobs, entropy = response_logprobs(
             model, micro.prompt_ids, micro.prompt_mask, micro.response_ids, micro.response_mask,
             temperature=cfg.rollout.temperature, chunk_size=cfg.model.logprob_chunk_size,
         )
-        mask = micro.loss_mask
-        token_loss, info = policy_loss(
-            logprobs, micro.old_logprobs, micro.advantages, mask,
-            eps_low=algo.clip.eps_low, eps_high=algo.clip.eps_high, dual_clip_c=algo.clip.dual_clip_c,
-        )
-        if correction.mode != "none":  # rollout/trainer mismatch: weigh the policy-gradient term only
-            weights, over_cap = correction_weights(
-                micro.old_logprobs, micro.rollout_logprobs, micro.response_mask,
-                mode=correction.mode, level=correction.level, cap=correction.cap,
-            )
-            token_loss = token_loss * weights.to(token_loss.device)
-            sums["is_weight"] += float((weights * mask).sum())
-            sums["is_over"] += float((over_cap * mask).sum())
-        pg = aggregate(token_loss, mask, num_tokens=num_tokens, num_seqs=num_seqs, **agg)
-        loss = pg
-        terms["pg_loss"] = pg.item()
-        if coefs["entropy"] != 0.0:
-            bonus_mask = mask
-            if algo.entropy.ref_gain_clip.max_gain is not None or algo.entropy.ref_gain_clip.max_ratio is not None:
-                bonus_mask = entropy_bonus_mask(
-                    entropy.detach(), micro.ref_entropy, mask,
-                    max_gain=algo.entropy.ref_gain_clip.max_gain, max_ratio=algo.entropy.ref_gain_clip.max_ratio,
-                )
-            # masked tokens contribute 0 but stay in the normaliser: the bonus per kept token is unchanged
-            ent_term = aggregate(entropy, bonus_mask, num_tokens=num_tokens, num_seqs=num_seqs, **agg)
-            loss = loss - coefs["entropy"] * ent_term
-            terms["entropy_loss"] = -ent_term.item()
-            sums["ent_masked"] += float((mask - bonus_mask).sum())
-        if algo.kl.use == "loss":
-            kl_tok = kl_penalty(logprobs, micro.ref_logprobs, estimator=algo.kl.estimator)
-            kl_term = aggregate(kl_tok, mask, num_tokens=num_tokens, num_seqs=num_seqs, **agg)
-            loss = loss + coefs["kl"] * kl_term
-            terms["kl_loss"] = kl_term.item()
-        if algo.pos_lm.coef > 0 and pos_tokens > 0:
-            nll, pos_mask = positive_example_lm_loss(logprobs, mask, micro.correct)
-            # VAPO: token-normalised over the correct samples' tokens of the whole mini-batch
-            pos = aggregate(nll, pos_mask, mode="token_mean", num_tokens=pos_tokens, num_seqs=pos_seqs)
-            loss = loss + algo.pos_lm.coef * pos
-            terms["pos_lm_loss"] = pos.item()
+        x = TermInputs(cfg, micro, logprobs, entropy, micro.loss_mask, num_tokens, num_seqs, pos_tokens, pos_seqs,
+                       coefs, sums)
+        loss, info = pg_term(x)
+        terms = {"pg_loss": loss.item(), **{term.name: 0.0 for term in LOSS_TERMS}}
+        for term in terms_on:
+            contribution, terms[term.name] = term.fn(x)
+            if contribution is not None:
+                loss = loss + contribution
         (loss * dp_scale()).backward()
+        mask = x.mask
         sums["entropy"] += float((entropy.detach() * mask).sum())
         sums["clipped"] += float((info["clipped"] * mask).sum())
         sums["dual_clipped"] += float((info["dual_clipped"] * mask).sum())
         sums["ppo_kl"] += float((info["ppo_kl"] * mask).sum())
         sums["tokens"] += float(mask.sum())
         return terms
+
+    def pg_term(x: TermInputs) -> tuple[torch.Tensor, dict]:
+        """The clipped policy-gradient loss, weighted by the rollout correction when one is on."""
+        token_loss, info = policy_loss(
+            x.logprobs, x.micro.old_logprobs, x.micro.advantages, x.mask,
+            eps_low=algo.clip.eps_low, eps_high=algo.clip.eps_high, dual_clip_c=algo.clip.dual_clip_c,
+        )
+        if correction.mode != "none":  # rollout/trainer mismatch: weigh the policy-gradient term only
+            weights, over_cap = correction_weights(
+                x.micro.old_logprobs, x.micro.rollout_logprobs, x.micro.response_mask,
+                mode=correction.mode, level=correction.level, cap=correction.cap,
+            )
+            token_loss = token_loss * weights.to(token_loss.device)
+            sums["is_weight"] += float((weights * x.mask).sum())
+            sums["is_over"] += float((over_cap * x.mask).sum())
+        return x.aggregate(token_loss, x.mask), info
 
     def ptx_step() -> dict[str, float]:
         ids, attn = ptx.next_batch(algo.ptx.batch_size)
@@ -264,16 +329,13 @@ def update_policy(
         "actor/updates": float(len(log.grad_norms) - log.skipped),
         "perf/skipped_updates": float(log.skipped),
     }
+    for term in terms_on:
+        metrics[f"actor/{term.name}"] = _mean(log.terms.get(term.name, []))
     if algo.entropy.mode != "none":
-        metrics["actor/entropy_loss"] = _mean(log.terms.get("entropy_loss", []))
         metrics["actor/entropy_clipfrac"] = sums["ent_masked"] / tokens
-    if algo.kl.use == "loss":
-        metrics["actor/kl_loss"] = _mean(log.terms.get("kl_loss", []))
     if correction.mode != "none":
         metrics["actor/rollout_is_weight"] = sums["is_weight"] / tokens
         metrics["actor/rollout_is_over_cap"] = sums["is_over"] / tokens
-    if algo.pos_lm.coef > 0:
-        metrics["actor/pos_lm_loss"] = _mean(log.terms.get("pos_lm_loss", []))
     if ptx is not None:
         metrics["actor/ptx_loss"] = _mean(log.extra.get("ptx_loss", []))
     return metrics

@@ -159,13 +159,28 @@ def truncate_jsonl(path: Path, max_step: int) -> None:
     os.replace(tmp, path)
 
 
+def complete_checkpoints(checkpoints_dir: Path) -> list[tuple[int, Path]]:
+    """(step, path) of every complete checkpoint, oldest first; temporary or partial ones are ignored."""
+    out = []
+    if not Path(checkpoints_dir).is_dir():
+        return out
+    for p in Path(checkpoints_dir).iterdir():
+        m = _STEP_DIR.match(p.name)
+        if m and (p / "trainer_state.json").exists() and (p / "trainer_state.pt").exists():
+            out.append((int(m.group(1)), p))
+    return sorted(out)
+
+
+def latest_checkpoint(checkpoints_dir: Path) -> Path | None:
+    done = complete_checkpoints(checkpoints_dir)
+    return done[-1][1] if done else None
+
+
 def open_run_dir(path: str | Path | None, *, config_text: str, resume: bool, console: Console) -> tuple[RunDir, Path | None]:
     """(run directory, checkpoint to resume from or None) for a training run. Never overwrites a run
     silently: an existing run is resumed from its last complete checkpoint; with resume=False
     (`--no-resume`) its files are moved aside to `<run_dir>.replaced-<timestamp>` and a new run starts.
     `config_text` (the resolved config as YAML) is written to config.yaml."""
-    from mathrl.train.checkpoint import latest_checkpoint
-
     run = RunDir(path or Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
     has_run = run.metrics_path.exists()
     if has_run and not resume:

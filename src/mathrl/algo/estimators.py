@@ -1,0 +1,107 @@
+"""The advantage estimators by name (algo.adv.estimator): each is one function from an
+`AdvantageInputs` to `Advantages`, registered in `mathrl.registry.ADVANTAGE_ESTIMATORS`.
+
+A new estimator is one function and one registration, here or in any module imported before the
+config is loaded (tests/test_estimator_registry.py registers one and trains with it):
+
+    def my_advantages(x: AdvantageInputs, cfg) -> Advantages:
+        seq = x.rewards - x.rewards.mean()                                  # [N]
+        return Advantages(expand_to_tokens(seq, x.loss_mask))               # [N, T]
+
+    ADVANTAGE_ESTIMATORS.register("mine", Estimator(my_advantages, needs_groups=False))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from mathrl.algo.advantages import (
+    expand_to_tokens,
+    group_advantages,
+    reinforce_pp_advantages,
+    rloo_advantages,
+    whiten_advantages,
+)
+from mathrl.algo.critic import gae, length_adaptive_lambda, outcome_token_rewards
+from mathrl.registry import ADVANTAGE_ESTIMATORS
+
+
+@dataclass
+class AdvantageInputs:
+    """What a step knows when it estimates advantages (N responses, T response positions)."""
+
+    rewards: Tensor  # [N] sequence rewards: verifier score plus shaping terms
+    response_mask: Tensor  # [N, T] 1 on response tokens
+    loss_mask: Tensor  # [N, T] 1 on the tokens that reach the loss (after sample and overlong filters)
+    kl_rewards: Tensor  # [N, T] per-token KL reward penalty (zeros unless algo.kl.use=reward)
+    group_ids: Tensor  # [N] the prompt each response answers (groups of rollout.n)
+    values: Tensor | None = None  # [N, T] critic values at sampling time (estimators with needs_critic)
+
+
+@dataclass
+class Advantages:
+    advantages: Tensor  # [N, T], 0 outside loss_mask
+    returns: Tensor | None = None  # [N, T] value targets (estimators with needs_critic)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Estimator:
+    fn: Callable[[AdvantageInputs, Any], Advantages]  # (inputs, config) -> advantages
+    needs_critic: bool = False  # a learned value model is built, trained and its values passed in
+    needs_groups: bool = True  # rollout.n must be > 1 (a group baseline of one sample is the sample)
+
+
+def sequence_rewards(x: AdvantageInputs) -> Tensor:
+    """[N] each response's reward minus its summed KL penalty (algo.kl.use=reward)."""
+    return x.rewards + x.kl_rewards.sum(-1)
+
+
+def grpo(x: AdvantageInputs, cfg) -> Advantages:
+    """GRPO (Shao et al. 2024): the group-normalised sequence reward on every token; algo.adv.std_normalize
+    off is Dr. GRPO (Liu et al. 2025), std_scope=batch normalises by the batch's std."""
+    adv = cfg.algo.adv
+    seq = group_advantages(sequence_rewards(x), x.group_ids, std_normalize=adv.std_normalize, std_scope=adv.std_scope)
+    return Advantages(expand_to_tokens(seq, x.loss_mask))
+
+
+def rloo(x: AdvantageInputs, cfg) -> Advantages:
+    """RLOO (Ahmadian et al. 2024): the reward minus the mean of the group's other rewards, on every token."""
+    return Advantages(expand_to_tokens(rloo_advantages(sequence_rewards(x), x.group_ids), x.loss_mask))
+
+
+def reinforce_pp(x: AdvantageInputs, cfg) -> Advantages:
+    """REINFORCE++ (Hu 2025): per-token returns (the sequence reward minus the KL penalty still to go)
+    whitened over all the batch's counted tokens."""
+    return Advantages(reinforce_pp_advantages(x.rewards, x.response_mask, kl_rewards=x.kl_rewards, loss_mask=x.loss_mask))
+
+
+def ppo_gae(x: AdvantageInputs, cfg) -> Advantages:
+    """PPO with a learned critic: token-level GAE from the sampling-time values, the outcome reward on the
+    last token plus the KL penalty per token.
+
+    Decoupled GAE (VC-PPO): lam_actor for the advantages, lam_critic for the value targets; with
+    algo.critic.length_adaptive_alpha the policy lambda is VAPO's 1 - 1/(alpha * length) per response.
+    metrics: actor/gae_lambda, the mean policy lambda."""
+    crit, mask = cfg.algo.critic, x.response_mask
+    token_rewards = outcome_token_rewards(x.rewards, mask) + x.kl_rewards
+    if crit.length_adaptive_alpha is not None:
+        lam_actor = length_adaptive_lambda(mask.sum(-1), crit.length_adaptive_alpha)  # [N]
+    else:
+        lam_actor = torch.full((len(x.rewards),), crit.lam_actor)
+    advantages, _ = gae(token_rewards, x.values, mask, gamma=crit.gamma, lam=lam_actor)
+    _, returns = gae(token_rewards, x.values, mask, gamma=crit.gamma, lam=crit.lam_critic)
+    if crit.whiten_advantages:
+        advantages = whiten_advantages(advantages, x.loss_mask)
+    return Advantages(advantages * x.loss_mask, returns, {"actor/gae_lambda": float(lam_actor.mean())})
+
+
+ADVANTAGE_ESTIMATORS.register("grpo", Estimator(grpo))
+ADVANTAGE_ESTIMATORS.register("rloo", Estimator(rloo))
+ADVANTAGE_ESTIMATORS.register("reinforce_pp", Estimator(reinforce_pp, needs_groups=False))
+ADVANTAGE_ESTIMATORS.register("gae", Estimator(ppo_gae, needs_critic=True, needs_groups=False))

@@ -1,0 +1,257 @@
+"""`build_trainer`: everything an RL run holds, built in one place, in a fixed order.
+
+    trainer = build_trainer(cfg, ranks, console=console, resume=True)
+    with trainer.verifier:
+        metrics = rl_step(trainer, trainer.start_step)     # train/step.py
+
+The order of the builds below is part of the run's reproducibility: the tiny base model, a fresh
+value head and the data streams draw from the seeded generators, so they are built in the same order
+every time. A resumed run (a checkpoint in the run directory) gets its weights, optimizer, controllers,
+data position and RNG state back; a `train.init_from` run starts from another run's checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from mathrl.algo.controllers import (
+    AdaptiveEntropyController,
+    AdaptiveKLController,
+    CoefController,
+    FixedCoef,
+    SkyworkEntropyController,
+)
+from mathrl.config import Config, dump_yaml
+from mathrl.evaluation.evaluate import EvalResult
+from mathrl.model.io import load_model_and_tokenizer
+from mathrl.model.paths import resolve_model_path
+from mathrl.model.value import load_critic
+from mathrl.registry import ADVANTAGE_ESTIMATORS
+from mathrl.reward.verify import Verifier
+from mathrl.rollout.factory import build_engine, engine_samples_from_module
+from mathrl.run_dir import RunDir, open_run_dir
+from mathrl.tasks.sources import EvalSet, PretrainText, ProblemStream, build_eval_sets, build_train_stream
+from mathrl.train.checkpoint import load_trainer_state, save_checkpoint, set_rng_state
+from mathrl.train.collect import CollapseWatch
+from mathrl.train.dist import Ranks, broadcast_object, shard_model
+from mathrl.train.shared import SkipCount, build_optimizer, build_tracker, save_due, seed_everything
+
+
+@dataclass
+class Trainer:
+    """What an RL run holds between steps. `rl_step` reads it and updates the models, optimizers,
+    controllers, data position and counters in place."""
+
+    cfg: Config
+    ranks: Ranks
+    console: Console
+    run: RunDir
+    checkpoint: Path | None  # the checkpoint this run resumes from
+    parent: Path | None  # train.init_from: another run's checkpoint this new run continues
+    model_path: str
+    model: Any  # the policy (FSDP2-sharded under torchrun)
+    tokenizer: Any
+    engine: Any  # rollout.base.Engine
+    optimizer: Any
+    scheduler: Any
+    controllers: dict[str, CoefController]
+    train_stream: ProblemStream
+    eval_sets: list[EvalSet]
+    ptx: PretrainText | None = None
+    ref_model: Any = None  # loaded when a KL term or ref_gain_clip needs it
+    critic: Any = None  # algo.adv.estimator=gae
+    critic_optimizer: Any = None
+    critic_scheduler: Any = None
+    tracker: Any = None
+    verifier: Verifier | None = None
+    start_step: int = 1
+    skips: SkipCount = field(default_factory=SkipCount)
+    collapse: CollapseWatch = field(default_factory=CollapseWatch)
+    base_results: dict[str, EvalResult] = field(default_factory=dict)  # the evaluation before training
+    latest: dict[str, EvalResult] = field(default_factory=dict)  # the latest evaluation
+    last_eval: dict[str, float] = field(default_factory=dict)  # ... and its logged metrics
+    t_start: float = field(default_factory=time.time)
+
+    @property
+    def optimizers(self) -> dict[str, Any]:
+        """The optimizers and schedulers a checkpoint holds, by the name it stores them under."""
+        out = {"optimizer": self.optimizer, "scheduler": self.scheduler}
+        if self.critic is not None:
+            out.update(critic_optimizer=self.critic_optimizer, critic_scheduler=self.critic_scheduler)
+        return out
+
+    def state(self) -> dict:
+        """The trainer state a checkpoint (and final/trainer_state.json) records besides the weights."""
+        return {
+            "controllers": {k: c.state_dict() for k, c in self.controllers.items()},
+            "data": self.train_stream.state_dict(),
+            "ptx": self.ptx.state_dict() if self.ptx is not None else None,
+            "skipped_steps": self.skips.total,
+        }
+
+    def save_if_due(self, step: int) -> None:
+        # no checkpoint while updates are being skipped: the last one stays the last good one
+        if save_due(self.cfg, step, last=self.cfg.train.steps) and not self.skips.in_a_row:
+            save_checkpoint(self.run.checkpoints, step, model=self.model, tokenizer=self.tokenizer, state=self.state(),
+                            keep_last=self.cfg.train.keep_last, keep_every=self.cfg.train.keep_every,
+                            critic=self.critic, ranks=self.ranks, **self.optimizers)
+
+
+def build_trainer(cfg: Config, ranks: Ranks, *, console: Console, resume: bool = True) -> Trainer:
+    """Open (or resume) the run directory and build the models, engine, optimizers, controllers, data,
+    tracker and verifier of an RL run. Enter `trainer.verifier` before the first step."""
+    t_start = time.time()
+    run, checkpoint = _open_run(cfg, ranks, console=console, resume=resume)
+    console.print(f"[bold]run directory[/bold] {run.path}" + (f" ({ranks.world_size} ranks)" if ranks.distributed else ""))
+    seed_everything(cfg.seed)
+    model_path = broadcast_object(resolve_model_path(cfg, console) if ranks.main else None)  # rank 0 builds the tiny base
+    console.print(f"loading model from {model_path}")
+    parent = Path(cfg.train.init_from) if cfg.train.init_from and checkpoint is None else None
+    source, overrides = checkpoint or parent or model_path, model_overrides(cfg)
+    model, tokenizer = load_model_and_tokenizer(source, dtype=cfg.model.dtype, overrides=overrides)
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    model.train()
+    train_stream = build_train_stream(cfg, tokenizer)
+    eval_sets = build_eval_sets(cfg, tokenizer, limit=cfg.data.eval_size)
+    # rollout.engine: torch samples from `model` itself; vllm loads the weights `model` was loaded from.
+    # Several ranks with the torch engine: it gets its own unsharded copy (ranks stop generating at
+    # different lengths, which a sharded model's collectives cannot follow), refreshed by update_weights
+    # after each update. vLLM holds its own weights: no copy is loaded for it.
+    engine_model = model
+    if ranks.distributed and engine_samples_from_module(cfg.rollout.engine):
+        engine_model = load_model_and_tokenizer(source, dtype=cfg.model.dtype, overrides=overrides)[0]
+        engine_model.to(ranks.device).eval()
+    model = shard(model, cfg, ranks)  # one process: moved to train.device
+    engine = build_engine(cfg, model=engine_model, tokenizer=tokenizer, model_path=source)
+    optimizer, scheduler = build_optimizer(model.parameters(), cfg, lr=cfg.train.lr, warmup_steps=cfg.train.warmup_steps)
+    trainer = Trainer(cfg=cfg, ranks=ranks, console=console, run=run, checkpoint=checkpoint, parent=parent,
+                      model_path=model_path, model=model, tokenizer=tokenizer, engine=engine, optimizer=optimizer,
+                      scheduler=scheduler, controllers=build_controllers(cfg), train_stream=train_stream,
+                      eval_sets=eval_sets, t_start=t_start)
+    trainer.ptx = PretrainText(cfg, tokenizer) if cfg.algo.ptx.coef > 0 else None
+    if cfg.needs_reference:  # loaded only when a KL term or ref_gain_clip needs it
+        console.print("loading the reference model (a frozen copy of the starting model)")
+        # restart (train.init_from_mode): the parent checkpoint is the new starting model, and its reference
+        ref_source = parent if parent is not None and cfg.train.init_from_mode == "restart" else model_path
+        ref_model, _ = load_model_and_tokenizer(ref_source, dtype=cfg.model.dtype, overrides=overrides)
+        trainer.ref_model = shard(ref_model.eval().requires_grad_(False), cfg, ranks)
+    if ADVANTAGE_ESTIMATORS.get(cfg.algo.adv.estimator).needs_critic:  # PPO; the critic resumes like the policy
+        _add_critic(trainer)
+    if checkpoint is not None or parent is not None:
+        _restore(trainer)
+    trainer.tracker = build_tracker(cfg, run, ranks)
+    _print_data_notes(trainer)
+    trainer.verifier = Verifier(num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s, boxed=cfg.reward.boxed)
+    return trainer
+
+
+def _open_run(cfg: Config, ranks: Ranks, *, console: Console, resume: bool) -> tuple[RunDir, Path | None]:
+    """Rank 0 creates or resumes the run directory; the others learn what it found."""
+    opened = None
+    if ranks.main:
+        try:
+            opened = (open_run_dir(cfg.run_dir, config_text=dump_yaml(cfg), resume=resume, console=console), None)
+        except Exception as e:  # every rank raises it, none waits for the others in vain
+            opened = (None, e)
+    found, error = broadcast_object(opened)
+    if error is not None:  # e.g. a run directory that holds a run it cannot resume: one line, no traceback
+        raise error
+    return found
+
+
+def _add_critic(t: Trainer) -> None:
+    cfg = t.cfg
+    source = critic_path(cfg, checkpoint=t.checkpoint, parent=t.parent, model_path=t.model_path)
+    t.console.print(f"loading the critic from {source}")
+    t.critic = shard(load_critic(source, dtype=cfg.model.dtype), cfg, t.ranks)
+    t.critic.train()
+    t.critic_optimizer, t.critic_scheduler = build_optimizer(t.critic.parameters(), cfg, lr=cfg.algo.critic.lr or cfg.train.lr,
+                                                             warmup_steps=cfg.train.warmup_steps)
+
+
+def _restore(t: Trainer) -> None:
+    """Resume (same run), continue or restart (train.init_from: a new run from another run's checkpoint)."""
+    cfg, checkpoint, parent = t.cfg, t.checkpoint, t.parent
+    if checkpoint is None and cfg.train.init_from_mode == "restart":  # its weights only: all else starts fresh
+        if t.ranks.main:
+            t.run.write_parent(parent, int(json.loads((parent / "trainer_state.json").read_text())["step"]))
+        t.console.print(f"[bold]restarting[/bold] from the weights of {parent} as a new starting model (fresh "
+                        "optimizer and schedule; it is also the KL reference); recorded in parent.json")
+        return
+    state = load_trainer_state(checkpoint or parent, optimizers=t.optimizers, controllers=t.controllers,
+                               models={"optimizer": t.model, "critic_optimizer": t.critic})
+    if checkpoint is not None:  # everything the next step depends on comes back from the checkpoint
+        set_rng_state(state["rng"])
+        t.train_stream.load_state_dict(state["data"])
+        if t.ptx is not None:
+            t.ptx.load_state_dict(state["ptx"])
+        t.skips.total = int(state.get("skipped_steps", 0))
+        if t.ranks.main:
+            t.run.truncate_after(state["step"])  # rows a killed run wrote after this checkpoint
+        t.start_step = state["step"] + 1
+        t.console.print(f"[bold]resuming[/bold] from {checkpoint} (step {state['step']} of {cfg.train.steps})")
+    else:  # staged growth (e.g. a longer rollout.max_new_tokens): optimizer, schedule, controllers kept
+        if t.ranks.main:
+            t.run.write_parent(parent, state["step"])
+        t.console.print(f"[bold]continuing[/bold] from {parent} (step {state['step']} of its run); recorded in parent.json")
+
+
+def _print_data_notes(t: Trainer) -> None:
+    for note in t.train_stream.notes:
+        t.console.print(note)
+    for es in t.eval_sets:
+        if es.dropped_too_long:
+            t.console.print(f"eval set {es.name}: {es.dropped_too_long} problems dropped, their prompts exceed "
+                            f"data.max_prompt_tokens={t.cfg.data.max_prompt_tokens}")
+
+
+def model_overrides(cfg: Config) -> dict | None:
+    """Changes to the model's config.json made at load time (model.max_position_embeddings), for the
+    trainer's models; the vLLM engine gets the same through hf_overrides."""
+    if cfg.model.max_position_embeddings is None:
+        return None
+    return {"max_position_embeddings": cfg.model.max_position_embeddings}
+
+
+def shard(model, cfg: Config, ranks: Ranks):
+    """FSDP2-shard `model` over the ranks (train.dist.*); in one process the model itself, on ranks.device."""
+    if not ranks.distributed:
+        return model.to(ranks.device)
+    return shard_model(model, ranks, mixed_precision=cfg.train.dist.mixed_precision, cpu_offload=cfg.train.dist.cpu_offload)
+
+
+def build_controllers(cfg: Config) -> dict[str, CoefController]:
+    """The entropy and KL coefficient controllers (their state goes into checkpoints)."""
+    ent = cfg.algo.entropy
+    if ent.mode == "adaptive":
+        entropy = AdaptiveEntropyController(ent.coef, ent.target, kp=ent.kp, min_coef=ent.min_coef, max_coef=ent.max_coef)
+    elif ent.mode == "skywork":
+        entropy = SkyworkEntropyController(ent.coef, ent.target, step=ent.step, min_coef=ent.min_coef, max_coef=ent.max_coef)
+    else:
+        entropy = FixedCoef(ent.coef if ent.mode == "fixed" else 0.0)
+    kl = cfg.algo.kl
+    if kl.use != "none" and kl.target is not None:
+        kl_ctl: CoefController = AdaptiveKLController(kl.coef, kl.target, kl.horizon)
+    else:
+        kl_ctl = FixedCoef(kl.coef if kl.use != "none" else 0.0)
+    return {"entropy": entropy, "kl": kl_ctl}
+
+
+def critic_path(cfg: Config, *, checkpoint: Path | None, parent: Path | None, model_path: str) -> Path | str:
+    """Where the critic comes from: the checkpoint's critic/ (resume), the parent's (init_from), else
+    algo.critic.path, else a fresh value head on the policy (a GRPO parent continued with PPO included)."""
+    origin = checkpoint or parent
+    saved = origin / "critic" if origin is not None and (origin / "critic").is_dir() else None
+    if checkpoint is not None and saved is None:
+        raise ValueError(f"checkpoint {checkpoint} has no critic/: its run did not use algo.adv.estimator=gae; "
+                         "start a new run (--no-resume, or train.init_from to continue its policy with PPO)")
+    return saved or cfg.algo.critic.path or parent or model_path
+
