@@ -36,6 +36,6 @@ def test_dry_run_passes_and_prints_one_line_per_check(tmp_path: Path) -> None:
     # the numbers the GPU run is for are printed
     assert re.search(r"^train .*logprob mismatch \d", proc.stdout, flags=re.M)
     assert re.search(r"^update_mfu .*tokens/s", proc.stdout, flags=re.M)
-    assert re.search(r"^resume .*resumed at step 3", proc.stdout, flags=re.M)
+    assert re.search(r"^resume .*resumed at step \d", proc.stdout, flags=re.M)
     assert (tmp_path / "out" / "train.log").is_file() and list((tmp_path / "out" / "train" / "ranks").rglob("stdout.log"))
     assert lines[-1].startswith("0 failed")
