@@ -52,10 +52,26 @@ def test_vllm_kv_cache_of_the_deepscaler_recipe_by_hand():
     assert plan.components["vLLM (weights + KV cache)"] == 68 * GIB
     assert "2,422,581 tokens" in plan.notes["vLLM (weights + KV cache)"]
     # with sleep mode the update phase holds no vLLM memory; generation holds the trainer's states + vLLM
-    states = sum(plan.components[k] for k in ("params", "optimizer", "reference model"))
+    states = sum(plan.components[k] for k in ("params", "optimizer", "reference model", "runtime"))
     assert plan.generation_peak == states + 68 * GIB  # gradients are freed after every optimizer step
     transient = sum(plan.components[k] for k in ("grads", "activations", "gathered weights", "head gradients"))
     assert plan.update_peak == states + transient
+    # vLLM holds its own weights: the trainer keeps no engine copy of the policy for it
+    assert "torch engine weights" not in plan.components
+    # the reference model's shards stay float32 as loaded (1/8 of 4 B each), plus its gathered layers in bf16
+    arch = plan.arch
+    assert plan.components["reference model"] == -(-arch.params * 4 // 8) + (2 * arch.layer_params + arch.root_params) * 2
+
+
+def test_torch_engine_copy_is_counted_on_several_gpus():
+    # under torchrun the torch engine samples from an unsharded float32 copy of the policy on every rank
+    cfg = load_config(None, ["model.path=config:qwen2.5-1.5b", "model.init=random"])
+    one, two = (estimate_memory(cfg, gpus=n, gpu_mem_gib=80) for n in (1, 2))
+    assert "torch engine weights" not in one.components  # one process samples from the policy itself
+    assert two.components["torch engine weights"] == two.arch.params * 4
+    assert two.generation_peak - two.components["torch engine weights"] == sum(
+        v for k, v in two.components.items()
+        if k not in ("grads", "activations", "gathered weights", "head gradients", "torch engine weights"))
 
 
 def test_more_gpus_shard_the_states():
@@ -163,5 +179,5 @@ def test_ppo_critic_by_hand():
     policy = sum(plan.components[k] for k in ("grads", "activations", "gathered weights", "head gradients"))
     critic = plan.components["critic update"]
     assert critic == 801_409 * 4 + 4 * 6_040 * 8192  # its gradients and the backbone's activations
-    resident = sum(plan.components[k] for k in ("params", "optimizer", "critic"))
+    resident = sum(plan.components[k] for k in ("params", "optimizer", "critic", "runtime"))
     assert plan.update_peak == resident + max(policy, critic)  # the two updates run one after the other

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mathrl.config import load_config
+from mathrl.config import ConfigError, load_config
 from mathrl.model.plan import estimate_memory
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,12 +59,28 @@ def test_deepscaler_stages_grow_the_context_and_chain_their_checkpoints():
         assert c.model.path == "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"
 
 
-def test_dapo_recipe_has_the_papers_settings():
+def test_dapo_recipe_has_the_settings_of_verls_dapo_7b_script():
     c = load_config(REPO / "recipes" / "real" / "dapo_qwen2.5_math_7b.yaml", check_paths=False)
     assert (c.rollout.prompts_per_step, c.rollout.n, c.train.mini_batch_size) == (512, 16, 512)
     assert c.rollout_batch_size // c.train.mini_batch_size == 16  # 16 gradient updates per rollout step
     assert (c.algo.clip.eps_low, c.algo.clip.eps_high, c.algo.loss_agg, c.algo.kl.use) == (0.2, 0.28, "token_mean", "none")
+    assert c.algo.clip.dual_clip_c == 10.0  # clip_ratio_c=10.0
     assert c.data.dynamic_sampling.mode == "nonconstant" and c.data.transform == "integer_answer"
-    assert (c.rollout.max_new_tokens, c.reward.overlong.soft_punishment, c.reward.overlong.cache_len) == (20480, True, 4096)
-    assert (c.train.lr, c.train.warmup_steps) == (1e-6, 20 * 16)  # warm-up over 20 rollout steps
+    # 2048 + 8192 tokens, the last 4096 of the response the overlong buffer, on a +1/-1 reward
+    assert (c.data.max_prompt_tokens, c.rollout.max_new_tokens) == (2048, 8192)
+    assert (c.reward.overlong.soft_punishment, c.reward.overlong.cache_len, c.reward.incorrect) == (True, 4096, -1.0)
+    # the 4096-position model is lifted to 32768 positions, so the context check at config time passes
+    assert c.model.max_position_embeddings == 32768 and c.rollout.vllm.max_model_len == 2048 + 8192
+    assert (c.train.lr, c.train.warmup_steps, c.train.weight_decay) == (1e-6, 10, 0.1)
     assert (c.eval.n, c.eval.top_p) == (32, 0.7)
+
+
+def test_a_context_longer_than_the_model_is_refused_at_config_time():
+    # Qwen2.5-Math-7B has 4096 positions: without the override, 2048 + 8192 tokens cannot start, and the
+    # error comes from validate, before any model or engine loads
+    with pytest.raises(ConfigError, match="8192 tokens leave no room for a prompt in the model's 4096 positions"):
+        load_config(REPO / "recipes" / "real" / "dapo_qwen2.5_math_7b.yaml", ["model.max_position_embeddings=null"],
+                    check_paths=False)
+    with pytest.raises(ConfigError, match="rollout.vllm.max_model_len=10240 exceeds the model's 4096"):
+        load_config(REPO / "recipes" / "real" / "dapo_qwen2.5_math_7b.yaml", ["model.max_position_embeddings=null"],
+                    check_paths=False)

@@ -64,6 +64,7 @@ class ModelConfig:
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # weights and compute precision
     logprob_chunk_size: int = 1024  # positions per chunk when computing logprobs and entropy
     gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, more time)
+    max_position_embeddings: int | None = None  # raise (or lower) the model's context, config.json's max_position_embeddings, for the trainer and vLLM alike; null: the model's own
     init: Literal["pretrained", "random"] = "pretrained"  # random: path config:<name> (model/configs/*.json, or config:<file>.json) with random weights and the character tokenizer (benchmarks, smoke tests)
 
 
@@ -260,6 +261,7 @@ class TrainConfig:
     max_skipped_steps: int = 5  # stop after this many consecutive steps with a non-finite loss or gradient
     init_from: str | None = None  # continue from another run's checkpoint dir (model, optimizer, controllers) in this new run
     old_logprobs: Literal["auto", "recompute", "reuse_engine"] = "auto"  # the PPO ratio's old logprobs: recompute = a no-grad scoring pass of the training model; reuse_engine = the torch engine's sampling logprobs (same float32 weights, equal to float rounding; no actor/rollout_entropy); auto = reuse_engine where that holds (torch engine, float32, unsharded, no rollout correction, entropy mode none or fixed), else recompute
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # where training, scoring and the torch engine run: auto = this rank's GPU when CUDA is available (one process included), else the CPU
     dist: DistConfig = field(default_factory=DistConfig)  # several processes (torchrun, mathrl train --nproc N)
 
 
@@ -291,6 +293,7 @@ class RewardConfig:
     num_workers: int = 1  # verifier worker processes (0 = in-process, no timeout protection)
     timeout_s: float = 5.0  # per-item verification timeout
     boxed: Literal["all", "last", "any"] = "all"  # which boxes are the answer: all = the final run of boxes as one answer (\boxed{1}, \boxed{2} -> "1, 2"); last = the last box; any = correct if any box is (hackable: evaluation only, never train with it)
+    incorrect: float = 0.0  # reward of a wrong or missing answer (a right one scores 1); -1 is DAPO's and DeepScaleR's +-1 reward, against which the overlong penalty weighs half as much
     overlong: OverlongConfig = field(default_factory=OverlongConfig)  # truncated responses (DAPO section 3.4)
     kimi_length_coef: float = 0.0  # Kimi k1.5 length penalty coefficient (0 = off)
     length_bonus_coef: float = 0.0  # reward coef x length / max length (ablation only)
@@ -436,6 +439,7 @@ class Config:
             errors += self._missing_paths()
         errors += self._model_init_errors(check_paths)
         errors += self._vllm_errors()
+        errors += self._context_errors()
         if errors:
             raise ConfigError("\n".join(errors))  # one line per problem
 
@@ -459,6 +463,28 @@ class Config:
         if check_paths and not Path(arch).expanduser().is_file():
             return [f"model.path={self.model.path!r}: no such config file {arch!r}"]
         return []
+
+    def _context_errors(self) -> list[str]:
+        """Prompt plus response must fit the model's positions (model.max_position_embeddings, else its
+        config.json where it can be read without loading the model); checked here, before any model loads."""
+        from mathrl.model.init import context_length
+
+        if self.model.path == "tiny-arith":
+            return []  # base.max_positions, checked above
+        context = self.model.max_position_embeddings or context_length(self.model.path)
+        if context is None:
+            return []
+        errors = []
+        longest = max(self.rollout.max_new_tokens, self.eval_max_new_tokens)
+        if longest >= context:  # data.max_prompt_tokens is a filter, not every prompt's length: not added here
+            errors.append(f"rollout.max_new_tokens / eval.max_new_tokens = {longest} tokens leave no room for a prompt "
+                          f"in the model's {context} positions ({self.model.path}); lower them, or raise the context "
+                          "with model.max_position_embeddings")
+        v = self.rollout.vllm
+        if self.rollout.engine == "vllm" and v.max_model_len is not None and v.max_model_len > context:
+            errors.append(f"rollout.vllm.max_model_len={v.max_model_len} exceeds the model's {context} positions "
+                          f"({self.model.path}); lower it, or raise the context with model.max_position_embeddings")
+        return errors
 
     def _vllm_errors(self) -> list[str]:
         """rollout.vllm: the settings that can be judged before vLLM (or the model) is loaded."""

@@ -6,8 +6,9 @@ measure the same thing.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from mathrl.evaluation.metrics import avg_at_n, default_ks, maj_at_k, pass_at_k_table
 from mathrl.reward.reflection import reflection_stats
@@ -39,6 +40,21 @@ class EvalResult:
         return out
 
 
+def eval_rows(total: int, *, block: int, rank: int, world_size: int) -> tuple[int, int]:
+    """[lo, hi) of the `total` sample rows that `rank` of `world_size` generates: a contiguous run of
+    whole seed blocks (an engine's `seed_block` rows share one random stream), so that the rows are
+    sampled exactly as one process samples them. Ranks differ by at most one block."""
+    blocks = -(-total // block)
+    base, extra = divmod(blocks, world_size)
+    lo = rank * base + min(rank, extra)
+    hi = lo + base + (1 if rank < extra else 0)
+    return min(lo * block, total), min(hi * block, total)
+
+
+def _single(obj):
+    return [obj]
+
+
 def evaluate(
     name: str,
     problems: Sequence[Problem],
@@ -53,17 +69,37 @@ def evaluate(
     top_p: float,
     seed: int,
     reflection_words: Sequence[str] = (),
+    rank: int = 0,
+    world_size: int = 1,
+    gather: Callable[[Any], list[Any]] = _single,
 ) -> EvalResult:
-    """Sample n responses for each (problem, prompt token ids) and score them."""
+    """Sample n responses for each (problem, prompt token ids) and score them.
+
+    Several ranks (`rank` of `world_size`, every rank calling): each samples and verifies its own
+    block of the rows (`eval_rows`) and `gather` (an all-gather of Python objects, rank order) brings
+    every row to every rank, so each returns the whole result, equal to one process's.
+    """
     flat_prompts = [p for p in prompts for _ in range(n)]
-    out = engine.generate(flat_prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
-    texts = tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
     references = [p.answer for p in problems for _ in range(n)]
-    results = verifier.score(texts, references)
+    block = int(getattr(engine, "seed_block", len(flat_prompts)) or 1) if world_size > 1 else len(flat_prompts)
+    lo, hi = eval_rows(len(flat_prompts), block=max(block, 1), rank=rank, world_size=world_size)
+    texts: list[str] = []
+    results: list = []
+    lengths: list[int] = []
+    truncated: list[bool] = []
+    if hi > lo:
+        offset = {"first_row": lo} if lo else {}  # the rows' place in the whole call, for their seeds
+        out = engine.generate(flat_prompts[lo:hi], max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                              seed=seed, **offset)
+        texts = tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
+        results = verifier.score(texts, references[lo:hi])
+        lengths, truncated = out.response_lengths.tolist(), out.truncated.tolist()
+    if world_size > 1:
+        parts = gather((texts, results, lengths, truncated))
+        texts, results, lengths, truncated = ([x for part in parts for x in part[i]] for i in range(4))
 
     correct = [[results[i * n + j].score > 0 for j in range(n)] for i in range(len(problems))]
     answers = [[_vote_key(results[i * n + j].extracted) for j in range(n)] for i in range(len(problems))]
-    lengths = out.response_lengths.tolist()
     samples = [
         {"problem_id": problems[i // n].id, "response": texts[i], "reason": results[i].reason, "extracted": results[i].extracted}
         for i in range(0, len(texts), n)  # the first sample of each problem
@@ -76,7 +112,7 @@ def evaluate(
         pass_at_k=pass_at_k_table(correct, default_ks(n)),
         maj_at_n=maj_at_k(answers, correct, n),
         no_answer_rate=sum(r.reason == "no_answer" for r in results) / len(results),
-        truncated_rate=float(out.truncated.double().mean()),
+        truncated_rate=sum(truncated) / len(truncated),
         mean_response_length=sum(lengths) / len(lengths),
         reflection_rate=reflection_stats(texts, reflection_words)["reflection_rate"],
         samples=samples,

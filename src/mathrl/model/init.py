@@ -40,6 +40,7 @@ __all__ = [
     "random_init_tokenizer",
     "parse_config_path",
     "shipped_architecture_of",
+    "context_length",
 ]
 
 CONFIG_PREFIX = "config:"
@@ -66,6 +67,35 @@ def shipped_architecture_of(hub_id: str) -> str | None:
         source = json.loads((CONFIG_DIR / f"{name}.json").read_text()).get("_name_or_path", "")
         if source.lower() == hub_id.lower():
             return name
+    return None
+
+
+def context_length(model_path: str) -> int | None:
+    """max_position_embeddings of `model_path` without loading or downloading anything: a shipped
+    architecture (config:<name>, or a hub id it was taken from), a config:<file>.json, or a local model
+    directory's config.json (also the Hugging Face cache's copy of a hub id); None when unknown."""
+    arch = parse_config_path(model_path) or shipped_architecture_of(model_path)
+    files = []
+    if arch is not None:
+        try:
+            files.append(_config_file(arch))
+        except ValueError:
+            return None
+    else:
+        files.append(Path(model_path).expanduser() / "config.json")
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(model_path, "config.json")
+            if isinstance(cached, str):
+                files.append(Path(cached))
+        except Exception:  # not a hub id, or no hub library: unknown
+            pass
+    for f in files:
+        if f.is_file():
+            data = json.loads(f.read_text())
+            value = data.get("text_config", data).get("max_position_embeddings")
+            return int(value) if value is not None else None
     return None
 
 
@@ -137,6 +167,7 @@ def build_random_model(
     device: str | torch.device = "cpu",
     seed: int = 0,
     head=None,
+    overrides: dict | None = None,
 ):
     """(model, tokenizer): the architecture `name_or_config` (a shipped name, a config.json path or
     a transformers config object) with weights drawn from its initialiser under `seed`.
@@ -144,7 +175,7 @@ def build_random_model(
     The model is built directly on `device` in `dtype` (a 7B model never exists in float32 on the
     CPU when asked for bfloat16 on a GPU). Same arguments, same weights. `head` is the transformers
     auto class to build (default `AutoModelForCausalLM`; the critic uses
-    `AutoModelForTokenClassification`).
+    `AutoModelForTokenClassification`). `overrides` set fields of the config first.
     """
     from transformers import AutoModelForCausalLM
 
@@ -152,6 +183,8 @@ def build_random_model(
     from mathrl.model.io import DTYPES
 
     config = architecture_config(name_or_config) if isinstance(name_or_config, (str, Path)) else name_or_config
+    for key, value in (overrides or {}).items():  # config fields changed at load time (model.max_position_embeddings)
+        setattr(config, key, value)
     torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     device = torch.device(device)
     devices = [device] if device.type == "cuda" else []

@@ -13,8 +13,12 @@ class ModelLoadError(ValueError):
     pass
 
 
-def load_model_and_tokenizer(path: str | Path, *, dtype: str = "float32", device: str | torch.device = "cpu"):
+def load_model_and_tokenizer(path: str | Path, *, dtype: str = "float32", device: str | torch.device = "cpu",
+                             overrides: dict | None = None):
     """(model, tokenizer) from a local Hugging Face directory (or a hub id, where the machine has network).
+
+    `overrides` replace fields of the model's config.json at load time (e.g. max_position_embeddings,
+    from model.max_position_embeddings).
 
     The tokenizer gets a pad token if it has none (the EOS token), since batched rollouts pad.
     `config:<name>` (with `model.init=random`) builds a shipped architecture with random weights
@@ -27,7 +31,7 @@ def load_model_and_tokenizer(path: str | Path, *, dtype: str = "float32", device
     architecture = parse_config_path(str(path))
     if architecture is not None:
         try:
-            return build_random_model(architecture, dtype=dtype, device=device)
+            return build_random_model(architecture, dtype=dtype, device=device, overrides=overrides)
         except ValueError as e:
             raise ModelLoadError(f"model.path {str(path)!r}: {e}") from None
     local = Path(path)
@@ -35,7 +39,7 @@ def load_model_and_tokenizer(path: str | Path, *, dtype: str = "float32", device
         raise ModelLoadError(f"model.path {str(path)!r} does not exist; give a Hugging Face model directory or hub id")
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path))
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype], **(overrides or {}))
     except OSError as e:
         raise ModelLoadError(f"could not load a causal LM from {str(path)!r}: {e}") from None
     if tokenizer.pad_token_id is None:

@@ -24,14 +24,24 @@ counts are exact. What the estimate assumes, term by term (GiB = 2^30 bytes, per
 * head gradients: the backward builds the full weight gradients of the output head and of the
   embeddings (vocab x hidden each, in the compute dtype; one tensor each even when tied) before
   they are accumulated and reduce-scattered.
-* reference model: weights only, compute dtype, sharded (loaded when a KL or entropy term needs it).
+* reference model: weights only, sharded, stored in `model.dtype` like the policy (FSDP2 keeps the
+  shards in the dtype they were loaded in and casts to the compute dtype per layer; loaded when a KL
+  or entropy term needs it).
+* scoring passes (old and reference logprobs, no grad): one layer's working set plus the final hidden
+  states and one logits chunk, below the update's activations, so they never set the peak. Only the
+  decoder stack's last output is kept (`model.scoring.final_hidden`), not every layer's hidden states.
+* runtime: the CUDA context, cuBLAS workspaces and NCCL buffers, a fixed allowance of
+  `RUNTIME_GIB` per GPU (not derived from the config).
 * critic (PPO, `algo.adv.estimator: gae`): the same backbone with a scalar head, with its own
   grads, AdamW states and activations.
 * rollout engine: vLLM claims `rollout.vllm.gpu_memory_utilization` of the GPU (its weights, KV cache
   and activations) for as long as it is awake; with `enable_sleep_mode` it frees the KV cache (level
   1 keeps the weights on the host, level 2 drops them) while the policy updates, so the peak is the
-  larger of the generation phase and the update phase. The torch engine's KV cache is
-  `rollout.batch_size` sequences of prompt + response tokens.
+  larger of the generation phase and the update phase. vLLM loads its own weights: no trainer-side
+  copy exists for it. The torch engine's KV cache is `rollout.batch_size` sequences of prompt +
+  response tokens; with several GPUs it samples from its own unsharded copy of the policy in
+  `model.dtype` (ranks finish their responses at different lengths, which a sharded model's
+  collectives cannot follow), counted as "torch engine weights".
 
 The activation model is checked against autograd's saved tensors of a random-init model on a CPU in
 tests/test_plan.py; parameter and optimizer bytes are checked exactly.
@@ -47,6 +57,7 @@ from mathrl.config import Config
 __all__ = ["Architecture", "MemoryPlan", "activation_bytes_per_token", "architecture_of", "estimate_memory", "format_plan"]
 
 GIB = 2**30
+RUNTIME_GIB = 1.0  # CUDA context + cuBLAS workspace + NCCL buffers per GPU: an allowance, not a derivation
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -216,8 +227,13 @@ def estimate_memory(
     notes["head gradients"] = f"2 x {a.vocab:,} x {a.hidden:,} x {cb} B: output head and embedding weight gradients before accumulation"
 
     if cfg.needs_reference:
-        c["reference model"] = shard(a.params * cb)
-        notes["reference model"] = f"weights only, {cb}-byte compute dtype, / {n}"
+        c["reference model"] = shard(a.params * pb)
+        notes["reference model"] = f"weights only, {cfg.model.dtype} shards as loaded, / {n}"
+        if n > 1 or cb != pb:  # its forward gathers layers in the compute dtype, as the policy's does
+            c["reference model"] += (2 * a.layer_params + a.root_params) * cb
+            notes["reference model"] += " + its gathered layers while it scores"
+    c["runtime"] = int(RUNTIME_GIB * GIB)
+    notes["runtime"] = "CUDA context, cuBLAS workspace, NCCL buffers (a fixed allowance)"
     if cfg.algo.adv.estimator == "gae":
         c["critic"] = shard(a.critic_params * pb * 3 + 4 * a.critic_param_tensors)
         notes["critic"] = f"{a.critic_params:,} params: weights and AdamW states / {n}"
@@ -262,10 +278,14 @@ def estimate_memory(
             notes["vLLM (weights + KV cache)"] += f"; asleep during the update (level {level})"
     else:
         rows = min(cfg.rollout.batch_size, math.ceil(cfg.rollout_batch_size / n))
+        if n > 1:
+            c["torch engine weights"] = a.params * pb
+            notes["torch engine weights"] = f"an unsharded copy of the policy, {a.params:,} x {pb} B, on every GPU"
         c["torch engine KV cache"] = rows * seq_len * kv_per_token * cb
         notes["torch engine KV cache"] = f"{rows:,} sequences x {seq_len:,} tokens x {kv_per_token:,} x {cb} B"
-        generation_peak = trainer_resident + c["torch engine KV cache"]
-        update_peak = trainer_resident + update_transient
+        engine_weights = c.get("torch engine weights", 0)
+        generation_peak = trainer_resident + engine_weights + c["torch engine KV cache"]
+        update_peak = trainer_resident + engine_weights + update_transient
     return MemoryPlan(
         gpus=n, gpu_mem_gib=gpu_mem_gib, components=c, notes=notes, generation_peak=generation_peak,
         update_peak=update_peak, activations_other_setting=other, checkpointing=use_ckpt, arch=a, warnings=warnings,

@@ -25,24 +25,47 @@ def final_hidden(model, **inputs) -> torch.Tensor:
 
     Normally the decoder stack alone runs (no logits at all). An FSDP2-sharded model (train/dist.py)
     must run through its root module instead, whose hooks gather the embeddings, final norm and head;
-    the root keeps them gathered after its forward, so the caller can still apply the head in chunks.
+    the root keeps them gathered after its forward, so the caller can still apply the head in chunks
+    (and `release_root` reshards them after a no-grad pass). The decoder stack's output is caught by a
+    forward hook: asking the root for output_hidden_states would keep every layer's hidden states
+    alive (L + 1 tensors of [B, L, H]), and the head runs on one position only (logits_to_keep=1).
     """
     from torch.distributed.fsdp import FSDPModule
 
-    if isinstance(model, FSDPModule):
-        return model(**inputs, output_hidden_states=True, logits_to_keep=1).hidden_states[-1]
     backbone, _ = backbone_and_head(model)
-    return backbone(**inputs).last_hidden_state
+    if not isinstance(model, FSDPModule):
+        return backbone(**inputs).last_hidden_state
+    caught: list[torch.Tensor] = []
+
+    def keep(_module, _args, output):
+        caught.append(output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0])
+
+    handle = backbone.register_forward_hook(keep)
+    try:
+        model(**inputs, logits_to_keep=1)
+    finally:
+        handle.remove()
+    return caught[0]
+
+
+def release_root(model) -> None:
+    """Reshard an FSDP2 root after a no-grad forward. FSDP2 leaves the root's parameters (embeddings,
+    final norm, head) gathered after its forward, expecting a backward to follow; a scoring pass has
+    none, so without this a whole unsharded copy of them stays in memory until the next forward."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule) and not torch.is_grad_enabled():
+        model.reshard()
 
 
 def input_device(model) -> torch.device:
-    """Where a model's inputs go: its parameters' device, or this process's GPU for an FSDP2-sharded
-    model (whose parameters may live in CPU memory with train.dist.cpu_offload)."""
-    from torch.distributed.fsdp import FSDPModule
-
-    if isinstance(model, FSDPModule) and torch.cuda.is_available():
+    """Where a model's inputs go: its parameters' device, or, for an FSDP2-sharded model, the device
+    its mesh computes on (its parameters may live in CPU memory with train.dist.cpu_offload)."""
+    param = next(model.parameters())
+    mesh = getattr(param, "device_mesh", None)  # a DTensor: FSDP2 computes on its mesh's device type
+    if mesh is not None and mesh.device_type == "cuda":
         return torch.device("cuda", torch.cuda.current_device())
-    return next(model.parameters()).device
+    return param.device
 
 
 def packed_inputs(model, prompt_ids, prompt_mask, response_ids, response_mask):
@@ -77,7 +100,7 @@ def response_logprobs(
     p = prompt_ids.shape[1]
     t = response_ids.shape[1]
     hidden = hidden[:, p - 1 : p + t - 1]  # [B, T, H]: the state before each response token predicts it
-    return logprobs_and_entropy(
+    out = logprobs_and_entropy(
         hidden,
         head.weight,
         response_ids.to(device),
@@ -86,6 +109,8 @@ def response_logprobs(
         with_entropy=with_entropy,
         lm_head_bias=getattr(head, "bias", None),
     )
+    release_root(model)
+    return out
 
 
 def next_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, chunk_size: int = 1024) -> torch.Tensor:
@@ -98,4 +123,5 @@ def next_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Te
         hidden, head.weight, input_ids[:, 1:], chunk_size=chunk_size, with_entropy=False,
         lm_head_bias=getattr(head, "bias", None),
     )
+    release_root(model)
     return logprobs

@@ -57,6 +57,9 @@ class Engine(Protocol):
     Contract (tests/test_engine.py and tests/test_vllm_engine.py check it for each engine):
     - `generate` samples one continuation per prompt (repeat a prompt n times for n samples). The
       same seed, prompts and engine settings give the same samples; no global RNG is used.
+      `first_row` (a multiple of `seed_block`) says that the prompts are rows first_row, ... of a
+      larger call with the same seed: they are sampled as that call samples them, so several ranks
+      can each generate a block of one call.
     - `update_weights` makes the engine sample from the given weights (Hugging Face parameter
       names, the full unsharded tensors or DTensors) from the next `generate` on; never via disk.
     - `sleep` may free memory (KV cache, weights) between generations; `generate` and
@@ -64,9 +67,11 @@ class Engine(Protocol):
     - `close` releases the engine; it is not usable afterwards.
     """
 
+    seed_block: int  # rows that share one random stream; a call's rows split at multiples of it sample alike
+
     def generate(
         self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
-        seed: int,
+        seed: int, first_row: int = 0,
     ) -> RolloutBatch: ...
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...

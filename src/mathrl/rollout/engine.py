@@ -132,6 +132,7 @@ class TorchEngine:
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
         self.batch_size = batch_size
+        self.seed_block = batch_size  # each chunk of batch_size rows draws from its own generator
         # transformers >= 5.2x renamed the cache argument of forward() from `past_key_values` to `cache`
         params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
@@ -170,6 +171,7 @@ class TorchEngine:
         temperature: float = 1.0,
         top_p: float = 1.0,
         seed: int,
+        first_row: int = 0,
     ) -> RolloutBatch:
         """Sample one continuation per prompt (repeat a prompt n times for n samples).
 
@@ -181,6 +183,8 @@ class TorchEngine:
         most likely token at every step, the seed unused, and `logprobs` those of the untempered
         model (temperature 1), since the greedy point mass would give 0 for every token.
         """
+        if first_row % self.batch_size:
+            raise ValueError(f"first_row={first_row} is not a multiple of the engine's batch size {self.batch_size}")
         was_training = self.model.training
         self.model.eval()
         try:
@@ -190,7 +194,7 @@ class TorchEngine:
                     max_new_tokens=max_new_tokens,
                     temperature=temperature,
                     top_p=top_p,
-                    seed=(seed * 1_000_003 + i // self.batch_size) % (2**63 - 1),  # a Generator takes < 2**64
+                    seed=(seed * 1_000_003 + (first_row + i) // self.batch_size) % (2**63 - 1),  # a Generator takes < 2**64
                 )
                 for i in range(0, len(prompts), self.batch_size)
             ]

@@ -16,6 +16,12 @@ from mathrl.rollout.base import Engine
 from mathrl.rollout.engine import TorchEngine
 
 
+def engine_samples_from_module(engine: str) -> bool:
+    """Whether rollout.engine=`engine` samples from the trainer's torch module (so that several ranks
+    need an unsharded copy of it): the torch engine does; vLLM loads and holds its own weights."""
+    return engine == "torch"
+
+
 def build_engine(cfg, *, model, tokenizer, model_path: str | Path) -> Engine:
     """The engine of `cfg.rollout.engine` sampling from `model` (a `config.Config`; `model_path` is the
     directory `model` was loaded from, e.g. the checkpoint a resumed run restored).
@@ -31,7 +37,8 @@ def build_engine(cfg, *, model, tokenizer, model_path: str | Path) -> Engine:
         from mathrl.rollout.vllm_engine import VLLMEngine
 
         common = dict(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                      settings=cfg.rollout.vllm, seed=cfg.seed, dtype=cfg.model.dtype)
+                      settings=cfg.rollout.vllm, seed=cfg.seed, dtype=cfg.model.dtype,
+                      max_position_embeddings=cfg.model.max_position_embeddings)
         local = Path(str(model_path)).expanduser()
         if (local / "config.json").is_file() and any(local.glob("*.safetensors")):
             return VLLMEngine(local, **common)

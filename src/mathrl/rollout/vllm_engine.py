@@ -69,12 +69,16 @@ def model_context_length(model_path: str | Path) -> int | None:
 class VLLMEngine:
     """vLLM's `LLM` behind the `rollout.base.Engine` protocol (token ids only: no tokenizer is loaded)."""
 
+    seed_block = 1  # every row has its own seed (row_seed)
+
     def __init__(self, model_path: str | Path, *, eos_token_id: int, pad_token_id: int, settings, seed: int = 0,
-                 dtype: str = "float32", load_format: str = "auto"):
+                 dtype: str = "float32", load_format: str = "auto", max_position_embeddings: int | None = None):
         """`settings` is a `config.VLLMConfig` (rollout.vllm); `dtype` the trainer's, used when
         settings.dtype is "auto" (vLLM's own "auto" would turn a float32 checkpoint into float16).
         `load_format="dummy"` starts from placeholder weights (a directory with only config.json); the
-        caller must `update_weights` before generating."""
+        caller must `update_weights` before generating. `max_position_embeddings` (model.max_position_embeddings)
+        overrides the model's config.json, as the trainer's model gets it."""
+        self.max_position_embeddings = max_position_embeddings
         self.load_format = load_format
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
@@ -89,11 +93,11 @@ class VLLMEngine:
     # ---- construction ----------------------------------------------------------------------------
     def _build(self, *, seed: int, dtype: str):
         s = self.settings
-        context = model_context_length(self.model_path)
+        context = self.max_position_embeddings or model_context_length(self.model_path)
         if s.max_model_len is not None and context is not None and s.max_model_len > context:
             raise VLLMSetupError(f"rollout.vllm.max_model_len={s.max_model_len} exceeds the model's context "
-                                 f"({context} positions in {self.model_path}/config.json); set it to at most {context} "
-                                 "or leave it null")
+                                 f"({context} positions in {self.model_path}/config.json); set it to at most {context}, "
+                                 "leave it null, or raise the context with model.max_position_embeddings")
         on_gpu = torch.cuda.is_available()
         if s.enable_sleep_mode and not on_gpu:
             raise VLLMSetupError("rollout.vllm.enable_sleep_mode needs a GPU (vLLM has no sleep mode on CPUs); "
@@ -126,6 +130,8 @@ class VLLMEngine:
         )
         if s.max_num_seqs is not None:
             kwargs["max_num_seqs"] = s.max_num_seqs
+        if self.max_position_embeddings is not None:  # the same context the trainer's model was loaded with
+            kwargs["hf_overrides"] = {"max_position_embeddings": self.max_position_embeddings}
         self._in_trainer_group = (torch.distributed.is_available() and torch.distributed.is_initialized()
                                   and torch.distributed.get_world_size() > 1)
         if self._in_trainer_group:
@@ -144,8 +150,8 @@ class VLLMEngine:
 
     # ---- the Engine protocol ---------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, seed: int) -> RolloutBatch:
-        """Sample one continuation per prompt; row i is seeded with row_seed(seed, i)."""
+                 top_p: float = 1.0, seed: int, first_row: int = 0) -> RolloutBatch:
+        """Sample one continuation per prompt; row i is seeded with row_seed(seed, first_row + i)."""
         from vllm import SamplingParams, TokensPrompt
 
         longest = max(len(p) for p in prompts)
@@ -157,7 +163,7 @@ class VLLMEngine:
         self.wake_up()
         params = [
             SamplingParams(n=1, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens,
-                           seed=row_seed(seed, i), logprobs=0, stop_token_ids=[self.eos_token_id],
+                           seed=row_seed(seed, first_row + i), logprobs=0, stop_token_ids=[self.eos_token_id],
                            detokenize=False)
             for i in range(len(prompts))
         ]

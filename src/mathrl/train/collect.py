@@ -51,8 +51,11 @@ class DynamicSamplingExhausted(RuntimeError):
 
 
 def shape_rewards(cfg: Config, step: int, rollout: RolloutBatch, correct: torch.Tensor, group_ids: torch.Tensor):
-    """[N] verifier score + the configured length terms, and their per-term means for the log."""
-    r, lengths, metrics = correct.clone(), rollout.response_lengths, {}
+    """[N] verifier score (1 right, reward.incorrect otherwise) + the configured length terms, and their
+    per-term means for the log."""
+    incorrect = cfg.reward.incorrect
+    r = correct.clone() if incorrect == 0 else correct + (1 - correct) * incorrect  # [N]
+    lengths, metrics = rollout.response_lengths, {}
     shaping = cfg.reward
     if shaping.overlong.soft_punishment:
         term = soft_overlong_punishment(lengths, max_len=cfg.rollout.max_new_tokens, cache_len=shaping.overlong.cache_len)

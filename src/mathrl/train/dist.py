@@ -50,28 +50,53 @@ class DistributedError(RuntimeError):
     """The job's ranks could not be set up or went out of step."""
 
 
-def init_distributed(*, timeout_s: float) -> Ranks:
+def decide_device(setting: str, *, local_rank: int, cuda_available: bool) -> torch.device:
+    """The one device this process trains, scores and (with the torch engine) samples on.
+
+    setting is train.device: "cpu"; "cuda" (an error without a GPU); "auto" = this rank's GPU
+    (LOCAL_RANK) when CUDA is available, else the CPU. The same rule holds for one process without
+    torchrun and for every torchrun rank, so a GPU machine never trains on its CPU by accident.
+    """
+    if setting not in ("auto", "cpu", "cuda"):
+        raise DistributedError(f"train.device={setting!r}: choose auto, cpu or cuda")
+    if setting == "cuda" and not cuda_available:
+        raise DistributedError("train.device=cuda but torch sees no CUDA device (torch.cuda.is_available() is False); "
+                               "use train.device=auto or cpu")
+    if setting == "cpu" or not cuda_available:
+        return torch.device("cpu")
+    return torch.device("cuda", local_rank)
+
+
+def process_group_backend(device: torch.device) -> str:
+    """The process group's backend for `device`: gloo on CPU; on CUDA both, "cpu:gloo,cuda:nccl", so
+    that collectives over CPU tensors (FSDP2's CPU-offloaded DTensors in clip_grad_norm_ and
+    full_tensor, small Python objects) go through gloo and GPU tensors through NCCL."""
+    return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+
+
+def init_distributed(*, timeout_s: float, device: str = "auto") -> Ranks:
     """Join the torchrun job described by the environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
     MASTER_PORT), or return the single-process Ranks when there is none (no torchrun, or WORLD_SIZE=1
-    outside torchrun)."""
+    outside torchrun). `device` is train.device (`decide_device`): one process on a GPU machine trains
+    on its GPU too."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1 and "TORCHELASTIC_RUN_ID" not in os.environ:
-        return Ranks()
+        chosen = decide_device(device, local_rank=0, cuda_available=torch.cuda.is_available())
+        if chosen.type == "cuda":
+            torch.cuda.set_device(chosen)
+        return Ranks(device=chosen)
     for key in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         if key not in os.environ:
             raise DistributedError(f"WORLD_SIZE={world_size} but {key} is not set; start the job with torchrun "
                                    "(torchrun --nproc_per_node N -m mathrl.train ...) or mathrl train --nproc N")
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-        backend = "nccl"
-    else:
-        device, backend = torch.device("cpu"), "gloo"
+    chosen = decide_device(device, local_rank=local_rank, cuda_available=torch.cuda.is_available())
+    if chosen.type == "cuda":
+        torch.cuda.set_device(chosen)
     if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s),
-                                device_id=device if device.type == "cuda" else None)
-    return Ranks(rank=rank, world_size=world_size, local_rank=local_rank, device=device, joined=True)
+        dist.init_process_group(process_group_backend(chosen), timeout=timedelta(seconds=timeout_s),
+                                device_id=chosen if chosen.type == "cuda" else None)
+    return Ranks(rank=rank, world_size=world_size, local_rank=local_rank, device=chosen, joined=True)
 
 
 def close_distributed() -> None:
@@ -114,6 +139,8 @@ def broadcast_object(obj: Any, *, src: int = 0) -> Any:
 
 
 def _reduce_device() -> torch.device:
+    """Where the small reductions below run: on the GPU when the group has only NCCL, else on the CPU
+    (gloo, or the gloo half of a "cpu:gloo,cuda:nccl" group)."""
     if dist.get_backend() == "nccl":  # NCCL reduces CUDA tensors only
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
@@ -143,13 +170,6 @@ def all_reduce_sum_tensor(t: torch.Tensor) -> torch.Tensor:
     work = t.to(_reduce_device(), copy=True)
     dist.all_reduce(work, op=dist.ReduceOp.SUM)
     return work.to(t.device)
-
-
-def compute_device(model) -> torch.device:
-    """Where a model's inputs go: this rank's GPU under NCCL, else the device of its parameters."""
-    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return next(model.parameters()).device
 
 
 def barrier() -> None:
@@ -183,10 +203,13 @@ def shard_model(model, ranks: Ranks, *, mixed_precision: bool, cpu_offload: bool
     On CUDA with mixed_precision the forward/backward run in bf16 while the sharded master weights,
     gradients' reduction and the optimizer stay fp32. On CPU (gloo) the model runs in its own dtype.
     """
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     model.to(ranks.device)
-    kwargs: dict[str, Any] = {}
+    # the mesh names the device explicitly: fully_shard's default mesh is the GPU whenever CUDA exists,
+    # which would move a train.device=cpu run onto it
+    kwargs: dict[str, Any] = {"mesh": init_device_mesh(ranks.device.type, (ranks.world_size,))}
     if mixed_precision and ranks.device.type == "cuda":
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     # offloading moves shards between CPU and GPU memory; on CPU (gloo) everything already lives there

@@ -37,7 +37,7 @@ from mathrl.model.paths import resolve_model_path
 from mathrl.model.value import load_critic
 from mathrl.reward.reflection import reflection_stats
 from mathrl.reward.verify import Verifier
-from mathrl.rollout.factory import build_engine
+from mathrl.rollout.factory import build_engine, engine_samples_from_module
 from mathrl.tasks.sources import EvalSet, PretrainText, ProblemStream, build_eval_sets, build_train_stream
 from mathrl.track.console import StepProgress, summary_table
 from mathrl.track.sinks import Tracker
@@ -53,6 +53,7 @@ from mathrl.train.collect import (
 )
 from mathrl.train.dist import (
     DistributedError,
+    all_gather_objects,
     Ranks,
     broadcast_object,
     close_distributed,
@@ -80,7 +81,7 @@ class NonFiniteError(RuntimeError):
 def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -> TrainResult:
     """Run the experiment `cfg` describes: in this process, or as one rank of a torchrun job (the
     ranks split each step's prompts; rank 0 alone writes the run directory, logs and evaluates)."""
-    ranks = init_distributed(timeout_s=cfg.train.dist.timeout_s)
+    ranks = init_distributed(timeout_s=cfg.train.dist.timeout_s, device=cfg.train.device)
     console = (console or Console()) if ranks.main else Console(quiet=True)
     try:
         result = _train(cfg, console=console, resume=resume, ranks=ranks)
@@ -114,20 +115,24 @@ def _train(cfg: Config, *, console: Console, resume: bool, ranks: Ranks) -> Trai
     model_path = broadcast_object(resolve_model_path(cfg, console) if ranks.main else None)  # rank 0 builds the tiny base
     console.print(f"loading model from {model_path}")
     parent = Path(cfg.train.init_from) if cfg.train.init_from and checkpoint is None else None
-    model, tokenizer = load_model_and_tokenizer(checkpoint or parent or model_path, dtype=cfg.model.dtype)
+    overrides = model_overrides(cfg)
+    model, tokenizer = load_model_and_tokenizer(checkpoint or parent or model_path, dtype=cfg.model.dtype,
+                                                overrides=overrides)
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.train()
     train_stream: ProblemStream = build_train_stream(cfg, tokenizer)
     eval_sets = build_eval_sets(cfg, tokenizer, limit=cfg.data.eval_size)
     # rollout.engine: torch samples from `model` itself; vllm loads the weights `model` was loaded from.
-    # Several ranks: the engine gets its own unsharded copy (ranks stop generating at different lengths,
-    # which a sharded model's collectives cannot follow), refreshed by update_weights after each update.
+    # Several ranks with the torch engine: it gets its own unsharded copy (ranks stop generating at
+    # different lengths, which a sharded model's collectives cannot follow), refreshed by update_weights
+    # after each update. vLLM holds its own weights: no copy is loaded for it.
     engine_model = model
-    if ranks.distributed:
-        engine_model = load_model_and_tokenizer(checkpoint or parent or model_path, dtype=cfg.model.dtype)[0]
+    if ranks.distributed and engine_samples_from_module(cfg.rollout.engine):
+        engine_model = load_model_and_tokenizer(checkpoint or parent or model_path, dtype=cfg.model.dtype,
+                                                overrides=overrides)[0]
         engine_model.to(ranks.device).eval()
-        model = shard(model, cfg, ranks)
+    model = shard(model, cfg, ranks)  # one process: moved to train.device
     engine = build_engine(cfg, model=engine_model, tokenizer=tokenizer, model_path=checkpoint or parent or model_path)
     optimizer, scheduler = build_optimizer(model.parameters(), cfg, lr=cfg.train.lr)
     controllers = build_controllers(cfg)
@@ -135,7 +140,7 @@ def _train(cfg: Config, *, console: Console, resume: bool, ranks: Ranks) -> Trai
     ref_model = None
     if cfg.needs_reference:  # loaded only when a KL term or ref_gain_clip needs it
         console.print("loading the reference model (a frozen copy of the starting model)")
-        ref_model, _ = load_model_and_tokenizer(model_path, dtype=cfg.model.dtype)
+        ref_model, _ = load_model_and_tokenizer(model_path, dtype=cfg.model.dtype, overrides=overrides)
         ref_model = shard(ref_model.eval().requires_grad_(False), cfg, ranks)
     critic = critic_optimizer = critic_scheduler = None
     if cfg.algo.adv.estimator == "gae":  # PPO with a learned critic; it resumes from checkpoints like the policy
@@ -180,12 +185,13 @@ def _train(cfg: Config, *, console: Console, resume: bool, ranks: Ranks) -> Trai
         }
 
     def evaluate_if_due(step: int, latest: dict, last_eval: dict) -> tuple[dict, dict]:
-        """(latest results, their logged metrics): new ones when the step is due an evaluation."""
-        if not (ranks.main and eval_due(cfg, step)):
+        """(latest results, their logged metrics): new ones when the step is due an evaluation (every
+        rank samples its share of it; rank 0 logs it)."""
+        if not eval_due(cfg, step):
             return latest, last_eval
         progress.note(f"step {step}: evaluating")
-        results = run_evals(eval_sets, engine=engine, tokenizer=tokenizer, verifier=verifier, cfg=cfg)
-        return results, log_evals(step, results, tracker, run)
+        results = run_evals(eval_sets, engine=engine, tokenizer=tokenizer, verifier=verifier, cfg=cfg, ranks=ranks)
+        return results, (log_evals(step, results, tracker, run) if ranks.main else {})
 
     def save_if_due(step: int) -> None:
         # no checkpoint while updates are being skipped: the last one stays the last good one
@@ -206,13 +212,14 @@ def _train(cfg: Config, *, console: Console, resume: bool, ranks: Ranks) -> Trai
         # ---- evaluate the starting point ---------------------------------------------------------
         base_results = latest = {}
         last_eval: dict[str, float] = {}
-        if not ranks.main:
-            pass  # rank 0 evaluates
-        elif checkpoint is None:
+        if checkpoint is None:  # every rank samples its share; rank 0 logs
             console.print(f"evaluating the base model on {', '.join(f'{e.name} ({len(e.problems)} problems)' for e in eval_sets)}, "
                           f"{cfg.eval.n} samples each")
-            base_results = latest = run_evals(eval_sets, engine=engine, tokenizer=tokenizer, verifier=verifier, cfg=cfg)
-            last_eval = log_evals(0, base_results, tracker, run)
+            base_results = latest = run_evals(eval_sets, engine=engine, tokenizer=tokenizer, verifier=verifier, cfg=cfg,
+                                              ranks=ranks)
+            last_eval = log_evals(0, base_results, tracker, run) if ranks.main else {}
+        elif not ranks.main:
+            pass  # rank 0 reads the resumed run's evaluations back
         else:
             base_results, latest, last_eval = evals_from_log(run)
         if critic is not None and cfg.algo.critic.pretrain_steps > 0 and checkpoint is None and parent is None:
@@ -357,10 +364,18 @@ def seed_everything(seed: int) -> None:
         pass
 
 
+def model_overrides(cfg: Config) -> dict | None:
+    """Changes to the model's config.json made at load time (model.max_position_embeddings), for the
+    trainer's models; the vLLM engine gets the same through hf_overrides."""
+    if cfg.model.max_position_embeddings is None:
+        return None
+    return {"max_position_embeddings": cfg.model.max_position_embeddings}
+
+
 def shard(model, cfg: Config, ranks: Ranks):
-    """FSDP2-shard `model` over the ranks (train.dist.*); the model itself in one process."""
+    """FSDP2-shard `model` over the ranks (train.dist.*); in one process the model itself, on ranks.device."""
     if not ranks.distributed:
-        return model
+        return model.to(ranks.device)
     return shard_model(model, ranks, mixed_precision=cfg.train.dist.mixed_precision, cpu_offload=cfg.train.dist.cpu_offload)
 
 
@@ -468,12 +483,17 @@ def batch_metrics(got, batch: TrainBatch, *, n: int, prompts_too_long: int,
     }
 
 
-def run_evals(eval_sets: list[EvalSet], *, engine, tokenizer, verifier, cfg: Config) -> dict[str, EvalResult]:
+def run_evals(eval_sets: list[EvalSet], *, engine, tokenizer, verifier, cfg: Config,
+              ranks: Ranks | None = None) -> dict[str, EvalResult]:
+    """Every eval set evaluated; with several ranks each samples a block of the rows and every rank gets
+    the whole result (`evaluation.evaluate.evaluate`), so no rank waits alone in a collective."""
+    ranks = ranks or Ranks()
     return {
         es.name: evaluate(
             es.name, es.problems, es.prompt_ids, engine=engine, tokenizer=tokenizer, verifier=verifier,
             n=cfg.eval.n, max_new_tokens=cfg.eval_max_new_tokens, temperature=cfg.eval.temperature,
             top_p=cfg.eval.top_p, seed=cfg.eval.seed, reflection_words=cfg.log.reflection_words,
+            rank=ranks.rank, world_size=ranks.world_size, gather=all_gather_objects,
         )
         for es in eval_sets
     }

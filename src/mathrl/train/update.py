@@ -20,7 +20,7 @@ from mathrl.algo.kl import kl_penalty
 from mathrl.algo.losses import aggregate, dp_scale, global_counts, policy_loss, positive_example_lm_loss
 from mathrl.algo.rollout_correction import correction_weights
 from mathrl.config import Config
-from mathrl.model.scoring import next_token_logprobs, response_logprobs
+from mathrl.model.scoring import input_device, next_token_logprobs, response_logprobs
 from mathrl.tasks.sources import PretrainText
 from mathrl.train import dist as tdist
 from mathrl.train.batching import TrainBatch, micro_batch_slices, micro_batches, row_lengths
@@ -127,7 +127,7 @@ def run_updates(
     if rows is not None:
         owned = torch.zeros(len(batch), dtype=torch.bool)
         owned[torch.as_tensor(rows, dtype=torch.long)] = True
-    device = tdist.compute_device(model)
+    device = input_device(model)
     for _epoch in range(cfg.train.epochs):
         order = torch.randperm(len(batch), generator=order_gen)
         for start in range(0, len(batch), cfg.train.mini_batch_size):
