@@ -99,7 +99,8 @@ def main() -> None:
     parser.add_argument("--response", type=int, default=896, help="response tokens per row")
     parser.add_argument("--steps", type=int, default=5, help="timed steps (after --warmup)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (allocator, kernels)")
-    parser.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu or cuda")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                        help="as train.device: auto = this rank's GPU when CUDA is available, else the CPU")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                         help="weights and optimizer state in one process (under torchrun: fp32 master weights, "
                         "bf16 compute on CUDA)")
@@ -114,12 +115,8 @@ def main() -> None:
     from mathrl.model.scoring import response_logprobs
     from mathrl.train.dist import close_distributed, init_distributed, shard_model
 
-    ranks = init_distributed(timeout_s=600)
-    if ranks.joined:
-        device = ranks.device
-    else:
-        device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                              "cpu" if args.device == "auto" else args.device)
+    ranks = init_distributed(timeout_s=600, device=args.device)  # the device rule of train.device
+    device = ranks.device
     config = build_config(args.arch)
     model_dtype = "float32" if ranks.joined else args.dtype  # sharded: fp32 master weights, as in training
     model, _ = build_random_model(config, dtype=model_dtype, device=device, seed=0)

@@ -6,7 +6,7 @@
 #
 #     bash scripts/gpu_wheels.sh                       # once, on a machine with a package index
 #     bash scripts/gpu_check.sh [OUT_DIR]              # the GPU machine; OUT_DIR default: $OUT, else ./gpu_check_out
-#     bash scripts/gpu_check.sh --dry-run OUT_DIR      # the same checks on the CPU with tiny sizes (~2 min)
+#     bash scripts/gpu_check.sh --dry-run OUT_DIR      # the same checks on the CPU, tiny sizes (~80 s of CPU)
 #
 # It prints one line per check (name, ok / FAILED / skip, its key number, seconds) and exits 1 if any
 # check failed. Each check's full log is OUT_DIR/<check>.log; run directories and torchrun's per-rank
@@ -34,7 +34,7 @@ while (( $# )); do
 done
 out="${1:-${OUT:-gpu_check_out}}"
 mkdir -p "$out" && out=$(cd "$out" && pwd)
-budget=${budget:-$(( dry ? 300 : 560 ))}
+budget=${budget:-$(( dry ? 540 : 560 ))}  # the dry run's only stops a stuck check: shared CPUs are slow
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src:$PWD/.gpu_site${PYTHONPATH:+:$PYTHONPATH}"
 torchrun=(python3 -m torch.distributed.run --standalone --nproc_per_node 1)
 
@@ -43,13 +43,13 @@ if (( dry )); then
   export CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=1 MATHRL_CACHE="$out/cache"
   device=cpu
   # a 2-layer base model pretrained for 5 steps: it earns no reward, so every group trains (no dynamic sampling)
-  tiny=(base.steps=5 base.batch_size=8 base.hidden_size=32 base.intermediate_size=64 base.num_layers=2
+  common=(train.device=cpu base.steps=5 base.batch_size=8 base.hidden_size=32 base.intermediate_size=64 base.num_layers=2
         base.num_heads=2 base.num_kv_heads=1 data.dynamic_sampling.mode=none reward.num_workers=0)
   job=(train.steps=2 rollout.prompts_per_step=4 rollout.n=4 train.mini_batch_size=16 rollout.max_new_tokens=16
        data.eval_size=4 eval.n=1)
   workload=(--device cpu --threads 1 train.steps=2 rollout.prompts_per_step=4 rollout.n=4 train.mini_batch_size=16
             rollout.max_new_tokens=16 data.eval_size=4)
-  mfu=(--arch tiny --batch 2 --prompt 16 --response 48 --steps 2 --warmup 1)
+  mfu=(--device cpu --arch tiny --batch 2 --prompt 16 --response 48 --steps 2 --warmup 1)
   resume=(train.steps=6 train.save_every=2 rollout.prompts_per_step=4 rollout.n=4 train.mini_batch_size=16
           rollout.max_new_tokens=16 data.eval_size=4 eval.n=1 eval.every=1000)
   engines=(--device cpu --batch 8 --max-new-tokens 8 --repeats 1 --runners torch hf)
@@ -57,13 +57,13 @@ if (( dry )); then
   entropy=(--device cpu --positions 64 --vocab 4096 --hidden 64 --chunk-size 32 --threads 1)
 else
   device=cuda
-  tiny=()
+  common=(train.device=cuda)  # every run: never the CPU by accident
   # the default job, shortened: the same model, task and tricks, 6 steps, evaluated before and after
   job=(train.steps=6 eval.every=6 data.eval_size=64)
   # a real architecture with random weights: it earns no reward, so every group trains (no dynamic sampling)
   workload=(--device cuda model.path=config:qwen2.5-0.5b model.init=random data.dynamic_sampling.mode=none
             train.steps=3 rollout.max_new_tokens=256)
-  mfu=(--arch qwen2.5-1.5b --batch 8 --prompt 128 --response 896 --steps 5 --warmup 2)
+  mfu=(--device cuda --arch qwen2.5-1.5b --batch 8 --prompt 128 --response 896 --steps 5 --warmup 2)
   resume=(train.steps=8 train.save_every=2 data.eval_size=16 eval.n=1 eval.every=1000)
   engines=(--device cuda --dtype bfloat16 --arch qwen2.5-0.5b --batch 128 --max-new-tokens 128 --repeats 2)
   sampler=(--device cuda --rows 256)
@@ -173,11 +173,11 @@ else:
 EOF
 
 key_base() { tail -n 1 "$out/base.log"; }
-check base 120 python3 -m mathrl.cli base "${tiny[@]}"
+check base 120 python3 -m mathrl.cli base "${common[@]}"
 
 # the default job under torchrun (FSDP2 at one rank: bf16 mixed precision and NCCL on the GPU)
 key_train() { run_summary "$out/train/run"; }
-check train 90 "${torchrun[@]}" --log-dir "$out/train/ranks" --tee 3 -m mathrl.train "${tiny[@]}" "${job[@]}" \
+check train 90 "${torchrun[@]}" --log-dir "$out/train/ranks" --tee 3 -m mathrl.train "${common[@]}" "${job[@]}" \
   --run-dir "$out/train/run"
 
 # the update's tokens/s and MFU on a real architecture (FSDP2, bf16 compute), see benchmarks/update_mfu.py
@@ -195,7 +195,7 @@ check update_mfu 90 "${torchrun[@]}" benchmarks/update_mfu.py "${mfu[@]}" --out 
 # must resume from the last complete checkpoint and finish every step exactly once
 key_resume() { tail -n 1 "$out/resume.log"; }
 check resume 120 python3 - "$out/resume" "${torchrun[@]}" --log-dir "$out/resume/ranks" --tee 3 -m mathrl.train \
-  "${tiny[@]}" "${resume[@]}" --run-dir "$out/resume/run" <<'EOF'
+  "${common[@]}" "${resume[@]}" --run-dir "$out/resume/run" <<'EOF'
 import json, os, signal, subprocess, sys, time
 from pathlib import Path
 from mathrl.train.checkpoint import complete_checkpoints
@@ -254,7 +254,7 @@ print(f'{r[\"step_s\"]:.2f} s/step (rollout {r[\"rollout_s\"]:.2f}, train {r[\"t
       f'logprob mismatch {r[\"logprob_mismatch\"]:.1e}, peak {r[\"peak_gb\"]:.1f} GiB')" "$out/workload.json"
 }
 check workload 120 python3 benchmarks/dist_scaling.py --nproc 1 --run-root "$out/workload" --out "$out/workload.json" \
-  "${workload[@]}" "${tiny[@]}"
+  "${workload[@]}" "${common[@]}"
 
 # rollout throughput: the torch engine vs model.generate (and vLLM where installed), same weights
 key_rollout_engines() {
@@ -269,7 +269,8 @@ check rollout_engines 90 python3 benchmarks/rollout_engines.py "${engines[@]}" -
 # one sampling call: the engine's sampler vs torch.multinomial, at the largest vocabulary
 key_sampler_speed() {
   grep '^| [0-9]' "$out/sampler_speed.log" | tail -n 1 |
-    awk -F'|' '{gsub(/ /, "", $2); printf "vocabulary %s: multinomial %s, sample_top_p %s\n", $2, $4, $6}'
+    awk -F'|' '{for (i = 2; i <= 6; i++) gsub(/^ +| +$/, "", $i)
+                printf "vocabulary %s: torch.multinomial %s, sample_top_p %s\n", $2, $4, $6}'
 }
 check sampler_speed 45 python3 benchmarks/sampler_speed.py "${sampler[@]}"
 
