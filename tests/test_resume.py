@@ -189,6 +189,30 @@ def test_staged_growth_continues_a_finished_run_in_a_new_directory(reference, tm
 
 
 @pytest.mark.slow
+def test_restart_takes_the_weights_only_and_makes_them_the_kl_reference(reference, tmp_path):
+    # DeepScaleR's later stages: a new model from the previous stage's checkpoint, a fresh optimizer,
+    # and the KL reference is that checkpoint (so the first step's policy-to-reference KL is 0)
+    tmp, _ = reference
+    parent = tmp / "uninterrupted" / "checkpoints" / "step_000006"
+    env = {**os.environ, "MATHRL_CACHE": str(tmp / "cache")}
+    runs = {}
+    for mode in ("restart", "continue"):
+        child = tmp_path / mode
+        overrides = [*OVERRIDES, "train.steps=1", f"train.init_from={parent}", f"train.init_from_mode={mode}",
+                     "algo.kl.use=loss", f"run_dir={child}"]
+        proc = subprocess.run([sys.executable, str(tmp / "driver.py"), json.dumps(overrides), "plain", "0"], env=env,
+                              capture_output=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+        runs[mode] = child
+    step = {m: json.loads((runs[m] / "metrics.jsonl").read_text().splitlines()[-1]) for m in runs}
+    assert step["restart"]["actor/ref_kl"] == 0.0  # the reference is the starting checkpoint itself
+    assert step["continue"]["actor/ref_kl"] > 0.0  # the reference stays the original base model
+    state = torch.load(runs["restart"] / "checkpoints" / "step_000001" / "trainer_state.pt", weights_only=True)
+    assert float(state["optimizer"]["state"][0]["step"]) == 2  # Adam started from zero: this run's 2 updates
+    assert json.loads((runs["restart"] / "parent.json").read_text())["step"] == 6
+
+
+@pytest.mark.slow
 def test_grpo_run_continued_with_ppo_gets_a_fresh_critic_and_a_grpo_checkpoint_cannot_resume_as_ppo(reference, tmp_path):
     tmp, _ = reference
     parent = tmp / "uninterrupted" / "checkpoints" / "step_000006"  # a GRPO run: no critic/

@@ -100,6 +100,7 @@ class DataConfig:
     answer_field: str | None = "answer"  # field holding the gold answer (null with answer_from_solution)
     answer_from_solution: str | None = None  # take the gold answer from the last \boxed{} of this field
     answer_after: str | None = None  # the gold answer is the text after this marker in the answer field (GSM8K: "####")
+    question_suffix: str = ""  # appended to every question (after a space) before the template; DeepScaleR: "Let's think step by step and output the final answer within \\boxed{}."
     template: str = "arith"  # prompt template: arith | zero | plain | chat | a string containing {question}
     max_prompt_tokens: int = 512  # longer prompts are dropped (counted), never truncated
     eval_size: int = 200  # problems per eval set (held-out arithmetic problems, or the first N rows)
@@ -123,7 +124,7 @@ class VLLMConfig:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # vLLM's weights and compute; auto: model.dtype
     enforce_eager: bool | None = None  # no CUDA graphs / compilation (slower decoding, faster start); null: eager on CPUs (compiling costs ~40 s there for little gain), compiled on GPUs
     enable_sleep_mode: bool = False  # GPU only: free the KV cache during the policy update, wake before generating
-    sleep_level: Literal[1, 2] = 1  # 1: weights moved to host memory while asleep; 2: dropped (the sync refills them)
+    sleep_level: Literal[1, 2] = 1  # 1: weights moved to host memory while asleep and copied back on waking; 2: dropped, no copy either way (every update is followed by a sync that overwrites them: the recipes use 2)
     enable_prefix_caching: bool = True  # the n samples of a prompt share its KV blocks
     max_num_seqs: int | None = None  # sequences decoded together; null: vLLM's default
     max_num_batched_tokens: int | None = None  # tokens per scheduler step; null: vLLM's default
@@ -259,7 +260,8 @@ class TrainConfig:
     keep_last: int = 2  # complete checkpoints kept (older ones are deleted once a newer one is complete)
     keep_every: int = 0  # also keep every checkpoint whose step is a multiple of this (0 = none)
     max_skipped_steps: int = 5  # stop after this many consecutive steps with a non-finite loss or gradient
-    init_from: str | None = None  # continue from another run's checkpoint dir (model, optimizer, controllers) in this new run
+    init_from: str | None = None  # start this new run from another run's checkpoint dir (see init_from_mode)
+    init_from_mode: Literal["continue", "restart"] = "continue"  # continue: its policy, optimizer, schedule and controllers, the KL reference stays model.path; restart: its policy weights as a new starting model (fresh optimizer and schedule, the KL reference is that checkpoint), as DeepScaleR's later stages do
     old_logprobs: Literal["auto", "recompute", "reuse_engine"] = "auto"  # the PPO ratio's old logprobs: recompute = a no-grad scoring pass of the training model; reuse_engine = the torch engine's sampling logprobs (same float32 weights, equal to float rounding; no actor/rollout_entropy); auto = reuse_engine where that holds (torch engine, float32, unsharded, no rollout correction, entropy mode none or fixed), else recompute
     device: Literal["auto", "cpu", "cuda"] = "auto"  # where training, scoring and the torch engine run: auto = this rank's GPU when CUDA is available (one process included), else the CPU
     dist: DistConfig = field(default_factory=DistConfig)  # several processes (torchrun, mathrl train --nproc N)
@@ -293,7 +295,7 @@ class RewardConfig:
     num_workers: int = 1  # verifier worker processes (0 = in-process, no timeout protection)
     timeout_s: float = 5.0  # per-item verification timeout
     boxed: Literal["all", "last", "any"] = "all"  # which boxes are the answer: all = the final run of boxes as one answer (\boxed{1}, \boxed{2} -> "1, 2"); last = the last box; any = correct if any box is (hackable: evaluation only, never train with it)
-    incorrect: float = 0.0  # reward of a wrong or missing answer (a right one scores 1); -1 is DAPO's and DeepScaleR's +-1 reward, against which the overlong penalty weighs half as much
+    incorrect: float = 0.0  # reward of a wrong or missing answer (a right one scores 1); -1 is DAPO's +-1 reward, against which the overlong penalty weighs half as much as against 0/1
     overlong: OverlongConfig = field(default_factory=OverlongConfig)  # truncated responses (DAPO section 3.4)
     kimi_length_coef: float = 0.0  # Kimi k1.5 length penalty coefficient (0 = off)
     length_bonus_coef: float = 0.0  # reward coef x length / max length (ablation only)

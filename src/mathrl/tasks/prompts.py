@@ -106,12 +106,13 @@ class PromptEncoder:
     `max_prompt_tokens`, or than the model's context minus `max_new_tokens` (the response must fit
     after it). Characters the tokenizer cannot encode (it drops them, or maps them to its unknown
     token) are counted in `unencodable` and warned about once: a question in a script the tokenizer
-    does not know would otherwise reach the model as a prompt with its words missing.
+    does not know would otherwise reach the model as a prompt with its words missing. `suffix`
+    (data.question_suffix) is appended to every question, after a space, before the template.
     """
 
     def __init__(self, tokenizer: Any, *, template: str, max_prompt_tokens: int, max_new_tokens: int,
-                 context_length: int | None = None, warn: Callable[[str], None] = _warn):
-        self.template, self.tokenizer, self.warn = template, tokenizer, warn
+                 context_length: int | None = None, warn: Callable[[str], None] = _warn, suffix: str = ""):
+        self.template, self.tokenizer, self.warn, self.suffix = template, tokenizer, warn, suffix
         self.max_tokens = max_prompt_tokens
         self.limit = f"data.max_prompt_tokens={max_prompt_tokens}"
         context = context_length if context_length is not None else model_context_length(tokenizer)
@@ -128,6 +129,8 @@ class PromptEncoder:
         self._char_ok: dict[str, bool] = {}
 
     def text(self, question: str) -> str:
+        if self.suffix:  # data.question_suffix, e.g. DeepScaleR's instruction after every problem
+            question = f"{question} {self.suffix}"
         if self.template == "chat":
             return render_chat(question, self.tokenizer)
         return render_prompt(question, template=self.template)

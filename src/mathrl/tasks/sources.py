@@ -43,9 +43,10 @@ def field_map(cfg: Config, path: str) -> FieldMap:
 
 def prompt_encoder(cfg: Config, tokenizer, *, max_new_tokens: int) -> PromptEncoder:
     """The config's prompt template and limits (data.max_prompt_tokens, and the model's context minus
-    `max_new_tokens`, read from the tokenizer's model directory)."""
+    `max_new_tokens`: model.max_position_embeddings, else read from the tokenizer's model directory)."""
     return PromptEncoder(tokenizer, template=cfg.data.template, max_prompt_tokens=cfg.data.max_prompt_tokens,
-                         max_new_tokens=max_new_tokens)
+                         max_new_tokens=max_new_tokens, context_length=cfg.model.max_position_embeddings,
+                         suffix=cfg.data.question_suffix)
 
 
 class ProblemStream:

@@ -140,7 +140,9 @@ def _train(cfg: Config, *, console: Console, resume: bool, ranks: Ranks) -> Trai
     ref_model = None
     if cfg.needs_reference:  # loaded only when a KL term or ref_gain_clip needs it
         console.print("loading the reference model (a frozen copy of the starting model)")
-        ref_model, _ = load_model_and_tokenizer(model_path, dtype=cfg.model.dtype, overrides=overrides)
+        # restart (train.init_from_mode): the parent checkpoint is the new starting model, and its reference
+        ref_source = parent if parent is not None and cfg.train.init_from_mode == "restart" else model_path
+        ref_model, _ = load_model_and_tokenizer(ref_source, dtype=cfg.model.dtype, overrides=overrides)
         ref_model = shard(ref_model.eval().requires_grad_(False), cfg, ranks)
     critic = critic_optimizer = critic_scheduler = None
     if cfg.algo.adv.estimator == "gae":  # PPO with a learned critic; it resumes from checkpoints like the policy
@@ -155,7 +157,12 @@ def _train(cfg: Config, *, console: Console, resume: bool, ranks: Ranks) -> Trai
 
     # ---- resume (same run) or continue (train.init_from: a new run from another run's checkpoint) --
     start_step, skipped_in_a_row, skipped_total = 1, 0, 0
-    if checkpoint is not None or parent is not None:
+    if parent is not None and cfg.train.init_from_mode == "restart":  # its weights only: all else starts fresh
+        if ranks.main:
+            run.write_parent(parent, int(json.loads((parent / "trainer_state.json").read_text())["step"]))
+        console.print(f"[bold]restarting[/bold] from the weights of {parent} as a new starting model (fresh optimizer "
+                      "and schedule; it is also the KL reference); recorded in parent.json")
+    elif checkpoint is not None or parent is not None:
         state = load_trainer_state(checkpoint or parent, optimizers=optimizers, controllers=controllers,
                                    models={"optimizer": model, "critic_optimizer": critic})
         if checkpoint is not None:  # everything the next step depends on comes back from the checkpoint
