@@ -29,6 +29,7 @@ same distribution.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import platform
 import statistics
@@ -135,12 +136,17 @@ def main() -> None:
                         help="vLLM without CUDA graphs / compilation (the default on CPUs)")
     parser.add_argument("--compiled", dest="eager", action="store_const", const=False,
                         help="vLLM with compilation (and CUDA graphs on GPUs; the default there)")
-    parser.add_argument("--runners", nargs="+", default=list(RUNNERS), choices=RUNNERS)
+    parser.add_argument("--runners", nargs="+", default=None, choices=RUNNERS,
+                        help="default: torch and hf, and vllm where it is installed")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args()
 
     console = Console()
+    if args.runners is None:
+        args.runners = [n for n in RUNNERS if n != "vllm" or importlib.util.find_spec("vllm") is not None]
+        if "vllm" not in args.runners:
+            console.print("vLLM is not installed: timing torch and hf only")
     torch.set_num_threads(args.threads)
     model, tokenizer, description = load_policy(args.arch, args.model, dtype=args.dtype, device=args.device)
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
