@@ -202,7 +202,7 @@ def _train(cfg: Config, *, console: Console, resume: bool, ranks: Ranks) -> Trai
                           f"data.max_prompt_tokens={cfg.data.max_prompt_tokens}")
     collapse = CollapseWatch()
     n = cfg.rollout.n
-    with Verifier(num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s, boxed=cfg.reward.boxed) as verifier:
+    with Verifier(num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s, boxed=cfg.reward.boxed, checker=cfg.reward.checker) as verifier:
         # ---- evaluate the starting point ---------------------------------------------------------
         base_results = latest = {}
         last_eval: dict[str, float] = {}

@@ -209,7 +209,7 @@ def sft(cfg: Config, *, console: Console | None = None, resume: bool = True) -> 
     tracker = Tracker(run.path, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb, mlflow=cfg.log.mlflow,
                       wandb_project=cfg.log.wandb_project, mlflow_experiment=cfg.log.mlflow_experiment, config=to_dict(cfg))
 
-    with Verifier(num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s, boxed=cfg.reward.boxed) as verifier:
+    with Verifier(num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s, boxed=cfg.reward.boxed, checker=cfg.reward.checker) as verifier:
 
         def evaluate_now(step: int) -> dict:
             """Held-out loss and (sft.eval_pass1) the data.eval sets; logged at `step`, returns the EvalResults."""
