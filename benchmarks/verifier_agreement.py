@@ -59,6 +59,7 @@ from mathrl.reward import Verifier, extract_boxed, verify_one
 
 REPO = Path(__file__).resolve().parents[1]
 CASES_FILE = REPO / "tests" / "data" / "verifier_cases.jsonl"
+HELDOUT_FILE = REPO / "tests" / "data" / "verifier_heldout.jsonl"
 
 # ---------------------------------------------------------------------------------------------------
 # The Minerva final-answer normaliser (Lewkowycz et al. 2022, appendix), written from its rule list
@@ -126,17 +127,21 @@ def load_cases(path: Path) -> list[dict]:
 
 
 def agreement(cases: list[dict], checker: Callable[[str, str], bool]) -> dict[str, dict[str, float]]:
-    """Per category (and ``all``): n, agreeing pairs, wrong-labelled pairs, false positives, hacks."""
+    """Per category or suite (and ``all``): n, agreeing pairs, wrong-labelled pairs, false positives,
+    hacks. The development set has categories and batches; the held-out set has suites."""
     stats: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     for case in cases:
         verdict = checker(case["response"], case["gold"])
-        for key in (case["category"], "all", f"batch:{case['batch']}"):
+        keys = [case.get("category") or f"suite:{case['suite']}", "all"]
+        if "batch" in case:
+            keys.append(f"batch:{case['batch']}")
+        for key in keys:
             s = stats[key]
             s["n"] += 1
             s["agree"] += verdict == case["expected"]
             s["negatives"] += not case["expected"]
             s["fp"] += verdict and not case["expected"]
-            s["hack"] += verdict and case["must_reject"]
+            s["hack"] += verdict and case.get("must_reject", False)
     return {key: dict(value) for key, value in stats.items()}
 
 
@@ -190,17 +195,20 @@ def math500_workload(n: int, seed: int) -> tuple[list[str], list[str]] | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", type=Path, default=CASES_FILE)
+    parser.add_argument("--cases", type=Path, default=CASES_FILE, help="the development set")
+    parser.add_argument("--heldout", type=Path, default=HELDOUT_FILE, help="the held-out set")
     parser.add_argument("--workers", type=int, default=2, help="pool size for the pool rows")
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per throughput setting")
     parser.add_argument("--pairs", type=int, default=400, help="MATH-500 workload size")
-    parser.add_argument("--baseline-ref", default=None, help="also time verify.py at this git ref")
+    parser.add_argument("--baseline-ref", default=None, help="also score and time verify.py at this git ref")
+    parser.add_argument("--no-throughput", action="store_true", help="agreement tables only")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args()
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # timeouts log whole inputs
     console = Console()
-    cases = load_cases(args.cases)
+    sets = {"dev": load_cases(args.cases), "held-out": load_cases(args.heldout)}
+    cases = sets["dev"]
 
     checkers: dict[str, Callable[[str, str], bool]] = {
         "mathrl (boxed=all)": lambda r, g: verify_one(r, g).score == 1.0,
@@ -212,35 +220,43 @@ def main() -> None:
     if args.baseline_ref:
         baseline = load_baseline(args.baseline_ref, Path(tempfile.mkdtemp(prefix="mathrl-baseline-")))
         checkers[f"{args.baseline_ref} (last box)"] = lambda r, g: baseline.verify_one(r, g).score == 1.0
-    results = {}
-    for name, checker in checkers.items():
-        started = time.perf_counter()
-        results[name] = agreement(cases, checker)
-        console.print(f"{name}: {results[name]['all']['agree']}/{len(cases)} agree "
-                      f"({time.perf_counter() - started:.1f} s)")
+    results: dict[str, dict] = {}
+    for set_name, set_cases in sets.items():
+        results[set_name] = {}
+        for name, checker in checkers.items():
+            started = time.perf_counter()
+            results[set_name][name] = agreement(set_cases, checker)
+            console.print(f"{set_name}, {name}: {results[set_name][name]['all']['agree']}/{len(set_cases)} agree "
+                          f"({time.perf_counter() - started:.1f} s)")
 
-    categories = sorted(k for k in results["math-verify"] if k != "all" and not k.startswith("batch:"))
-    table = Table(title=f"Agreement with the labels on {len(cases)} pairs (agree % / false positives / hacks)")
-    table.add_column("category")
-    table.add_column("pairs", justify="right")
-    for name in checkers:
-        table.add_column(name, justify="right")
-    batches = sorted(k for k in results["math-verify"] if k.startswith("batch:"))
-    for key in [*categories, *batches, "all"]:
-        row = [key, str(results["math-verify"][key]["n"])]
+        rows = results[set_name]["math-verify"]
+        groups = sorted(k for k in rows if k != "all" and not k.startswith("batch:"))
+        table = Table(title=f"{set_name}: agreement with the labels on {len(set_cases)} pairs "
+                            "(agree % / false positives / hacks)")
+        table.add_column("category or suite")
+        table.add_column("pairs", justify="right")
         for name in checkers:
-            s = results[name][key]
-            row.append(f"{100 * s['agree'] / s['n']:.1f}% / {s['fp']} / {s['hack']}")
-        table.add_row(*row)
-    console.print(table)
+            table.add_column(name, justify="right")
+        batches = sorted(k for k in rows if k.startswith("batch:"))
+        for key in [*groups, *batches, "all"]:
+            row = [key, str(rows[key]["n"])]
+            for name in checkers:
+                s = results[set_name][name][key]
+                row.append(f"{100 * s['agree'] / s['n']:.1f}% / {s['fp']} / {s['hack']}")
+            table.add_row(*row)
+        console.print(table)
 
     # -- throughput ---------------------------------------------------------------------------------
+    throughput: dict[str, dict[str, list[float]]] = {}
+    if args.no_throughput:
+        write_results(args, results, throughput, console)
+        return
     clean = [c for c in cases if c["category"] != "hostile"]
     workloads = {"labelled set (no hostile)": ([c["response"] for c in clean], [c["gold"] for c in clean])}
     math500 = math500_workload(args.pairs, args.seed)
     if math500 is not None:
         workloads["MATH-500 workload"] = math500
-    throughput: dict[str, dict[str, float]] = {name: {} for name in workloads}
+    throughput = {name: {} for name in workloads}
     with contextlib.ExitStack() as stack:
         scorers: dict[str, Callable] = {
             "mathrl in-process": stack.enter_context(Verifier(num_workers=0)).score,
@@ -266,6 +282,10 @@ def main() -> None:
         speed.add_row(label, *(f"{statistics.median(throughput[name][label]):.0f}" for name in workloads))
     console.print(speed)
 
+    write_results(args, results, throughput, console)
+
+
+def write_results(args, results: dict, throughput: dict, console: Console) -> None:
     if args.out:
         args.out.write_text(json.dumps({
             "command": " ".join(sys.argv),

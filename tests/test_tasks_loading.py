@@ -339,6 +339,9 @@ def test_hf_network_failure_says_what_to_do(monkeypatch) -> None:
         ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
         # The LAST box wins (an intermediate result was boxed first).
         ("\\boxed{1} then \\boxed{2}", "2"),
+        # Several boxes of one final answer are read as the reward reads a model's answer.
+        ("\\boxed{1} and \\boxed{2}", "1 and 2"),
+        ("\\boxed{1}\\boxed{2}", "1, 2"),
         # Escaped braces are literal set braces and do not close the group.
         ("\\boxed{\\{1, 2\\}}", "\\{1, 2\\}"),
         # Space before the brace is allowed by LaTeX.

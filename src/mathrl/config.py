@@ -298,6 +298,7 @@ class RewardConfig:
     timeout_s: float = 5.0  # per-item verification timeout
     boxed: Literal["all", "last", "any"] = "all"  # which boxes are the answer: all = the final run of boxes as one answer (\boxed{1}, \boxed{2} -> "1, 2"); last = the last box; any = correct if any box is (hackable: evaluation only, never train with it)
     incorrect: float = 0.0  # reward of a wrong or missing answer (a right one scores 1); -1 is DAPO's +-1 reward, against which the overlong penalty weighs half as much as against 0/1
+    checker: Literal["mathrl", "math-verify"] = "mathrl"  # answer checker of rewards and evaluation: mathrl = one extractor for gold and answers, the rules of docs/evaluation.md, never rejecting what math-verify accepts except by a documented rule; math-verify = plain math-verify on the whole completion, exactly
     overlong: OverlongConfig = field(default_factory=OverlongConfig)  # truncated responses (DAPO section 3.4)
     kimi_length_coef: float = 0.0  # Kimi k1.5 length penalty coefficient (0 = off)
     length_bonus_coef: float = 0.0  # reward coef x length / max length (ablation only)
@@ -433,6 +434,8 @@ class Config:
             errors.append(f"train.old_logprobs=reuse_engine with {why[0]}: {why[1]}; use train.old_logprobs=recompute or auto")
         if self.reward.boxed not in ("all", "last", "any"):
             errors.append(f"reward.boxed={self.reward.boxed!r}: choose all (default), last or any (evaluation only)")
+        if self.reward.checker not in ("mathrl", "math-verify"):
+            errors.append(f"reward.checker={self.reward.checker!r}: choose mathrl (default) or math-verify (plain math-verify)")
         if self.data.curriculum.mode != "none" and self.data.train == "arith":
             errors.append("data.curriculum orders a fixed problem set: use it with a dataset as data.train")
         if self.data.transform != "none" and self.data.train == "arith":

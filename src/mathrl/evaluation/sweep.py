@@ -405,7 +405,7 @@ def sweep(
     own_verifier = verifier is None
     if own_verifier:
         reward = checkpoints[0].cfg.reward
-        verifier = Verifier(num_workers=reward.num_workers, timeout_s=reward.timeout_s, boxed=reward.boxed)
+        verifier = Verifier(num_workers=reward.num_workers, timeout_s=reward.timeout_s, boxed=reward.boxed, checker=reward.checker)
     total = sum(len(c.cfg.data.eval) for c in checkpoints) * len(settings.seeds)
     progress = make_progress(console, "eval")  # plain log lines when the output is not a terminal
     engines: dict = {}  # vLLM engines, reused across checkpoints of one architecture

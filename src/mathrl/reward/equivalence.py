@@ -29,7 +29,9 @@ import time
 from dataclasses import dataclass
 from fractions import Fraction
 
-from mathrl.reward.extract import extract_boxed
+import functools
+
+from mathrl.reward.extract import reference_answer
 from mathrl.reward.normalize import (
     choice_letter,
     expand_plus_minus,
@@ -41,7 +43,13 @@ from mathrl.reward.normalize import (
     strip_variable,
     text_answer,
 )
-from mathrl.reward.numeric import mixed_number, plain_number, scientific_number, simple_fraction
+from mathrl.reward.numeric import (
+    decimal_comma_number,
+    mixed_number,
+    plain_number,
+    scientific_number,
+    simple_fraction,
+)
 
 __all__ = ["MAX_MATH_VERIFY_CHARS", "UnparsableReference", "Verdict", "answers_equal", "value_equal"]
 
@@ -68,6 +76,9 @@ class Verdict:
     """Which rule decided: ``exact number``, ``list (in order)``, ``math-verify``, ..."""
     timed_out: bool = False
     """math-verify's own alarm fired (it swallows it and answers "not equal")."""
+    final: bool = False
+    """A rejection by a rule that outranks math-verify (see docs/evaluation.md, "What counts as
+    equal"): the whole-answer math-verify check is not consulted."""
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -79,9 +90,57 @@ _UNICODE = (("−", "-"), ("∞", "\\infty"), ("×", "\\times"), ("·", "\\cdot"
 _TEXT_NUMBER = re.compile(r"^\\(?:text|textnormal|mbox|mathrm|textbf)\s*\{\s*(-?[0-9][0-9.,]*|[A-Z](?:\s*,\s*[A-Z])+)\s*\}$")
 
 
+# `\\le` (a backslash doubled by escaping twice, as in JSON written from a Python repr) is `\le`:
+# a line break followed by letters never occurs in an answer. Matrices keep their row breaks.
+_DOUBLED_COMMAND = re.compile(r"\\\\(?=[A-Za-z])")
+_ASCII_RELATIONS = ((">=", "\\geq "), ("<=", "\\leq "), ("!=", "\\neq "))
+# Math segments inside prose: `$...$`, `$$...$$`, `\(...\)`, `\[...\]` (an escaped `\$` is currency).
+_MATH_SEGMENT = re.compile(
+    r"(?<!\\)\$\$(.+?)(?<!\\)\$\$|(?<!\\)\$(.+?)(?<!\\)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL
+)
+_PROSE_WORD = re.compile(r"(?<![\\A-Za-z])(?!(?:and|or)(?![A-Za-z]))[A-Za-z]{2,}")  # and/or join answers
+
+
+def final_expression(text: str) -> str:
+    """The math of a box that holds prose: ``Answer \\( 9 \\)`` -> ``9``, ``the largest $n$ is $34$``
+    -> ``34``. When words stand outside the math delimiters, the last math segment is the answer (as
+    math-verify reads a response); text without prose outside its delimiters is returned as it is."""
+    if len(text) > 2_000 or ("$" not in text and "\\(" not in text and "\\[" not in text):
+        return _prose_number(text)
+    segments = list(_MATH_SEGMENT.finditer(text))
+    if not segments:
+        return text
+    outside = _MATH_SEGMENT.sub(" ", text)
+    if not _PROSE_WORD.search(outside):
+        return text
+    last = segments[-1]
+    tail = _NUMBER_TOKEN.findall(text[last.end():])
+    if tail:  # "the largest $n$ is 34": the number after the last formula is the answer
+        return tail[-1].strip()
+    return next(group for group in last.groups() if group is not None).strip()
+
+
+# A number as prose writes it: `34`, `1,000.99`, `-2.5` (thousands and decimal separators inside).
+_NUMBER_TOKEN = re.compile(r"[-+]?[0-9](?:[0-9,. ]*[0-9])?")
+
+
+def _prose_number(text: str) -> str:
+    """``the number is not 10 which is 1,000.99€`` -> ``1,000.99``: a box of plain prose (three words
+    or more, no LaTeX command, no math delimiter) is answered by its last number."""
+    if len(text) > 2_000 or "\\" in text or "$" in text or len(_PROSE_WORD.findall(text)) < 3:
+        return text
+    numbers = _NUMBER_TOKEN.findall(text)
+    return numbers[-1].strip() if numbers else text
+
+
 def _clean(text: str) -> str:
     for before, after in _UNICODE:
         text = text.replace(before, after)
+    if "\\\\" in text and "\\begin" not in text:
+        text = _DOUBLED_COMMAND.sub(lambda _: "\\", text)
+    for before, after in _ASCII_RELATIONS:
+        text = text.replace(before, after)
+    text = final_expression(text)
     text = strip_answer_prose(strip_delimiters(text))
     text = strip_delimiters(text)
     match = _TEXT_NUMBER.match(text)
@@ -117,11 +176,24 @@ def _shape(text: str) -> _Shape:
             return _Shape("set", tuple(_expanded(split_top_level(inner))))
     items = split_top_level(text)
     if len(items) >= 2:
-        return _Shape("set", tuple(_expanded(items)))
+        if _LIST_WORD.search(text) or ";" in text or all(_OPEN.match(item) for item in items) or _one_name(items):
+            return _Shape("set", tuple(_expanded(items)))
+        return _Shape("list", tuple(part for item in items for part in expand_plus_minus(item)))
     expanded = expand_plus_minus(text)
     if len(expanded) == 2:
         return _Shape("set", tuple(expanded))
     return _Shape("value", (text,))
+
+
+_LIST_WORD = re.compile(r"(?<![A-Za-z\\])(?:and|or)(?![A-Za-z])")
+
+
+def _one_name(items: list[str]) -> bool:
+    """``x = 1, x = 2`` or ``a = 4, -8, -10``: the values of one variable, a set of solutions."""
+    names = {strip_variable(item)[0] for item in items}
+    first = strip_variable(items[0])[0]
+    return first is not None and names <= {first, None} and (len(names) == 1 or not any(
+        strip_variable(item)[0] for item in items[1:]))
 
 
 def _expanded(items: list[str]) -> list[str]:
@@ -150,27 +222,47 @@ def _encloses(text: str, open_index: int, close_index: int) -> bool:
 
 def answers_equal(answer: str, gold: str) -> Verdict:
     """Compare an extracted answer with the reference (both LaTeX-ish strings). Pure; may raise only
-    on programming errors (the caller turns exceptions into an ``error`` verdict)."""
+    on programming errors (the caller turns exceptions into an ``error`` verdict).
+
+    The structured comparison (`_structured_equal`) decides first. When it rejects by a rule that
+    does not outrank math-verify (``Verdict.final`` false), math-verify compares the whole answer
+    with the whole reference as its README does, and its "equal" stands: mathrl never rejects what
+    math-verify accepts, except by a rule documented in docs/evaluation.md with a test."""
     if len(answer) > MAX_MATH_VERIFY_CHARS:
-        return Verdict(False, f"answer over {MAX_MATH_VERIFY_CHARS} chars, not parsed")
-    if "\\boxed" in gold or "\\fbox" in gold:  # a reference that is a whole solution: its last box
-        gold = extract_boxed(gold) or gold
+        return Verdict(False, f"answer over {MAX_MATH_VERIFY_CHARS} chars, not parsed", final=True)
+    if "\\boxed" in gold or "\\fbox" in gold:  # a whole solution, or several boxes: its final answer
+        gold = reference_answer(gold) or gold
+    verdict = _structured_equal(answer, gold)
+    if verdict.equal or verdict.final or verdict.timed_out:
+        return verdict
+    whole = _math_verify_whole(answer, gold)
+    if whole.equal or whole.timed_out:
+        return whole
+    return verdict
+
+
+def _structured_equal(answer: str, gold: str) -> Verdict:
     answer, gold = _clean(answer), _clean(gold)
     if not answer:
-        return Verdict(False, "empty answer")
+        return Verdict(False, "empty answer", final=True)
 
     # Fast exact path first: most math-RL references are integers.
-    answer_number, gold_number = plain_number(strip_units(answer)), plain_number(strip_units(gold))
+    answer_number, gold_number = _number(strip_units(answer)), _number(strip_units(gold))
     if answer_number is not None and gold_number is not None:
         if answer_number != gold_number and _percent_match(answer, answer_number, gold, gold_number):
             return Verdict(True, "percent as a fraction of one")
-        return Verdict(answer_number == gold_number, "exact number")
+        # Two decimals that differ are final unless they agree to math-verify's 6 decimal places.
+        close = round(answer_number, 6) == round(gold_number, 6)
+        return Verdict(answer_number == gold_number, "exact number", final=not close)
 
     names = _strip_names(answer, gold)
     if isinstance(names, Verdict):
         return names
     answer_rest, gold_rest = names
     gold_shape = _shape(gold_rest)
+    if gold_shape.kind == "list" and gold_rest != gold:
+        # `a = 4, -8, -10`: a list of values of one named variable is its set of solutions.
+        gold_shape = _Shape("set", tuple(_expanded(list(gold_shape.items))))
 
     if gold_shape.kind in ("tuple", "whole"):
         interval = inequality_to_interval(answer_rest)
@@ -188,10 +280,14 @@ def answers_equal(answer: str, gold: str) -> Verdict:
         return _math_verify_equal(answer_rest, gold_rest, "math-verify (whole)")
     if gold_shape.kind == "tuple":
         return _compare_tuple(answer_shape, gold_shape)
+    if gold_shape.kind == "list":
+        return _compare_list(answer_shape, gold_shape)
     if gold_shape.kind == "set":
         return _compare_set(answer_shape, gold_shape)
     if answer_shape.kind != "value":
-        return Verdict(False, f"a {answer_shape.kind} of {len(answer_shape.items)} for a single value")
+        # Final for a number: math-verify pays the degenerate interval `[10, 10]` for 10.
+        return Verdict(False, f"a {answer_shape.kind} of {len(answer_shape.items)} for a single value",
+                       final=_exact_value(strip_units(gold_rest)) is not None)
     return value_equal(answer_rest, gold_rest)
 
 
@@ -199,7 +295,7 @@ def _compare_tuple(answer: _Shape, gold: _Shape) -> Verdict:
     if answer.kind == "tuple":
         if answer.brackets != gold.brackets:
             return Verdict(False, f"brackets {answer.brackets} for {gold.brackets}")
-    elif not (answer.kind == "set" and gold.brackets == "()" and len(answer.items) == len(gold.items)):
+    elif not (answer.kind in ("set", "list") and gold.brackets == "()" and len(answer.items) == len(gold.items)):
         return Verdict(False, f"a {answer.kind} for a tuple")
     if len(answer.items) != len(gold.items):
         return Verdict(False, f"{len(answer.items)} items for {len(gold.items)}")
@@ -212,10 +308,31 @@ def _compare_tuple(answer: _Shape, gold: _Shape) -> Verdict:
     return Verdict(True, "list (in order)")
 
 
+def _compare_list(answer: _Shape, gold: _Shape) -> Verdict:
+    """A bare comma list in the reference (``10, 4, -2``) is compared in order: a reference cannot say
+    whether its order is the answer (``a, b, c`` of a system) or not (all roots), and a set reading
+    would pay a wrong ordered answer. The answer may write it bare, as a tuple ``( )`` or in braces."""
+    if answer.kind == "tuple" and answer.brackets != "()":
+        return Verdict(False, f"brackets {answer.brackets} for a list", final=True)
+    if answer.kind == "value" or len(answer.items) != len(gold.items):
+        # Final: math-verify reads both as sets, so `3, 3, 5, 7` would pass for `3, 5, 7`.
+        return Verdict(False, f"{len(answer.items)} items for {len(gold.items)}", final=True)
+    if len(gold.items) > MAX_LIST_ITEMS:
+        return Verdict(False, f"over {MAX_LIST_ITEMS} items, not compared", final=True)
+    for answer_item, gold_item in zip(answer.items, gold.items):
+        verdict = value_equal(answer_item, gold_item)
+        if not verdict.equal:
+            unordered = _compare_set(_Shape("set", answer.items), _Shape("set", gold.items))
+            if unordered.equal:
+                return Verdict(False, "list: the same items in another order", final=True)
+            return Verdict(False, "list (in order): " + verdict.detail, verdict.timed_out)
+    return Verdict(True, "list (in order)")
+
+
 def _compare_set(answer: _Shape, gold: _Shape) -> Verdict:
     if answer.kind == "tuple":
         return Verdict(False, "a tuple for a set of solutions")
-    if answer.kind != "set" or len(answer.items) != len(gold.items):
+    if answer.kind not in ("set", "list") or len(answer.items) != len(gold.items):
         return Verdict(False, f"{len(answer.items)} items for {len(gold.items)}")
     if len(gold.items) > MAX_LIST_ITEMS:
         return Verdict(False, f"over {MAX_LIST_ITEMS} items, not compared")
@@ -261,12 +378,22 @@ def value_equal(answer: str, gold: str) -> Verdict:
     exact = _exact_value(answer), _exact_value(gold)
     if exact[0] is not None and exact[1] is not None:
         return Verdict(exact[0] == exact[1], "exact number")
-    if _RELATION.search(answer) and not _RELATION.search(gold):
-        return Verdict(False, "a relation for a value")
+    relation = _RELATION.search(answer)
+    if relation and not _RELATION.search(gold):
+        # Final when an unknown stands left of it (`x^2 = 9` for 9: math-verify takes the right side,
+        # which pays `x^2 = 9` when the question asks for x); `5 + 6 = 11` is left to math-verify.
+        return Verdict(False, "a relation for a value", final=bool(_letters(answer[: relation.start()])))
     verdict = _math_verify_equal(_as_exact_latex(answer), _as_exact_latex(gold), "math-verify")
     if verdict.equal and _letters(answer) != _letters(gold) and _letters(answer).lower() == _letters(gold).lower():
-        return Verdict(False, "variables differ in case")
+        return Verdict(False, "variables differ in case", final=True)
     return verdict
+
+
+def _number(text: str):
+    """A plain decimal (``1,000``, ``1 000``), or one written with a decimal comma that cannot be a
+    thousands separator (``1000,99``, ``0,111``); ``None`` for anything else."""
+    number = plain_number(text)
+    return number if number is not None else decimal_comma_number(text)
 
 
 def _exact_value(text: str) -> Fraction | None:
@@ -355,6 +482,37 @@ def _math_verify_equal(answer: str, gold: str, detail: str) -> Verdict:
     if math_verify.verify(parsed_gold, target, timeout_seconds=inner_timeout):
         return Verdict(True, detail)
     return negative(detail)
+
+
+def _math_verify_whole(answer: str, gold: str) -> Verdict:
+    """math-verify on the whole answer and the whole reference, as its README calls it: the reference
+    as ``$gold$`` (LaTeX and plain expressions), the answer as a box (LaTeX only: model text never
+    reaches sympy's ``parse_expr``, which evaluates Python)."""
+    import math_verify
+
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    inner_timeout = _MATH_VERIFY_TIMEOUT_S if on_main_thread else None
+    started = time.monotonic()
+    parsed_gold = _parse_whole_gold(gold, inner_timeout)
+    if not parsed_gold:
+        return Verdict(False, "math-verify (whole): reference did not parse")
+    target = math_verify.parse(
+        "\\boxed{" + answer + "}",
+        extraction_config=[math_verify.LatexExtractionConfig()],
+        parsing_timeout=inner_timeout,
+    )
+    if target and math_verify.verify(list(parsed_gold), target, timeout_seconds=inner_timeout):
+        return Verdict(True, "math-verify (whole answer)")
+    timed_out = inner_timeout is not None and time.monotonic() - started >= 0.95 * inner_timeout
+    return Verdict(False, "math-verify (whole answer)", timed_out=timed_out)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_whole_gold(gold: str, inner_timeout: int | None) -> tuple:
+    """Parsed once per reference: a training step scores n samples against each."""
+    import math_verify
+
+    return tuple(math_verify.parse("$" + gold + "$", parsing_timeout=inner_timeout))
 
 
 def _parse_gold(gold: str, inner_timeout: int | None) -> list:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-__all__ = ["BOX_POLICIES", "BoxPolicy", "extract_boxed", "extract_boxes", "final_answers"]
+__all__ = ["BOX_POLICIES", "BoxPolicy", "extract_boxed", "extract_boxes", "final_answers", "reference_answer"]
 
 # `\boxed{` or `\fbox{`, allowing spaces before the brace as LaTeX does. The lookahead rejects
 # longer command names that merely start with these (`\fboxsep`, `\boxedanswer`).
@@ -109,13 +109,17 @@ _CONNECTOR = re.compile(
 )
 
 
+_ALTERNATIVES = re.compile(r"\b(?:and|or)\b")
+
+
 def final_answers(text: str, policy: BoxPolicy = "all", *, max_chars: int = 1_000_000) -> list[str] | None:
     """The answer(s) to score under a box policy; ``None`` when there is no closed box.
 
     * ``last``: the last box only (a final box that is unclosed means no answer).
     * ``all``: the boxes of the final answer as one answer: the last box and the boxes just before it
       that are separated from it only by delimiters, commas, "and"/"or" or labels like ``y =``,
-      joined with commas, repeats dropped. ``$\\boxed{1}$, $\\boxed{2}$ and $\\boxed{3}$`` is ``1, 2, 3``;
+      joined with commas (with "and" where the text says "and" or "or"), repeats dropped.
+      ``$\\boxed{1}$, $\\boxed{2}$ and $\\boxed{3}$`` is ``1, 2 and 3``;
       a box followed by a sentence and another box is just the last one.
     * ``any``: every box, each scored on its own; the completion is correct if one is. For scoring
       other people's outputs only: a policy can box every candidate, so never train with it.
@@ -134,14 +138,41 @@ def final_answers(text: str, policy: BoxPolicy = "all", *, max_chars: int = 1_00
         return [boxes[-1][2]]
     if policy == "any":
         return [content for _, _, content in boxes]
+    return [_joined_final_group(text, boxes)]
+
+
+def _joined_final_group(text: str, boxes: list[tuple[int, int, str]]) -> str:
+    """The last box and the boxes just before it that only connectors separate, joined with commas,
+    repeats dropped (the ``all`` policy)."""
     group = [boxes[-1]]
     for previous in reversed(boxes[:-1]):
         between = text[previous[1] : group[0][0]]
         if len(between) > 80 or _CONNECTOR.fullmatch(between) is None:
             break
         group.insert(0, previous)
-    contents: list[str] = []
-    for _, _, content in group:
-        if content not in contents:
-            contents.append(content)
-    return [", ".join(contents)]
+    joined, seen = "", []
+    for index, (_, _, content) in enumerate(group):
+        if content in seen:
+            continue
+        if seen:
+            # "\boxed{1} and \boxed{2}": the words say these are alternatives (a set of answers);
+            # keep them, so the comparison reads a set, not an ordered list.
+            between = text[group[index - 1][1] : group[index][0]]
+            joined += " and " if _ALTERNATIVES.search(between) else ", "
+        joined += content
+        seen.append(content)
+    return joined
+
+
+def reference_answer(text: str) -> str:
+    """The gold answer in a reference text, read by the same rule as a model's answer.
+
+    A reference with boxes (a worked solution, or an answer field such as ``\boxed{1} and \boxed{2}``)
+    gives the boxes of its final answer joined as one (the ``all`` policy): ``1, 2``. A reference is
+    data, not a cut-off generation, so an unclosed box at the end is ignored rather than fatal. A
+    reference without a box is returned stripped. Returns ``""`` for a box that is empty.
+    """
+    boxes = extract_boxes(text)
+    if not boxes:
+        return text.strip()
+    return _joined_final_group(text, boxes)

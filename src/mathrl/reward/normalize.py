@@ -142,7 +142,9 @@ def strip_units(text: str) -> str:
 
 
 # `x =`, `f(2) =`, `a_{10} =`, `P(A) =`, `x_1 =`: a name, not an expression.
-_NAME = r"(?:[A-Za-z](?:_\{?[A-Za-z0-9]+\}?)?'?|\\[A-Za-z]+(?:_\{?[A-Za-z0-9]+\}?)?)"
+# A subscript's braces must be balanced: `\sum_{k=0}` is not the name `\sum_{k` assigned `0}...`.
+_SUBSCRIPT = r"(?:_\{[A-Za-z0-9]+\}|_[A-Za-z0-9]+)"
+_NAME = r"(?:[A-Za-z]" + _SUBSCRIPT + r"?'?|\\[A-Za-z]+" + _SUBSCRIPT + r"?)"
 _ASSIGNMENT = re.compile(r"^\s*(" + _NAME + r"(?:\s*\([^()=]{0,40}\))?)\s*=(?!=)\s*")
 
 

@@ -18,14 +18,21 @@ import re
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 
-__all__ = ["MAX_NUMBER_CHARS", "mixed_number", "plain_number", "scientific_number", "simple_fraction"]
+__all__ = [
+    "MAX_NUMBER_CHARS",
+    "decimal_comma_number",
+    "mixed_number",
+    "plain_number",
+    "scientific_number",
+    "simple_fraction",
+]
 
 MAX_NUMBER_CHARS = 10_000
 """Longer strings are never treated as plain numbers (the exact path would still be fast, but no
 real answer is this long and the caller sends such answers to the bounded path)."""
 
 
-_THOUSANDS_SEP = r"(?:,|,\\!|\{,\}|\\,|\\!|\\ )"
+_THOUSANDS_SEP = r"(?:,|,\\!|\{,\}|\\,|\\!|\\ | )"
 _PLAIN = re.compile(
     r"(?P<sign>[+-]?)(?P<int>[1-9][0-9]{0,2}(?:" + _THOUSANDS_SEP + r"[0-9]{3})+|[0-9]+)?"
     r"(?:(?P<point>\.|\{,\})(?P<frac>[0-9]+))?"
@@ -52,6 +59,22 @@ def plain_number(text: str) -> Decimal | None:
         return Decimal(match.group("sign") + integer + ("." + fraction if fraction else ""))
     except InvalidOperation:  # pragma: no cover - the regex admits only digits
         return None
+
+
+_DECIMAL_COMMA = re.compile(r"([+-]?[0-9]+),([0-9]+)")
+
+
+def decimal_comma_number(text: str) -> Decimal | None:
+    """``1000,99`` -> 1000.99 and ``0,111`` -> 0.111: a comma between digits that cannot be a thousands
+    separator (`plain_number` reads ``1,000``) is a decimal comma, as in most of Europe and in
+    math-verify. ``None`` for anything else. Lists are told apart by the space after their commas
+    (``1, 22``) and by the reference's form, which `equivalence` compares first."""
+    if len(text) > 200:
+        return None
+    match = _DECIMAL_COMMA.fullmatch(text.strip())
+    if match is None or plain_number(text) is not None:
+        return None
+    return Decimal(match.group(1) + "." + match.group(2))
 
 
 _SCIENTIFIC = re.compile(r"([+-]?[0-9]+(?:\.[0-9]+)?)\s*(?:\\times|\\cdot|\*)\s*10\s*\^\s*(?:\{\s*([+-]?[0-9]{1,4})\s*\}|([0-9]))")

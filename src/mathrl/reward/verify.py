@@ -36,7 +36,11 @@ from typing import Literal
 from mathrl.reward.equivalence import UnparsableReference, answers_equal
 from mathrl.reward.extract import BOX_POLICIES, BoxPolicy, extract_boxed, final_answers
 
-__all__ = ["DEFAULT_BOX_POLICY", "RewardResult", "Reason", "Verifier", "verify_one"]
+__all__ = ["CHECKERS", "DEFAULT_BOX_POLICY", "RewardResult", "Reason", "Verifier", "math_verify_plain", "verify_one"]
+
+CHECKERS: tuple[str, ...] = ("mathrl", "math-verify")
+"""``mathrl``: the extractor and rules of this package (docs/evaluation.md). ``math-verify``: plain
+math-verify, ``verify(parse("$" + reference + "$"), parse(completion))`` with its defaults, exactly."""
 
 Reason = Literal["correct", "wrong", "no_answer", "timeout", "error"]
 
@@ -106,14 +110,38 @@ def _verify(completion: str, reference: str, boxed: BoxPolicy) -> RewardResult:
     return RewardResult(0.0, answers[-1], "wrong", verdict.detail)
 
 
-def verify_one(completion: str, reference: str, *, boxed: BoxPolicy = DEFAULT_BOX_POLICY) -> RewardResult:
+def math_verify_plain(completion: str, reference: str) -> RewardResult:
+    """Plain math-verify as its README calls it, on the whole completion with its default extraction
+    (LaTeX and plain expressions; the latter hands text to sympy's ``parse_expr``: run it in
+    ``Verifier`` workers). Never raises."""
+    import math_verify
+
+    try:
+        gold = math_verify.parse("$" + reference + "$")
+        equal = bool(math_verify.verify(gold, math_verify.parse(completion)))
+    except Exception as e:
+        return RewardResult(0.0, None, "error", type(e).__name__)
+    except BaseException as e:
+        if type(e).__name__ == "TimeoutException":
+            return RewardResult(0.0, None, "timeout", "math-verify alarm")
+        raise
+    return RewardResult(1.0 if equal else 0.0, None, "correct" if equal else "wrong", "plain math-verify")
+
+
+def verify_one(
+    completion: str, reference: str, *, boxed: BoxPolicy = DEFAULT_BOX_POLICY, checker: str = "mathrl"
+) -> RewardResult:
     """Score one completion against its reference in this process. Never raises.
 
     ``boxed`` picks the boxes that make the answer (see `mathrl.reward.extract.final_answers`): the
     final answer's boxes joined as one (``all``, default), the last box (``last``), or any box
     (``any``, hackable: evaluation of third-party outputs only). There is no wall-clock bound beyond
     math-verify's own SIGALRM timeouts (main thread only): use ``Verifier`` for model text.
+    ``checker="math-verify"`` scores with plain math-verify instead (`math_verify_plain`; ``boxed``
+    does not apply).
     """
+    if checker == "math-verify":
+        return math_verify_plain(_sanitize(completion[-MAX_COMPLETION_CHARS:]), _sanitize(reference))
     try:
         return _verify(completion, reference, boxed)
     except Exception as e:  # a reward must never take down training
@@ -217,6 +245,7 @@ class Verifier:
         timeout_s: wall-clock seconds allowed per item, counted from when it is sent to a worker.
         boxed: box policy, ``all`` (default), ``last`` or ``any`` (see ``verify_one``; config
             ``reward.boxed``).
+        checker: ``mathrl`` (default) or ``math-verify`` (plain math-verify; config ``reward.checker``).
         _item_fn: testing hook. A picklable module-level ``(completion, reference) -> RewardResult``
             that workers call instead of ``verify_one``, e.g. one that hangs on a marked input.
 
@@ -229,6 +258,7 @@ class Verifier:
         num_workers: int = 1,
         timeout_s: float = 5.0,
         boxed: BoxPolicy = DEFAULT_BOX_POLICY,
+        checker: str = "mathrl",
         _item_fn: ItemFn | None = None,
     ) -> None:
         if num_workers < 0:
@@ -237,11 +267,13 @@ class Verifier:
             raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s}")
         if boxed not in BOX_POLICIES:
             raise ValueError(f"boxed must be one of {', '.join(BOX_POLICIES)}, got {boxed!r}")
+        if checker not in CHECKERS:
+            raise ValueError(f"checker must be one of {', '.join(CHECKERS)}, got {checker!r}")
         self.num_workers = num_workers
         self.timeout_s = float(timeout_s)
         self.boxed = boxed
         # A partial of a module-level function pickles by name, so spawned workers can receive it.
-        self._item_fn: ItemFn = _item_fn if _item_fn is not None else functools.partial(verify_one, boxed=boxed)
+        self._item_fn: ItemFn = _item_fn if _item_fn is not None else functools.partial(verify_one, boxed=boxed, checker=checker)
         self._context = multiprocessing.get_context("spawn")
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from mathrl.config import DATA_FILE_SUFFIXES  # the local file formats load_problems reads
+from mathrl.reward.extract import extract_boxes, reference_answer
 from mathrl.tasks.base import Problem
 
 __all__ = [
@@ -428,37 +429,9 @@ def _strip_number_commas(text: str) -> str:
 
 
 def _last_boxed(text: str) -> str | None:
-    """Contents of the last well-formed \\boxed{...} in `text`, or None.
-
-    A small local scanner (a shared answer extractor is written elsewhere): braces are counted to
-    find the matching close, escaped \\{ and \\} are literal braces and do not count, and an
-    unclosed last \\boxed{ falls back to the one before it.
-    """
-    start = len(text)
-    while (start := text.rfind("\\boxed", 0, start)) != -1:
-        i = start + len("\\boxed")
-        while i < len(text) and text[i].isspace():
-            i += 1
-        if i < len(text) and text[i] == "{":
-            content = _braced_content(text, i)
-            if content is not None:
-                return content.strip()
-    return None
-
-
-def _braced_content(text: str, open_index: int) -> str | None:
-    depth = 0
-    i = open_index
-    while i < len(text):
-        ch = text[i]
-        if ch == "\\":
-            i += 2  # skip the escaped character, so \{ and \} leave the depth alone
-            continue
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return text[open_index + 1 : i]
-        i += 1
-    return None
+    """The gold answer of a worked solution: the boxes of its final answer, read by the reward's own
+    extractor (`mathrl.reward.extract.reference_answer`), so that gold and model answers are read
+    alike (``\\boxed{1} and \\boxed{2}`` is ``1, 2``). ``None`` when the text has no closed box."""
+    if not extract_boxes(text):
+        return None
+    return reference_answer(text)

@@ -215,7 +215,7 @@ def sft(cfg: Config, *, console: Console | None = None, resume: bool = True) -> 
         console.print(f"[bold]resuming[/bold] from {checkpoint} (step {state['step']} of {cfg.sft.steps})")
     tracker = build_tracker(cfg, run)
 
-    with Verifier(num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s, boxed=cfg.reward.boxed) as verifier:
+    with Verifier(num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s, boxed=cfg.reward.boxed, checker=cfg.reward.checker) as verifier:
 
         def evaluate_now(step: int) -> dict:
             """Held-out loss and (sft.eval_pass1) the data.eval sets; logged at `step`, returns the EvalResults."""

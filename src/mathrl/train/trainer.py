@@ -149,7 +149,8 @@ def build_trainer(cfg: Config, ranks: Ranks, *, console: Console, resume: bool =
         _restore(trainer)
     trainer.tracker = build_tracker(cfg, run, ranks)
     _print_data_notes(trainer)
-    trainer.verifier = Verifier(num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s, boxed=cfg.reward.boxed)
+    trainer.verifier = Verifier(num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s, boxed=cfg.reward.boxed,
+                                checker=cfg.reward.checker)
     return trainer
 
 
