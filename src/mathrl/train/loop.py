@@ -6,10 +6,23 @@
 One call of `train(cfg)` runs a whole experiment and writes its run directory (layout in
 train/run_dir.py). The pieces live next door: collect.py (rollouts, rewards, filters), update.py (the
 mini-batch x epoch x micro-batch updates, scoring passes), critic.py (PPO's critic), checkpoint.py.
+
+Teardown, in this order on every rank, whether the run finished or failed:
+  1. the progress display (its `with` block),
+  2. the verifier's worker processes (its `with` block),
+  3. the rollout engine (vLLM's shutdown still needs the process group),
+  4. the metric sinks (files flushed and closed, W&B / MLflow runs ended),
+  5. only when the run finished: a barrier, then the process group is destroyed (`close_distributed`).
+Engine and sinks are held by `Held`, which closes each once. A failed rank skips step 5: a peer may be
+dead or waiting in another collective, which a barrier would join for up to train.dist.timeout_s, and
+torchrun stops the job anyway. Checkpoints leave no thread behind (`dcp.save` returns when the shards
+are written). A torchrun rank then ends its process without the interpreter's shutdown (why: the
+docstring of train/dist.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import time
@@ -82,10 +95,13 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
     ranks split each step's prompts; rank 0 alone writes the run directory, logs and evaluates)."""
     ranks = init_distributed(timeout_s=cfg.train.dist.timeout_s)
     console = (console or Console()) if ranks.main else Console(quiet=True)
+    held = Held()
     try:
-        result = _train(cfg, console=console, resume=resume, ranks=ranks)
-    except Exception as e:
-        if ranks.distributed and collective_failure(e):
+        result = _train(cfg, console=console, resume=resume, ranks=ranks, held=held)
+    except BaseException as e:
+        with contextlib.suppress(Exception):  # the run's own error is the one to report
+            held.close()
+        if isinstance(e, Exception) and ranks.distributed and collective_failure(e):
             raise DistributedError(
                 f"rank {ranks.rank}: a collective failed ({str(e).splitlines()[0][:200]}); another rank stopped or "
                 f"did not answer within train.dist.timeout_s={cfg.train.dist.timeout_s:g}s. Rerun the same command "
@@ -95,7 +111,28 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
     return result
 
 
-def _train(cfg: Config, *, console: Console, resume: bool, ranks: Ranks) -> TrainResult:
+class Held:
+    """The rollout engine and the metric sinks of a run, closed in the teardown order of the module
+    docstring (engine, then sinks), each at most once: by the finished run where it ends with them, or
+    by `train` when the run fails."""
+
+    def __init__(self) -> None:
+        self.engine = None
+        self.tracker = None
+
+    def close_engine(self) -> None:
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.close()
+
+    def close(self) -> None:
+        self.close_engine()
+        tracker, self.tracker = self.tracker, None
+        if tracker is not None:
+            tracker.close()
+
+
+def _train(cfg: Config, *, console: Console, resume: bool, ranks: Ranks, held: Held) -> TrainResult:
     t_start = time.time()
     opened = None
     if ranks.main:  # rank 0 creates or resumes the run directory; the others learn what it found
@@ -128,7 +165,8 @@ def _train(cfg: Config, *, console: Console, resume: bool, ranks: Ranks) -> Trai
         engine_model = load_model_and_tokenizer(checkpoint or parent or model_path, dtype=cfg.model.dtype)[0]
         engine_model.to(ranks.device).eval()
         model = shard(model, cfg, ranks)
-    engine = build_engine(cfg, model=engine_model, tokenizer=tokenizer, model_path=checkpoint or parent or model_path)
+    engine = held.engine = build_engine(cfg, model=engine_model, tokenizer=tokenizer,
+                                       model_path=checkpoint or parent or model_path)
     optimizer, scheduler = build_optimizer(model.parameters(), cfg, lr=cfg.train.lr)
     controllers = build_controllers(cfg)
     ptx = PretrainText(cfg, tokenizer) if cfg.algo.ptx.coef > 0 else None
@@ -167,9 +205,10 @@ def _train(cfg: Config, *, console: Console, resume: bool, ranks: Ranks) -> Trai
             if ranks.main:
                 run.write_parent(parent, state["step"])
             console.print(f"[bold]continuing[/bold] from {parent} (step {state['step']} of its run); recorded in parent.json")
-    tracker = Tracker(run.path, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb, mlflow=cfg.log.mlflow,
-                      wandb_project=cfg.log.wandb_project, mlflow_experiment=cfg.log.mlflow_experiment,
-                      config=to_dict(cfg)) if ranks.main else SilentTracker()
+    tracker = held.tracker = Tracker(run.path, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb,
+                                     mlflow=cfg.log.mlflow, wandb_project=cfg.log.wandb_project,
+                                     mlflow_experiment=cfg.log.mlflow_experiment,
+                                     config=to_dict(cfg)) if ranks.main else SilentTracker()
 
     def trainer_state() -> dict:
         return {
@@ -322,12 +361,12 @@ def _train(cfg: Config, *, console: Console, resume: bool, ranks: Ranks) -> Trai
                 progress.advance(metrics, last_eval)
 
     # ---- the final model and the summary ----------------------------------------------------------
-    engine.close()
+    held.close_engine()
     console.print("saving the final model")
     save_hf_model(model, tokenizer, run.final, ranks=ranks)  # a plain Hugging Face directory at any world size
     if critic is not None:
         save_hf_model(critic, None, run.final / "critic", ranks=ranks)
-    tracker.close()
+    held.close()
     wall = time.time() - t_start
     if not ranks.main:
         return TrainResult(run_dir=run.path, base={}, final={}, wall_seconds=wall)
