@@ -265,3 +265,63 @@ def test_disk_full_while_checkpointing_keeps_the_previous_checkpoint(tmp_path, m
         checkpoint.save_checkpoint(tmp_path, 4, **args)
     assert latest_checkpoint(tmp_path).name == "step_000002"
     assert [p.name for p in tmp_path.iterdir()] == ["step_000002"]
+
+
+# --------------------------------------------------------------------------------------------------
+# a checkpoint where the training file's pass ends
+# --------------------------------------------------------------------------------------------------
+def _problems_file(path: Path, count: int) -> Path:
+    """`count` one-digit additions in the tiny base model's own format, as a jsonl training file."""
+    rows = [{"problem": f"{a}+{(3 * a + 1) % 10}", "answer": str(a + (3 * a + 1) % 10)} for a in range(count)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_stream_state_taken_where_a_pass_ends_resumes_into_the_next_pass(tmp_path, char_tokenizer):
+    # Two batches of 3 use up a file of 6: the state is taken with the pass's order empty. Loaded into
+    # a new stream, the next draws must be the second pass (every problem once, in the second pass's
+    # order), the draws of the stream that went on, not a skipped or repeated pass.
+    from mathrl.config import load_config
+    from mathrl.tasks.sources import ProblemStream
+
+    cfg = load_config(None, [f"data.train={_problems_file(tmp_path / 'six.jsonl', 6)}"])
+    stream = ProblemStream(cfg, char_tokenizer)
+    first = [p.id for _ in range(2) for p in stream.next_batch(3)[0]]
+    state = json.loads(json.dumps(stream.state_dict()))  # as trainer_state.json stores it
+    assert state["order"] == [] and state["epoch"] == 1
+    resumed = ProblemStream(cfg, char_tokenizer)
+    resumed.load_state_dict(state)
+    went_on = [p.id for _ in range(2) for p in stream.next_batch(3)[0]]
+    second = [p.id for _ in range(2) for p in resumed.next_batch(3)[0]]
+    assert second == went_on
+    assert sorted(second) == sorted(first) and second != first  # a whole new pass, shuffled anew
+    assert resumed.state_dict() == stream.state_dict()
+
+
+@pytest.mark.slow
+def test_run_resumed_from_the_checkpoint_where_a_pass_ends_trains_on_the_next_pass(reference):
+    # 8 problems, 4 per step, no refills: each pass over the file ends on an even step, exactly where a
+    # checkpoint is written (train.save_every=2). Killed in step 3 and resumed from step 2's checkpoint,
+    # the run must draw the second pass (steps 3-4), as the uninterrupted run does, and match it.
+    tmp, _ = reference  # reuses the cached base model and the driver
+    data = _problems_file(tmp / "eight.jsonl", 8)
+    extra = (f"data.train={data}", "data.dynamic_sampling.mode=none", "log.rollouts_per_step=16")
+
+    def steps_problems(run_dir: Path) -> dict[int, list[str]]:
+        out: dict[int, list[str]] = {}
+        for row in map(json.loads, (run_dir / "rollouts.jsonl").read_text().splitlines()):
+            out.setdefault(row["step"], []).append(row["problem_id"])
+        return {step: ids[::4] for step, ids in out.items()}  # n = 4 samples per problem
+
+    assert run(tmp, tmp / "passes", extra=extra) == 0
+    expected = steps_problems(tmp / "passes")
+    for first in (1, 3, 5):  # each pair of steps is one whole pass over the file
+        assert len(set(expected[first] + expected[first + 1])) == 8
+    run_dir = tmp / "passes_killed"
+    assert run(tmp, run_dir, "kill_in_step", 3, extra=extra) == -signal.SIGKILL
+    assert latest_checkpoint(run_dir / "checkpoints").name == "step_000002"
+    state = json.loads((run_dir / "checkpoints" / "step_000002" / "trainer_state.json").read_text())["data"]
+    assert state["order"] == [] and state["epoch"] == 1  # taken exactly where the first pass ends
+    assert run(tmp, run_dir, extra=extra) == 0
+    assert steps_problems(run_dir) == expected
+    assert training_rows(run_dir) == training_rows(tmp / "passes")

@@ -12,14 +12,26 @@ Sharding: `shard_model` applies FSDP2's `fully_shard` to every decoder layer and
 module (so the embeddings and the head are one more shard group), with bf16 parameters and fp32
 gradient reduction on CUDA (train.dist.mixed_precision) and optional CPU offload (train.dist.cpu_offload).
 The master weights and optimizer state stay fp32 and sharded.
+
+Ending: `close_distributed` is the last step of a rank's teardown (the order is in train/loop.py's
+docstring): a barrier, then `destroy_process_group`. A torchrun rank then ends its process with
+`exit_rank`, without Python's interpreter shutdown, because gloo's worker threads outlive
+`destroy_process_group`: ProcessGroupGloo has no shutdown of its own, and FSDP2's device meshes and
+DTensor's caches keep the group alive. A worker that drops the last C++ reference of a tensor that has
+a Python object takes the GIL to release it (torch's PyObject preservation); if it asks while the
+interpreter shuts down, CPython ends the thread with pthread_exit, the unwinding meets a noexcept
+destructor, and the process aborts ("terminate called without an active exception", SIGABRT) after
+all its work was done. The barrier lets the workers finish while every rank waits with the GIL
+released; exiting without the interpreter's shutdown closes the window that remains.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -79,12 +91,12 @@ def init_distributed(*, timeout_s: float, device: str = "auto") -> Ranks:
     MASTER_PORT), or return the single-process Ranks when there is none (no torchrun, or WORLD_SIZE=1
     outside torchrun). `device` is train.device (`decide_device`): one process on a GPU machine trains
     on its GPU too."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size <= 1 and "TORCHELASTIC_RUN_ID" not in os.environ:
+    if not joined_job():
         chosen = decide_device(device, local_rank=0, cuda_available=torch.cuda.is_available())
         if chosen.type == "cuda":
             torch.cuda.set_device(chosen)
         return Ranks(device=chosen)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
     for key in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         if key not in os.environ:
             raise DistributedError(f"WORLD_SIZE={world_size} but {key} is not set; start the job with torchrun "
@@ -100,8 +112,28 @@ def init_distributed(*, timeout_s: float, device: str = "auto") -> Ranks:
 
 
 def close_distributed() -> None:
+    """Leave the job's process group once every rank has finished the run: all ranks meet at a barrier,
+    then the group is destroyed (the last step of the teardown in the module docstring)."""
     if dist.is_initialized():
+        barrier()
         dist.destroy_process_group()
+
+
+def joined_job() -> bool:
+    """Whether this process is a rank started by torchrun (the test `init_distributed` uses)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 or "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def exit_rank(code: int) -> NoReturn:
+    """End a torchrun rank's process with `code` once its teardown is done: the standard streams are
+    flushed, then the process exits without Python's interpreter shutdown, where gloo's worker threads
+    can abort the process (module docstring)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed, or its reader has gone
+            pass
+    os._exit(code)
 
 
 def active() -> bool:

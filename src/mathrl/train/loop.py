@@ -7,10 +7,22 @@ due evaluations and checkpoints), then save the final model and the summary.
 One call of `train(cfg)` runs a whole experiment and writes its run directory (layout in run_dir.py).
 The pieces live next door: trainer.py (build_trainer: everything a run holds), step.py (rl_step:
 collect -> score -> advantages -> update -> sync -> log), collect.py, update.py, critic.py, checkpoint.py.
+
+Teardown, in this order on every rank, whether the run finished or failed:
+  1. the progress display (its `with` block),
+  2. the verifier's worker processes (its `with` block),
+  3. the rollout engine (vLLM's shutdown still needs the process group),
+  4. the metric sinks (files flushed and closed, W&B / MLflow runs ended),
+  5. only when the run finished: a barrier, then the process group is destroyed (`close_distributed`).
+A failed rank skips step 5: a peer may be dead or waiting in another collective, which a barrier would
+join for up to train.dist.timeout_s, and torchrun stops the job anyway. Checkpoints leave no thread
+behind (`dcp.save` returns when the shards are written). A torchrun rank then ends its process without
+the interpreter's shutdown (why: the docstring of train/dist.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass
@@ -59,6 +71,23 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
 
 def _train(cfg: Config, *, console: Console, resume: bool, ranks: Ranks) -> TrainResult:
     trainer = build_trainer(cfg, ranks, console=console, resume=resume)
+    try:
+        return _run(trainer)
+    except BaseException:
+        with contextlib.suppress(Exception):  # the run's own error is the one to report
+            close_held(trainer)
+        raise
+
+
+def close_held(trainer: Trainer) -> None:
+    """A failed run's teardown of what it holds, in the order of the module docstring: the engine, then
+    the metric sinks (a finished run closes them in `finish`)."""
+    trainer.engine.close()
+    trainer.tracker.close()
+
+
+def _run(trainer: Trainer) -> TrainResult:
+    cfg, console = trainer.cfg, trainer.console
     with trainer.verifier:
         evaluate_start(trainer)
         with StepProgress(console, total=cfg.train.steps, completed=trainer.start_step - 1) as progress:
