@@ -22,9 +22,8 @@ LAYERS = [
 ]
 PEER_BANS = {("algo", "model"), ("algo", "rollout"), ("algo", "tasks"), ("reward", "model"), ("reward", "rollout")}
 # Known and unresolved: the tiny base model (model/tiny.py) still draws its pretraining text from
-# the arithmetic task itself; the config's context-length rule reads a model's config.json through
-# model/init.py.
-KNOWN = {("model/tiny.py", "tasks"), ("config.py", "model")}
+# the arithmetic task itself.
+KNOWN = {("model/tiny.py", "tasks")}
 ENTRY_POINTS = {"__main__.py"}  # `python -m mathrl.train` starts the command line
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import re
 import types
 import typing
@@ -432,10 +433,6 @@ class Config:
         why = self.engine_logprobs_not_old()
         if self.train.old_logprobs == "reuse_engine" and why:
             errors.append(f"train.old_logprobs=reuse_engine with {why[0]}: {why[1]}; use train.old_logprobs=recompute or auto")
-        if self.reward.boxed not in ("all", "last", "any"):
-            errors.append(f"reward.boxed={self.reward.boxed!r}: choose all (default), last or any (evaluation only)")
-        if self.reward.checker not in ("mathrl", "math-verify"):
-            errors.append(f"reward.checker={self.reward.checker!r}: choose mathrl (default) or math-verify (plain math-verify)")
         if self.data.curriculum.mode != "none" and self.data.train == "arith":
             errors.append("data.curriculum orders a fixed problem set: use it with a dataset as data.train")
         if self.data.transform != "none" and self.data.train == "arith":
@@ -479,8 +476,6 @@ class Config:
     def _context_errors(self) -> list[str]:
         """Prompt plus response must fit the model's positions (model.max_position_embeddings, else its
         config.json where it can be read without loading the model); checked here, before any model loads."""
-        from mathrl.model.init import context_length
-
         if self.model.path == "tiny-arith":
             return []  # base.max_positions, checked above
         context = self.model.max_position_embeddings or context_length(self.model.path)
@@ -516,6 +511,43 @@ class Config:
         """(config key, source) of every data.train / data.eval source that names a local file."""
         sources = [("data.train", self.data.train), *(("data.eval", s) for s in self.data.eval)]
         return [(where, s) for where, s in sources if s != "arith" and not s.startswith("hf:")]
+
+
+def shipped_architecture_of(hub_id: str) -> str | None:
+    """The shipped architecture (`registry.ARCHITECTURES`: name -> config.json path) whose source model
+    is the Hugging Face hub id `hub_id` (the `_name_or_path` in its config file, compared
+    case-insensitively), or None. Lets a recipe that names a hub model be checked and planned on a
+    machine that has never downloaded it."""
+    for name in ARCHITECTURES.names():
+        source = json.loads(Path(ARCHITECTURES.get(name)).read_text()).get("_name_or_path", "")
+        if source.lower() == hub_id.lower():
+            return name
+    return None
+
+
+def context_length(model_path: str) -> int | None:
+    """max_position_embeddings of `model_path` without loading or downloading anything: a shipped
+    architecture (config:<name>, or a hub id it was taken from), a config:<file>.json, or a local model
+    directory's config.json (also the Hugging Face cache's copy of a hub id); None when unknown."""
+    arch = parse_config_path(model_path) or shipped_architecture_of(model_path)
+    if arch is not None:
+        files = [Path(ARCHITECTURES.get(arch)) if arch in ARCHITECTURES.names() else Path(arch).expanduser()]
+    else:
+        files = [Path(model_path).expanduser() / "config.json"]
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(model_path, "config.json")
+            if isinstance(cached, str):
+                files.append(Path(cached))
+        except Exception:  # not a hub id, or no hub library: unknown
+            pass
+    for f in files:
+        if f.is_file():
+            data = json.loads(f.read_text())
+            value = data.get("text_config", data).get("max_position_embeddings")
+            return int(value) if value is not None else None
+    return None
 
 
 def parse_config_path(path: str) -> str | None:

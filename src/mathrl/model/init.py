@@ -39,8 +39,6 @@ __all__ = [
     "build_random_model",
     "random_init_tokenizer",
     "parse_config_path",
-    "shipped_architecture_of",
-    "context_length",
 ]
 
 from mathrl.config import CONFIG_PREFIX, parse_config_path
@@ -56,46 +54,6 @@ def architecture_names() -> list[str]:
 
 for _path in sorted(CONFIG_DIR.glob("*.json")):  # the names model.path=config:<name> accepts
     ARCHITECTURES.register(_path.stem, _path)
-
-
-def shipped_architecture_of(hub_id: str) -> str | None:
-    """The shipped architecture whose source model is the Hugging Face hub id `hub_id` (the
-    `_name_or_path` in its config file, compared case-insensitively), or None. Lets `mathrl plan`
-    size a recipe that names a hub model on a machine that has never downloaded it."""
-    for name in architecture_names():
-        source = json.loads((CONFIG_DIR / f"{name}.json").read_text()).get("_name_or_path", "")
-        if source.lower() == hub_id.lower():
-            return name
-    return None
-
-
-def context_length(model_path: str) -> int | None:
-    """max_position_embeddings of `model_path` without loading or downloading anything: a shipped
-    architecture (config:<name>, or a hub id it was taken from), a config:<file>.json, or a local model
-    directory's config.json (also the Hugging Face cache's copy of a hub id); None when unknown."""
-    arch = parse_config_path(model_path) or shipped_architecture_of(model_path)
-    files = []
-    if arch is not None:
-        try:
-            files.append(_config_file(arch))
-        except ValueError:
-            return None
-    else:
-        files.append(Path(model_path).expanduser() / "config.json")
-        try:
-            from huggingface_hub import try_to_load_from_cache
-
-            cached = try_to_load_from_cache(model_path, "config.json")
-            if isinstance(cached, str):
-                files.append(Path(cached))
-        except Exception:  # not a hub id, or no hub library: unknown
-            pass
-    for f in files:
-        if f.is_file():
-            data = json.loads(f.read_text())
-            value = data.get("text_config", data).get("max_position_embeddings")
-            return int(value) if value is not None else None
-    return None
 
 
 def _config_file(name_or_path: str) -> Path:

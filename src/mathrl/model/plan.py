@@ -89,7 +89,8 @@ def _hf_config(cfg: Config):
     """The transformers config of `model.path`, without downloading anything."""
     from transformers import AutoConfig, Qwen2Config
 
-    from mathrl.model.init import architecture_config, parse_config_path, shipped_architecture_of
+    from mathrl.config import shipped_architecture_of
+    from mathrl.model.init import architecture_config, parse_config_path
 
     arch = parse_config_path(cfg.model.path) or shipped_architecture_of(cfg.model.path)
     if arch is not None:  # config:<name>, or a hub id whose architecture ships with mathrl
