@@ -81,7 +81,8 @@ def evaluate(
     """
     flat_prompts = [p for p in prompts for _ in range(n)]
     references = [p.answer for p in problems for _ in range(n)]
-    block = int(getattr(engine, "seed_block", len(flat_prompts)) or 1) if world_size > 1 else len(flat_prompts)
+    # an engine that does not say how its rows share random streams is sampled whole, on rank 0
+    block = getattr(engine, "seed_block", len(flat_prompts)) if world_size > 1 else len(flat_prompts)
     lo, hi = eval_rows(len(flat_prompts), block=max(block, 1), rank=rank, world_size=world_size)
     texts: list[str] = []
     results: list = []

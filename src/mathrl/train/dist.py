@@ -69,8 +69,6 @@ def decide_device(setting: str, *, local_rank: int, cuda_available: bool) -> tor
     (LOCAL_RANK) when CUDA is available, else the CPU. The same rule holds for one process without
     torchrun and for every torchrun rank, so a GPU machine never trains on its CPU by accident.
     """
-    if setting not in ("auto", "cpu", "cuda"):
-        raise DistributedError(f"train.device={setting!r}: choose auto, cpu or cuda")
     if setting == "cuda" and not cuda_available:
         raise DistributedError("train.device=cuda but torch sees no CUDA device (torch.cuda.is_available() is False); "
                                "use train.device=auto or cpu")

@@ -53,7 +53,7 @@ class TrainResult:
 
 def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -> TrainResult:
     """Run the experiment `cfg` describes: in this process, or as one rank of a torchrun job (the
-    ranks split each step's prompts; rank 0 alone writes the run directory, logs and evaluates)."""
+    ranks split each step's prompts and each evaluation's rows; rank 0 alone writes the run directory and logs)."""
     ranks = init_distributed(timeout_s=cfg.train.dist.timeout_s, device=cfg.train.device)
     console = (console or Console()) if ranks.main else Console(quiet=True)
     try:

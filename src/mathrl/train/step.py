@@ -188,8 +188,8 @@ def batch_metrics(got, batch: TrainBatch, *, n: int, prompts_too_long: int,
 
 
 def peak_memory_gb(ranks: Ranks) -> float:
-    """Peak memory of this process so far: CUDA memory allocated on its GPU under torchrun with NCCL,
-    else its peak resident set size."""
+    """Peak memory of this process so far: CUDA memory allocated on its GPU when it trains on one
+    (train.device), else its peak resident set size."""
     if ranks.device.type == "cuda":
         return torch.cuda.max_memory_allocated(ranks.device) / 2**30
     import resource

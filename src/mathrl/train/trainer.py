@@ -13,7 +13,6 @@ data position and RNG state back; a `train.init_from` run starts from another ru
 from __future__ import annotations
 
 import json
-
 import time
 from dataclasses import dataclass, field
 from pathlib import Path

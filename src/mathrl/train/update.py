@@ -10,8 +10,8 @@ the whole mini-batch's counts (`algo.losses.global_counts`), so the gradient doe
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
