@@ -11,8 +11,7 @@ responses in the rollout batch, G = groups (prompts), T = response positions. In
 
 Resampling until enough groups are kept (data.dynamic_sampling.max_rounds / on_exhausted) is the
 loop's job; these functions only decide what one batch keeps. Metrics: ``filter/kept_groups``,
-``filter/dropped_all_correct``, ``filter/dropped_all_wrong``, ``filter/dropped_out_of_band``,
-``filter/dropped_other``.
+``filter/dropped_all_correct``, ``filter/dropped_all_wrong``, ``filter/dropped_out_of_band``.
 
 Run the tests with ``python -m pytest tests/test_filters.py -q``.
 """
@@ -39,8 +38,11 @@ _BAND_TOL = 1e-9
 class GroupFilterResult:
     """What ``group_filter`` keeps, per group and per row, and why groups were dropped.
 
-    The four ``dropped_*`` counts and ``kept_groups`` partition the G groups:
-    ``kept_groups + dropped_all_correct + dropped_all_wrong + dropped_out_of_band + dropped_other == G``.
+    The three ``dropped_*`` counts and ``kept_groups`` partition the G groups,
+    ``kept_groups + dropped_all_correct + dropped_all_wrong + dropped_out_of_band == G``, whenever
+    ``correct`` follows the rewards (None, or the loop's filter on correctness itself). A
+    ``nonconstant`` filter given a ``correct`` that disagrees with equal rewards drops a group of
+    mixed correctness that none of the counts records.
     """
 
     keep: Tensor
@@ -60,10 +62,6 @@ class GroupFilterResult:
     dropped_out_of_band: int
     """``band`` mode: dropped groups with accuracy outside [lo, hi] that are neither all-correct
     nor all-wrong."""
-    dropped_other: int
-    """``nonconstant`` mode: dropped groups whose rewards are all equal although their correctness
-    is mixed (possible only when ``correct`` disagrees with the rewards, e.g. a reward that ignores
-    correctness). 0 in the other modes."""
 
 
 def group_filter(
@@ -91,7 +89,7 @@ def group_filter(
     Accuracy of a group is the mean of ``correct`` over its rows, or, when ``correct`` is None,
     the fraction of rows with reward > 0. It also classifies every dropped group:
     accuracy 1 -> ``dropped_all_correct``, 0 -> ``dropped_all_wrong``, else ``dropped_out_of_band``
-    (band mode) or ``dropped_other`` (nonconstant mode).
+    (band mode; see ``GroupFilterResult`` for the nonconstant case).
 
     Args:
         rewards: [N] scalar reward per response (int, bool or float).
@@ -139,7 +137,6 @@ def group_filter(
         keep = (accuracy >= lo - _BAND_TOL) & (accuracy <= hi + _BAND_TOL)  # [G]
 
     dropped = ~keep
-    mixed = dropped & ~all_correct & ~all_wrong  # [G]
     return GroupFilterResult(
         keep=keep,
         keep_rows=keep[index],  # [N]
@@ -148,8 +145,7 @@ def group_filter(
         kept_groups=int(keep.sum()),
         dropped_all_correct=int((dropped & all_correct).sum()),
         dropped_all_wrong=int((dropped & all_wrong).sum()),
-        dropped_out_of_band=int(mixed.sum()) if mode == "band" else 0,
-        dropped_other=int(mixed.sum()) if mode == "nonconstant" else 0,
+        dropped_out_of_band=int((dropped & ~all_correct & ~all_wrong).sum()) if mode == "band" else 0,
     )
 
 
