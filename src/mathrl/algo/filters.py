@@ -24,6 +24,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from mathrl.algo.groups import group_stats
+
 __all__ = ["GroupFilterMode", "GroupFilterResult", "group_filter", "overlong_mask"]
 
 GroupFilterMode = Literal["none", "nonconstant", "band"]
@@ -106,41 +108,31 @@ def group_filter(
     lo, hi = band
     if not 0.0 <= lo <= hi <= 1.0:
         raise ValueError(f"band must satisfy 0 <= lo <= hi <= 1, got {band}")
-    if rewards.dim() != 1 or group_ids.shape != rewards.shape:
-        raise ValueError(
-            f"rewards and group_ids must both be 1-D with the same length, got "
-            f"{tuple(rewards.shape)} and {tuple(group_ids.shape)}"
-        )
-    if group_ids.is_floating_point():
-        raise ValueError("group_ids must be an integer tensor (one id per prompt)")
     if correct is not None and correct.shape != rewards.shape:
         raise ValueError(f"correct must have shape {tuple(rewards.shape)}, got {tuple(correct.shape)}")
 
     # float64 throughout: exact counts, and k/n lands on the double nearest to a decimal band edge.
     r = rewards.to(torch.float64)  # [N]
     c = (r > 0).to(torch.float64) if correct is None else correct.to(torch.float64)  # [N]
-    group_order, index = torch.unique(group_ids, return_inverse=True)  # [G], [N] in [0, G)
-    num_groups = group_order.numel()
-    zeros = torch.zeros(num_groups, dtype=torch.float64, device=r.device)
-    count = torch.bincount(index, minlength=num_groups).to(torch.float64)  # [G]
-    accuracy = zeros.index_add(0, index, c) / count.clamp_min(1)  # [G]
+    hits = group_stats(c, group_ids)  # validates the shapes and ids
+    num_groups = hits.ids.numel()
+    accuracy = hits.sum / hits.count.clamp_min(1)  # [G]
     all_correct = accuracy >= 1.0 - _BAND_TOL  # [G]
     all_wrong = accuracy <= _BAND_TOL  # [G]
 
     if mode == "none":
         keep = torch.ones(num_groups, dtype=torch.bool, device=r.device)
     elif mode == "nonconstant":
-        gmax = zeros.scatter_reduce(0, index, r, reduce="amax", include_self=False)  # [G]
-        gmin = zeros.scatter_reduce(0, index, r, reduce="amin", include_self=False)  # [G]
-        keep = gmax != gmin  # exact comparison: any difference at all is signal for GRPO
+        spread = group_stats(r, group_ids)
+        keep = spread.max != spread.min  # [G] exact comparison: any difference at all is signal for GRPO
     else:
         keep = (accuracy >= lo - _BAND_TOL) & (accuracy <= hi + _BAND_TOL)  # [G]
 
     dropped = ~keep
     return GroupFilterResult(
         keep=keep,
-        keep_rows=keep[index],  # [N]
-        group_order=group_order,
+        keep_rows=keep[hits.index],  # [N]
+        group_order=hits.ids,
         accuracy=accuracy,
         kept_groups=int(keep.sum()),
         dropped_all_correct=int((dropped & all_correct).sum()),
