@@ -22,9 +22,8 @@ LAYERS = [
     {"cli"},
 ]
 PEER_BANS = {("algo", "model"), ("algo", "rollout"), ("algo", "tasks"), ("reward", "model"), ("reward", "rollout")}
-# Known and unresolved: the tiny base model (model/tiny.py) still draws its pretraining text from
-# the arithmetic task itself.
-KNOWN = {("model/tiny.py", "tasks")}
+# Known exceptions (file, room), each with its reason; none today.
+KNOWN: set[tuple[str, str]] = set()
 ENTRY_POINTS = {"__main__.py"}  # `python -m mathrl.train` starts the command line
 
 
