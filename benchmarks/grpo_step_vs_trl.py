@@ -240,6 +240,7 @@ def main() -> None:
     import mathrl
     from mathrl.config import BaseModelConfig
     from mathrl.model.tiny import ensure_base_model
+    from mathrl.tasks.arithmetic import base_pretraining_text
 
     versions = {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__,
                 "mathrl": getattr(mathrl, "__version__", "?"), "python": platform.python_version()}
@@ -251,7 +252,7 @@ def main() -> None:
     print("versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
     with tempfile.TemporaryDirectory() as tmp:
         if args.workload == "tiny":
-            model_dir = str(ensure_base_model(BaseModelConfig()))
+            model_dir = str(ensure_base_model(BaseModelConfig(), pretraining_text=base_pretraining_text(BaseModelConfig())))
         else:
             model_dir = build_small_model(Path(tmp) / "small-model")
         runs: dict[str, list[dict]] = {side: [] for side in args.sides}

@@ -28,6 +28,7 @@ from torch.profiler import profile
 from mathrl.config import BaseModelConfig
 from mathrl.model.scoring import response_logprobs
 from mathrl.model.tiny import ensure_base_model
+from mathrl.tasks.arithmetic import base_pretraining_text
 from mathrl.rollout.engine import TorchEngine
 from mathrl.tasks.arithmetic import ArithmeticTask
 from mathrl.tasks.prompts import render_prompt
@@ -74,7 +75,7 @@ def main() -> None:
 
     # 3-4: the tiny step
     torch.set_num_threads(2)
-    model, tok = load(ensure_base_model(BaseModelConfig()))
+    model, tok = load(ensure_base_model(BaseModelConfig(), pretraining_text=base_pretraining_text(BaseModelConfig())))
     engine = TorchEngine(model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     prompts = tiny_prompts(tok, 16)
     engine.generate(prompts, max_new_tokens=48, seed=0)

@@ -224,7 +224,7 @@ def test_tiny_arith_target_resolves_to_the_cached_base_model(monkeypatch, run_di
 
     seen = {}
 
-    def fake_resolve(cfg, console):
+    def fake_resolve(cfg, console, *, pretraining_text):
         seen["path"], seen["steps"] = cfg.model.path, cfg.base.steps
         return str(run_dir / "final")
 

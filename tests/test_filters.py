@@ -14,8 +14,7 @@ from mathrl.algo.filters import group_filter, overlong_mask
 
 
 def _counts(res):
-    return (res.kept_groups, res.dropped_all_correct, res.dropped_all_wrong, res.dropped_out_of_band,
-            res.dropped_other)
+    return res.kept_groups, res.dropped_all_correct, res.dropped_all_wrong, res.dropped_out_of_band
 
 
 # ---------------------------------------------------------------------------------- nonconstant
@@ -29,7 +28,7 @@ def test_nonconstant_drops_all_equal_groups():
     res = group_filter(rewards, ids, mode="nonconstant")
     assert res.keep.tolist() == [False, False, True]
     assert res.keep_rows.tolist() == [False, False, False, False, True, True]
-    assert _counts(res) == (1, 1, 1, 0, 0)
+    assert _counts(res) == (1, 1, 1, 0)
 
 
 def test_nonconstant_single_sample_group_is_dropped():
@@ -37,7 +36,7 @@ def test_nonconstant_single_sample_group_is_dropped():
     # Group 5 = [1] (correct) and group 6 = [0] (wrong) are dropped; group 9 = [0, 1] kept.
     res = group_filter(torch.tensor([1.0, 0.0, 0.0, 1.0]), torch.tensor([5, 6, 9, 9]), mode="nonconstant")
     assert res.keep.tolist() == [False, False, True]
-    assert _counts(res) == (1, 1, 1, 0, 0)
+    assert _counts(res) == (1, 1, 1, 0)
 
 
 def test_nonconstant_groups_are_ordered_by_sorted_id_not_appearance():
@@ -52,19 +51,19 @@ def test_nonconstant_groups_are_ordered_by_sorted_id_not_appearance():
 def test_nonconstant_uses_rewards_and_correct_only_classifies():
     # Rewards differ (a shaped reward 1.0 vs 0.8) although both answers are correct: the group has
     # signal and is kept. Group 1 has equal rewards but mixed correctness (a reward that ignores
-    # correctness): dropped, and counted under dropped_other rather than all-correct/all-wrong.
+    # correctness): dropped, and counted as neither all-correct nor all-wrong (nor out of band).
     rewards = torch.tensor([1.0, 0.8, 0.5, 0.5])
     correct = torch.tensor([1.0, 1.0, 1.0, 0.0])
     res = group_filter(rewards, torch.tensor([0, 0, 1, 1]), mode="nonconstant", correct=correct)
     assert res.keep.tolist() == [True, False]
-    assert _counts(res) == (1, 0, 0, 0, 1)
+    assert _counts(res) == (1, 0, 0, 0)
 
 
 def test_nonconstant_all_correct_classified_by_correct_not_reward_sign():
     # Rewards all -0.2 (e.g. correct answers with a length penalty) but correct = 1: all-correct.
     res = group_filter(torch.tensor([-0.2, -0.2]), torch.tensor([0, 0]), mode="nonconstant",
                        correct=torch.tensor([True, True]))
-    assert _counts(res) == (0, 1, 0, 0, 0)
+    assert _counts(res) == (0, 1, 0, 0)
 
 
 # ---------------------------------------------------------------------------------- band
@@ -78,7 +77,7 @@ def test_band_edges_are_inclusive():
     res = group_filter(correct, ids, mode="band", band=(0.2, 0.8))
     assert_close(res.accuracy, torch.tensor([0.0, 0.2, 0.4, 0.6, 0.8, 1.0], dtype=torch.float64))
     assert res.keep.tolist() == [False, True, True, True, True, False]
-    assert _counts(res) == (4, 1, 1, 0, 0)
+    assert _counts(res) == (4, 1, 1, 0)
 
 
 def test_band_counts_out_of_band_separately():
@@ -90,7 +89,7 @@ def test_band_counts_out_of_band_separately():
     ids = torch.arange(4).repeat_interleave(10)
     res = group_filter(correct, ids, mode="band", band=(0.3, 0.7))
     assert res.keep.tolist() == [False, False, True, True]
-    assert _counts(res) == (2, 0, 0, 2, 0)
+    assert _counts(res) == (2, 0, 0, 2)
 
 
 def test_band_fractional_correct_on_edge_is_kept():
@@ -114,14 +113,14 @@ def test_band_full_range_keeps_constant_groups():
     # accuracy, never at reward constancy.
     res = group_filter(torch.tensor([1.0, 1.0, 0.0, 0.0]), torch.tensor([0, 0, 1, 1]), mode="band", band=(0.0, 1.0))
     assert res.keep.tolist() == [True, True]
-    assert _counts(res) == (2, 0, 0, 0, 0)
+    assert _counts(res) == (2, 0, 0, 0)
 
 
 def test_band_single_sample_groups():
     # One-sample groups have accuracy 0 or 1: both outside (0.2, 0.8) and counted as all-wrong /
     # all-correct, not as out of band.
     res = group_filter(torch.tensor([1.0, 0.0]), torch.tensor([0, 1]), mode="band")
-    assert _counts(res) == (0, 1, 1, 0, 0)
+    assert _counts(res) == (0, 1, 1, 0)
 
 
 # ---------------------------------------------------------------------------------- none, validation
@@ -131,14 +130,14 @@ def test_none_keeps_everything():
     # mode "none": all groups kept, all drop counts 0, whatever the rewards.
     res = group_filter(torch.tensor([1.0, 1.0, 0.0]), torch.tensor([0, 0, 1]), mode="none")
     assert res.keep_rows.all()
-    assert _counts(res) == (2, 0, 0, 0, 0)
+    assert _counts(res) == (2, 0, 0, 0)
 
 
 def test_empty_batch():
     # N = 0: no groups, nothing kept, no error.
     res = group_filter(torch.zeros(0), torch.zeros(0, dtype=torch.long), mode="nonconstant")
     assert res.keep.numel() == 0 and res.keep_rows.numel() == 0
-    assert _counts(res) == (0, 0, 0, 0, 0)
+    assert _counts(res) == (0, 0, 0, 0)
 
 
 @pytest.mark.parametrize(

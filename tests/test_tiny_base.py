@@ -16,9 +16,11 @@ import pytest
 import mathrl.model.tiny as tiny
 from mathrl.config import BaseModelConfig
 from mathrl.model.tiny import base_model_dir, build_char_tokenizer, ensure_base_model, recipe_hash
+from mathrl.tasks.arithmetic import base_pretraining_text
 
 TINY = BaseModelConfig(steps=3, batch_size=4, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
                        num_kv_heads=1)
+TEXT = base_pretraining_text(TINY)
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +28,7 @@ def built(tmp_path_factory):
     """(cache_root, model dir, directories announced by on_build_start) after one real build."""
     root = tmp_path_factory.mktemp("cache")
     announced = []
-    path = ensure_base_model(TINY, cache_root=root, on_build_start=announced.append)
+    path = ensure_base_model(TINY, pretraining_text=TEXT, cache_root=root, on_build_start=announced.append)
     return root, path, announced
 
 
@@ -166,7 +168,7 @@ def test_ensure_base_model_uses_the_cache(built, monkeypatch):
     monkeypatch.setattr(tiny, "build_base_model", fail)
     mtime = (path / "model.safetensors").stat().st_mtime_ns
     announced = []
-    assert ensure_base_model(TINY, cache_root=root, on_build_start=announced.append) == path
+    assert ensure_base_model(TINY, pretraining_text=TEXT, cache_root=root, on_build_start=announced.append) == path
     assert announced == []
     assert (path / "model.safetensors").stat().st_mtime_ns == mtime
 
@@ -174,11 +176,11 @@ def test_ensure_base_model_uses_the_cache(built, monkeypatch):
 def test_ensure_base_model_rebuilds_an_incomplete_directory(tmp_path, monkeypatch):
     # A directory without model.safetensors (e.g. a crash in an old version) is not a cached model.
     calls = []
-    monkeypatch.setattr(tiny, "build_base_model", lambda cfg, out, progress=None: calls.append(out) or out)
+    monkeypatch.setattr(tiny, "build_base_model", lambda cfg, out, pretraining_text, progress=None: calls.append(out) or out)
     out = base_model_dir(TINY, tmp_path)
     out.mkdir(parents=True)
     (out / "config.json").write_text("{}")
-    assert ensure_base_model(TINY, cache_root=tmp_path) == out
+    assert ensure_base_model(TINY, pretraining_text=TEXT, cache_root=tmp_path) == out
     assert calls == [out]
 
 
@@ -189,7 +191,7 @@ def test_concurrent_build_keeps_the_first(built, tmp_path):
     out = tmp_path / "base" / path.name
     out.mkdir(parents=True)
     (out / "marker").write_text("first")
-    tiny.build_base_model(dataclasses.replace(TINY, steps=1), out)
+    tiny.build_base_model(dataclasses.replace(TINY, steps=1), out, pretraining_text=TEXT)
     assert (out / "marker").read_text() == "first" and not (out / "model.safetensors").exists()
     assert list(out.parent.iterdir()) == [out]
 
@@ -197,6 +199,6 @@ def test_concurrent_build_keeps_the_first(built, tmp_path):
 def test_progress_is_reported_every_step(tmp_path):
     # The CLI's progress bar relies on (step, total, loss) callbacks, one per optimizer step.
     seen = []
-    tiny.build_base_model(dataclasses.replace(TINY, steps=2), tmp_path / "m", progress=lambda *a: seen.append(a))
+    tiny.build_base_model(dataclasses.replace(TINY, steps=2), tmp_path / "m", pretraining_text=TEXT, progress=lambda *a: seen.append(a))
     assert [(s, t) for s, t, _ in seen] == [(1, 2), (2, 2)]
     assert all(loss > 0 for _, _, loss in seen)

@@ -36,6 +36,7 @@ from mathrl.evaluation.metrics import default_ks, mean_std_ci95
 from mathrl.model.io import load_model_and_tokenizer
 from mathrl.model.paths import TINY_BASE, resolve_model_path
 from mathrl.rollout.factory import build_engine
+from mathrl.tasks.arithmetic import base_pretraining_text
 from mathrl.tasks.sources import build_eval_sets, prompt_encoder
 
 from findings.common import MISSING, ci_cell, color, fmt, group_runs, markdown_table, new_figure, write_outputs
@@ -64,7 +65,7 @@ def base_path(base: str, cfg: Config, console) -> str:
     if base == TINY_BASE and not Path(base).exists():
         cfg = copy.deepcopy(cfg)
         cfg.model.path = TINY_BASE
-        return resolve_model_path(cfg, console)
+        return resolve_model_path(cfg, console, pretraining_text=base_pretraining_text(cfg.base))
     return base
 
 

@@ -21,6 +21,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from mathrl.algo.groups import GroupStats, group_stats
+
 __all__ = [
     "StdScope",
     "group_advantages",
@@ -39,32 +41,15 @@ def _as_float(x: Tensor) -> Tensor:
     return x if x.is_floating_point() else x.to(torch.get_default_dtype())
 
 
-def _group_index(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, int]:
-    """Map arbitrary group ids to 0..G-1. Returns (index [N], G)."""
-    if rewards.dim() != 1 or group_ids.shape != rewards.shape:
-        raise ValueError(
-            f"rewards and group_ids must both be 1-D with the same length, got "
-            f"{tuple(rewards.shape)} and {tuple(group_ids.shape)}"
-        )
-    if group_ids.is_floating_point():
-        raise ValueError("group_ids must be an integer tensor (one id per prompt)")
-    # unique(return_inverse) accepts ids in any order and any range (e.g. dataset row ids).
-    unique_ids, index = torch.unique(group_ids, return_inverse=True)  # [G], [N] in [0, G)
-    return index, unique_ids.numel()
-
-
-def _group_stats(r: Tensor, index: Tensor, num_groups: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-sample group size, group sum, and whether the sample's group is constant. All [N]."""
-    zeros = torch.zeros(num_groups, dtype=r.dtype, device=r.device)
-    count = torch.bincount(index, minlength=num_groups).to(r.dtype)  # [G]
-    total = zeros.index_add(0, index, r)  # [G]
-    gmax = zeros.scatter_reduce(0, index, r, reduce="amax", include_self=False)  # [G]
-    gmin = zeros.scatter_reduce(0, index, r, reduce="amin", include_self=False)  # [G]
+def _group_stats(r: Tensor, group_ids: Tensor) -> tuple[GroupStats, Tensor, Tensor, Tensor]:
+    """The groups of ``r``, and per-sample group size, group sum, and whether the sample's group is
+    constant (all three [N])."""
+    g = group_stats(r, group_ids)
     # Why: sum/n need not round back to r exactly (3 x 0.1 / 3 != 0.1 in floating point), and the
     # rounding residue divided by (std + eps) with std == 0 would be a spurious O(1e-2) advantage.
     # Groups whose rewards are all equal carry no learning signal, so they get an exact 0.
-    constant = gmax == gmin  # [G]
-    return count[index], total[index], constant[index]
+    constant = g.max == g.min  # [G]
+    return g, g.count[g.index], g.sum[g.index], constant[g.index]
 
 
 def group_advantages(
@@ -106,19 +91,16 @@ def group_advantages(
     if std_scope not in ("group", "batch"):
         raise ValueError(f"std_scope must be 'group' or 'batch', got {std_scope!r}")
     r = _as_float(rewards)  # [N]
+    groups, count, total, constant = _group_stats(r, group_ids)  # [N] each; validates the shapes
     if r.numel() == 0:
-        _group_index(r, group_ids)  # still validate shapes
         return r.clone()
-    index, num_groups = _group_index(r, group_ids)
-    count, total, constant = _group_stats(r, index, num_groups)  # [N] each
     centred = r - total / count  # [N]
     centred = torch.where(constant, torch.zeros_like(centred), centred)
     if not std_normalize:
         return centred
 
     if std_scope == "group":
-        zeros = torch.zeros(num_groups, dtype=r.dtype, device=r.device)
-        sq_dev = zeros.index_add(0, index, centred.square())[index]  # [N] group sum of squares
+        sq_dev = group_stats(centred.square(), group_ids).sum[groups.index]  # [N] group sum of squares
         std = torch.sqrt(sq_dev / (count - 1).clamp_min(1))  # [N] unbiased; singleton -> 0
     else:
         std = r.std() if r.numel() > 1 else r.new_zeros(())  # [] unbiased
@@ -145,11 +127,9 @@ def rloo_advantages(rewards: Tensor, group_ids: Tensor) -> Tensor:
         whose rewards are all equal.
     """
     r = _as_float(rewards)  # [N]
+    _, count, total, constant = _group_stats(r, group_ids)  # [N] each; validates the shapes
     if r.numel() == 0:
-        _group_index(r, group_ids)
         return r.clone()
-    index, num_groups = _group_index(r, group_ids)
-    count, total, constant = _group_stats(r, index, num_groups)  # [N] each
     loo_mean = (total - r) / (count - 1).clamp_min(1)  # [N] mean of the other samples
     adv = r - loo_mean
     keep = (count > 1) & ~constant

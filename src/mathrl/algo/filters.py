@@ -11,8 +11,7 @@ responses in the rollout batch, G = groups (prompts), T = response positions. In
 
 Resampling until enough groups are kept (data.dynamic_sampling.max_rounds / on_exhausted) is the
 loop's job; these functions only decide what one batch keeps. Metrics: ``filter/kept_groups``,
-``filter/dropped_all_correct``, ``filter/dropped_all_wrong``, ``filter/dropped_out_of_band``,
-``filter/dropped_other``.
+``filter/dropped_all_correct``, ``filter/dropped_all_wrong``, ``filter/dropped_out_of_band``.
 
 Run the tests with ``python -m pytest tests/test_filters.py -q``.
 """
@@ -24,6 +23,8 @@ from typing import Literal
 
 import torch
 from torch import Tensor
+
+from mathrl.algo.groups import group_stats
 
 __all__ = ["GroupFilterMode", "GroupFilterResult", "group_filter", "overlong_mask"]
 
@@ -39,8 +40,11 @@ _BAND_TOL = 1e-9
 class GroupFilterResult:
     """What ``group_filter`` keeps, per group and per row, and why groups were dropped.
 
-    The four ``dropped_*`` counts and ``kept_groups`` partition the G groups:
-    ``kept_groups + dropped_all_correct + dropped_all_wrong + dropped_out_of_band + dropped_other == G``.
+    The three ``dropped_*`` counts and ``kept_groups`` partition the G groups,
+    ``kept_groups + dropped_all_correct + dropped_all_wrong + dropped_out_of_band == G``, whenever
+    ``correct`` follows the rewards (None, or the loop's filter on correctness itself). A
+    ``nonconstant`` filter given a ``correct`` that disagrees with equal rewards drops a group of
+    mixed correctness that none of the counts records.
     """
 
     keep: Tensor
@@ -60,10 +64,6 @@ class GroupFilterResult:
     dropped_out_of_band: int
     """``band`` mode: dropped groups with accuracy outside [lo, hi] that are neither all-correct
     nor all-wrong."""
-    dropped_other: int
-    """``nonconstant`` mode: dropped groups whose rewards are all equal although their correctness
-    is mixed (possible only when ``correct`` disagrees with the rewards, e.g. a reward that ignores
-    correctness). 0 in the other modes."""
 
 
 def group_filter(
@@ -91,7 +91,7 @@ def group_filter(
     Accuracy of a group is the mean of ``correct`` over its rows, or, when ``correct`` is None,
     the fraction of rows with reward > 0. It also classifies every dropped group:
     accuracy 1 -> ``dropped_all_correct``, 0 -> ``dropped_all_wrong``, else ``dropped_out_of_band``
-    (band mode) or ``dropped_other`` (nonconstant mode).
+    (band mode; see ``GroupFilterResult`` for the nonconstant case).
 
     Args:
         rewards: [N] scalar reward per response (int, bool or float).
@@ -108,48 +108,36 @@ def group_filter(
     lo, hi = band
     if not 0.0 <= lo <= hi <= 1.0:
         raise ValueError(f"band must satisfy 0 <= lo <= hi <= 1, got {band}")
-    if rewards.dim() != 1 or group_ids.shape != rewards.shape:
-        raise ValueError(
-            f"rewards and group_ids must both be 1-D with the same length, got "
-            f"{tuple(rewards.shape)} and {tuple(group_ids.shape)}"
-        )
-    if group_ids.is_floating_point():
-        raise ValueError("group_ids must be an integer tensor (one id per prompt)")
     if correct is not None and correct.shape != rewards.shape:
         raise ValueError(f"correct must have shape {tuple(rewards.shape)}, got {tuple(correct.shape)}")
 
     # float64 throughout: exact counts, and k/n lands on the double nearest to a decimal band edge.
     r = rewards.to(torch.float64)  # [N]
     c = (r > 0).to(torch.float64) if correct is None else correct.to(torch.float64)  # [N]
-    group_order, index = torch.unique(group_ids, return_inverse=True)  # [G], [N] in [0, G)
-    num_groups = group_order.numel()
-    zeros = torch.zeros(num_groups, dtype=torch.float64, device=r.device)
-    count = torch.bincount(index, minlength=num_groups).to(torch.float64)  # [G]
-    accuracy = zeros.index_add(0, index, c) / count.clamp_min(1)  # [G]
+    hits = group_stats(c, group_ids)  # validates the shapes and ids
+    num_groups = hits.ids.numel()
+    accuracy = hits.sum / hits.count.clamp_min(1)  # [G]
     all_correct = accuracy >= 1.0 - _BAND_TOL  # [G]
     all_wrong = accuracy <= _BAND_TOL  # [G]
 
     if mode == "none":
         keep = torch.ones(num_groups, dtype=torch.bool, device=r.device)
     elif mode == "nonconstant":
-        gmax = zeros.scatter_reduce(0, index, r, reduce="amax", include_self=False)  # [G]
-        gmin = zeros.scatter_reduce(0, index, r, reduce="amin", include_self=False)  # [G]
-        keep = gmax != gmin  # exact comparison: any difference at all is signal for GRPO
+        spread = group_stats(r, group_ids)
+        keep = spread.max != spread.min  # [G] exact comparison: any difference at all is signal for GRPO
     else:
         keep = (accuracy >= lo - _BAND_TOL) & (accuracy <= hi + _BAND_TOL)  # [G]
 
     dropped = ~keep
-    mixed = dropped & ~all_correct & ~all_wrong  # [G]
     return GroupFilterResult(
         keep=keep,
-        keep_rows=keep[index],  # [N]
-        group_order=group_order,
+        keep_rows=keep[hits.index],  # [N]
+        group_order=hits.ids,
         accuracy=accuracy,
         kept_groups=int(keep.sum()),
         dropped_all_correct=int((dropped & all_correct).sum()),
         dropped_all_wrong=int((dropped & all_wrong).sum()),
-        dropped_out_of_band=int(mixed.sum()) if mode == "band" else 0,
-        dropped_other=int(mixed.sum()) if mode == "nonconstant" else 0,
+        dropped_out_of_band=int((dropped & ~all_correct & ~all_wrong).sum()) if mode == "band" else 0,
     )
 
 

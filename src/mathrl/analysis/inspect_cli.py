@@ -181,8 +181,9 @@ def build_report(ns: InspectOptions, console: Console) -> InspectReport:
         if cfg is None:
             raise InspectError("--base is required (or --run DIR with a config.yaml naming the starting model)")
         from mathrl.model.paths import resolve_model_path
+        from mathrl.tasks.arithmetic import base_pretraining_text
 
-        base_path = resolve_model_path(cfg, console)
+        base_path = resolve_model_path(cfg, console, pretraining_text=base_pretraining_text(cfg.base))
     device = ns.device or ("cuda" if torch.cuda.is_available() else "cpu")
 
     def load(path: str):

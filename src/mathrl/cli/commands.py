@@ -133,12 +133,13 @@ def config(ns: argparse.Namespace, console: Console) -> int:
 
 def base(ns: argparse.Namespace, console: Console) -> int:
     from mathrl.model.paths import TINY_BASE, resolve_model_path
+    from mathrl.tasks.arithmetic import base_pretraining_text
     from mathrl.track.console import make_console
 
     cfg = load_config(None, ns.args)
     cfg.model.path = TINY_BASE
     _quiet_libraries()
-    print(resolve_model_path(cfg, make_console(stderr=True)), flush=True)  # stdout holds only the path: $(mathrl base)
+    print(resolve_model_path(cfg, make_console(stderr=True), pretraining_text=base_pretraining_text(cfg.base)), flush=True)  # stdout holds only the path: $(mathrl base)
     return 0
 
 

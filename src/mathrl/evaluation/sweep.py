@@ -181,10 +181,11 @@ def resolve_targets(targets: Sequence[str], *, overrides: Sequence[str], setting
         path = Path(target).expanduser()
         if target == TINY_BASE and not path.exists():
             from mathrl.model.paths import resolve_model_path
+            from mathrl.tasks.arithmetic import base_pretraining_text
 
             cfg = eval_config(None, overrides, settings)
             cfg.model.path = TINY_BASE
-            checkpoints.append(Checkpoint(TINY_BASE, resolve_model_path(cfg, console), None, None, cfg))
+            checkpoints.append(Checkpoint(TINY_BASE, resolve_model_path(cfg, console, pretraining_text=base_pretraining_text(cfg.base)), None, None, cfg))
         elif not path.exists():
             raise TargetError(f"target {target!r} does not exist; give a model directory, a run directory "
                               f"(with config.yaml) or {TINY_BASE}")

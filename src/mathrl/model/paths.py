@@ -4,13 +4,19 @@ from __future__ import annotations
 
 from rich.console import Console
 
+from typing import TYPE_CHECKING
+
 from mathrl.config import Config
+
+if TYPE_CHECKING:
+    from mathrl.model.tiny import PretrainingText
 
 TINY_BASE = "tiny-arith"  # model.path of the tiny model mathrl builds itself (model/tiny.py)
 
 
-def resolve_model_path(cfg: Config, console: Console) -> str:
-    """The model directory to load: the cached tiny base model (built now if missing) or `model.path`."""
+def resolve_model_path(cfg: Config, console: Console, *, pretraining_text: PretrainingText) -> str:
+    """The model directory to load: the cached tiny base model (built now from `pretraining_text`,
+    `tasks/arithmetic.py:base_pretraining_text(cfg.base)`, if missing) or `model.path`."""
     if cfg.model.path != TINY_BASE:
         return cfg.model.path
     from mathrl.model.tiny import base_model_dir, ensure_base_model
@@ -22,5 +28,5 @@ def resolve_model_path(cfg: Config, console: Console) -> str:
         return str(out)
     console.print(f"[bold]building the tiny base model[/bold] (once; cached at {out})")
     with BuildProgress(console, total=cfg.base.steps) as bar:
-        path = ensure_base_model(cfg.base, progress=bar.update)
+        path = ensure_base_model(cfg.base, pretraining_text=pretraining_text, progress=bar.update)
     return str(path)

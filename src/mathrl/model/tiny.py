@@ -6,7 +6,10 @@ model.safetensors, tokenizer.json) that `AutoModelForCausalLM.from_pretrained` a
 `AutoTokenizer.from_pretrained` load, cached under the user cache directory and keyed by a hash of
 its recipe, so changing any field of `BaseModelConfig` builds a new one.
 
-The pretraining text contains deliberate slips (`slip_prob`, see `ArithmeticTask.worked_solution`):
+The pretraining text comes from a `pretraining_text(count, rng)` callable that the caller passes in
+(`tasks/arithmetic.py:base_pretraining_text(cfg.base)`): a list of (prompt, solution) text pairs; the
+model learns the solution and EOS. The arithmetic text contains deliberate slips (`slip_prob`, see
+`ArithmeticTask.worked_solution`):
 sampled at temperature 1 the model makes them too, so it is only partly competent — the starting
 point an RL run needs to show that reward sharpens a policy. With `check_prob` > 0 some columns are
 followed by a self-check that repairs a slip, so the model also knows an optional, longer and more
@@ -32,10 +35,10 @@ from pathlib import Path
 
 import torch
 
-from mathrl.tasks.arithmetic import ArithmeticTask
-
 BASE_FORMAT_VERSION = 2  # bump when the build code changes what a given recipe produces
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
+PretrainingText = Callable[[int, random.Random], list[tuple[str, str]]]
+"""(count, rng) -> `count` (prompt, solution) text pairs, drawn from `rng` only."""
 
 
 def build_char_tokenizer():
@@ -92,15 +95,11 @@ def base_model_dir(cfg, cache_root: Path | None = None) -> Path:
     return (cache_root or _default_cache_root()) / "base" / f"tiny-arith-{recipe_hash(cfg)}"
 
 
-def _encode_batch(tokenizer, task: ArithmeticTask, rng: random.Random, batch_size: int, slip_prob: float,
-                  check_prob: float = 0.0):
-    """Random training-split problems as (input_ids, labels) with loss on the solution and EOS only."""
+def _encode_batch(tokenizer, pretraining_text: PretrainingText, rng: random.Random, batch_size: int):
+    """A batch of pretraining pairs as (input_ids, labels) with loss on the solution and EOS only."""
     rows = []
-    for problem in task.train_problems(batch_size, seed=rng.randrange(2**62)):
-        a, b = task.operands(problem)
-        prompt = tokenizer(problem.question + "=")["input_ids"]
-        solution = tokenizer(task.worked_solution(a, b, rng=rng, slip_prob=slip_prob, check_prob=check_prob))["input_ids"]
-        rows.append((prompt, solution + [tokenizer.eos_token_id]))
+    for prompt, solution in pretraining_text(batch_size, rng):
+        rows.append((tokenizer(prompt)["input_ids"], tokenizer(solution)["input_ids"] + [tokenizer.eos_token_id]))
     width = max(len(p) + len(s) for p, s in rows)
     input_ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
     labels = torch.full((len(rows), width), -100, dtype=torch.long)
@@ -114,9 +113,12 @@ def build_base_model(
     cfg,
     out_dir: Path,
     *,
+    pretraining_text: PretrainingText,
     progress: Callable[[int, int, float], None] | None = None,
 ) -> Path:
-    """Pretrain the tiny model described by `cfg` (a `BaseModelConfig`) and save it to `out_dir`.
+    """Pretrain the tiny model described by `cfg` (a `BaseModelConfig`) on `pretraining_text` and
+    save it to `out_dir`. The text must follow `cfg` (`base_pretraining_text(cfg)`): the cache key
+    is the recipe's hash.
 
     Written to a temporary directory first and renamed at the end, so an interrupted build never
     leaves a half-written model that a later run would pick up.
@@ -126,7 +128,6 @@ def build_base_model(
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     tokenizer = build_char_tokenizer()
-    task = ArithmeticTask(min_digits=cfg.min_digits, max_digits=cfg.max_digits)
     model_cfg = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=cfg.hidden_size,
@@ -151,7 +152,7 @@ def build_base_model(
 
     model.train()
     for step in range(cfg.steps):
-        input_ids, labels = _encode_batch(tokenizer, task, rng, cfg.batch_size, cfg.slip_prob, cfg.check_prob)
+        input_ids, labels = _encode_batch(tokenizer, pretraining_text, rng, cfg.batch_size)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step)
         loss = model(input_ids=input_ids, attention_mask=(input_ids != tokenizer.pad_token_id).long(), labels=labels).loss
@@ -179,11 +180,13 @@ def build_base_model(
     return out_dir
 
 
-def ensure_base_model(cfg, *, cache_root: Path | None = None, progress=None, on_build_start=None) -> Path:
-    """Path of the cached base model for `cfg`, building it first if it is not cached yet."""
+def ensure_base_model(cfg, *, pretraining_text: PretrainingText, cache_root: Path | None = None, progress=None,
+                      on_build_start=None) -> Path:
+    """Path of the cached base model for `cfg`, building it first (from `pretraining_text`) if it is
+    not cached yet."""
     out = base_model_dir(cfg, cache_root)
     if (out / "model.safetensors").exists():
         return out
     if on_build_start is not None:
         on_build_start(out)
-    return build_base_model(cfg, out, progress=progress)
+    return build_base_model(cfg, out, pretraining_text=pretraining_text, progress=progress)

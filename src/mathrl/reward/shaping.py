@@ -25,6 +25,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from mathrl.algo.groups import group_stats
+
 __all__ = [
     "soft_overlong_punishment",
     "kimi_length_penalty",
@@ -101,11 +103,8 @@ def kimi_length_penalty(lengths: Tensor, correct: Tensor, group_ids: Tensor, *, 
         raise ValueError("group_ids must be an integer tensor (one id per prompt)")
     if length.numel() == 0:
         return length.clone()
-    _, index = torch.unique(group_ids, return_inverse=True)  # [N] in [0, G)
-    num_groups = int(index.max()) + 1
-    zeros = torch.zeros(num_groups, dtype=length.dtype, device=length.device)
-    gmin = zeros.scatter_reduce(0, index, length, reduce="amin", include_self=False)[index]  # [N]
-    gmax = zeros.scatter_reduce(0, index, length, reduce="amax", include_self=False)[index]  # [N]
+    groups = group_stats(length, group_ids)
+    gmin, gmax = groups.min[groups.index], groups.max[groups.index]  # [N] each
     span = gmax - gmin  # [N]
     lam = 0.5 - (length - gmin) / span.clamp_min(1e-12)  # [N]; span 0 handled below
     reward = torch.where(correct > 0, lam, lam.clamp(max=0.0))

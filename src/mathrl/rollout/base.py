@@ -19,6 +19,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from mathrl.seeds import GENERATOR_MODULUS, derive_seed
+
 
 @dataclass
 class RolloutBatch:
@@ -86,7 +88,7 @@ class Engine(Protocol):
 def row_seed(seed: int, row: int) -> int:
     """The sampling seed of row `row` of a call seeded with `seed`: a fixed function of both, so a row's
     sample does not depend on the other rows of the call (nor on how an engine batches them)."""
-    return (seed * 1_000_003 + row) % (2**63 - 1)
+    return derive_seed(seed, row, modulus=GENERATOR_MODULUS)
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 import torch
 
-from mathrl.rollout.base import RolloutBatch, concat_rollouts, full_tensor, left_pad, select_rollout_rows
+from mathrl.rollout.base import RolloutBatch, concat_rollouts, full_tensor, left_pad, row_seed, select_rollout_rows
 
 __all__ = ["TorchEngine", "RolloutBatch", "concat_rollouts", "inverse_cdf", "left_pad", "sample_top_p", "select_rollout_rows"]
 
@@ -194,7 +194,7 @@ class TorchEngine:
                     max_new_tokens=max_new_tokens,
                     temperature=temperature,
                     top_p=top_p,
-                    seed=(seed * 1_000_003 + (first_row + i) // self.batch_size) % (2**63 - 1),  # a Generator takes < 2**64
+                    seed=row_seed(seed, (first_row + i) // self.batch_size),  # one seed per block of batch_size rows
                 )
                 for i in range(0, len(prompts), self.batch_size)
             ]

@@ -20,8 +20,10 @@ construction, for every seed, not just for the problems that happen to be sample
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from mathrl.tasks.base import Problem
@@ -90,6 +92,15 @@ class ArithmeticTask:
         return int(a), int(b)
 
     # -- worked solutions (pretraining data for the tiny base model) --------------------------------
+    def pretraining_examples(self, count: int, rng: random.Random, *, slip_prob: float = 0.0,
+                             check_prob: float = 0.0) -> list[tuple[str, str]]:
+        """`count` random training problems as (prompt, worked solution) text pairs, the prompt ending
+        in "=": the tiny base model's pretraining text (model/tiny.py). One draw from `rng` seeds the
+        problems; the solutions' slips and checks draw from it in turn."""
+        problems = self.train_problems(count, seed=rng.randrange(2**62))
+        return [(p.question + "=", self.worked_solution(*self.operands(p), rng=rng, slip_prob=slip_prob,
+                                                        check_prob=check_prob)) for p in problems]
+
     def worked_solution(self, a: int, b: int, *, rng: random.Random | None = None, slip_prob: float = 0.0,
                         check_prob: float = 0.0) -> str:
         """Column-by-column addition ending in `\\boxed{}`.
@@ -132,3 +143,10 @@ if __name__ == "__main__":
     for p in task.train_problems(5, seed=0):
         a, b = map(int, p.question.split("+"))
         print(p.question + "=" + task.worked_solution(a, b))
+
+
+def base_pretraining_text(base) -> Callable[[int, random.Random], list[tuple[str, str]]]:
+    """The pretraining text of the tiny base model a `BaseModelConfig` describes (operand sizes,
+    slips, checks), as the `pretraining_text` callable that `model/tiny.py` builds it from."""
+    task = ArithmeticTask(min_digits=base.min_digits, max_digits=base.max_digits)
+    return functools.partial(task.pretraining_examples, slip_prob=base.slip_prob, check_prob=base.check_prob)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mathrl.config import Config
+from mathrl.seeds import derive_seed
 from mathrl.tasks.arithmetic import ArithmeticTask
 from mathrl.tasks.base import Problem
 from mathrl.tasks.curriculum import Curriculum
@@ -84,7 +85,7 @@ class ProblemStream:
 
     def _take(self, count: int) -> list[Problem]:
         if self.task is not None:
-            return self.task.train_problems(count, seed=self.seed * 1_000_003 + self.draws)
+            return self.task.train_problems(count, seed=derive_seed(self.seed, self.draws))
         out = []
         while len(out) < count:
             if not self._order:

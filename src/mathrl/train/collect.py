@@ -21,6 +21,7 @@ from mathrl.reward.collapse import is_garbled, is_repetitive
 from mathrl.reward.shaping import kimi_length_penalty, length_bonus, length_schedule_reward, soft_overlong_punishment
 from mathrl.reward.verify import RewardResult
 from mathrl.rollout.engine import RolloutBatch, concat_rollouts, select_rollout_rows
+from mathrl.seeds import PIECE_MODULUS, PIECE_STRIDE, REFILL_ROUND_STRIDE, SHARD_STRIDE, derive_seed
 from mathrl.tasks.base import Problem
 from mathrl.tasks.sources import ProblemStream
 from mathrl.train import dist as tdist
@@ -80,8 +81,8 @@ def shard_seed(seed: int, shard: int, offset: int = 0) -> int:
     whole shard, or its first piece) keeps the one-process seed; any other offset gets a seed of its own,
     so two ranks that split one shard never replay the same random stream.
     """
-    s = seed if shard == 0 else seed + shard * 1_000_000_007
-    return s if offset == 0 else (s * 1_000_003 + offset * 998_244_353 + 1) % (2**61 - 1)
+    s = seed if shard == 0 else seed + shard * SHARD_STRIDE
+    return s if offset == 0 else derive_seed(s, offset * PIECE_STRIDE + 1, modulus=PIECE_MODULUS)
 
 
 def rank_pieces(rows: int, n: int, batch_size: int, ranks: Ranks) -> list[tuple[int, int, int, int]]:
@@ -159,7 +160,7 @@ def collect_rollouts(cfg: Config, step: int, *, train_stream: ProblemStream, eng
         problems, prompt_ids, prompts_text = train_stream.next_batch(want)
         rollout, texts, results, gen_s, rew_s = generate_and_score(
             cfg, [p for p in prompt_ids for _ in range(n)], [p.answer for p in problems for _ in range(n)],
-            seed=cfg.seed * 1_000_003 + step + (rounds - 1) * 7_919_993,  # round 1 keeps the plain per-step seed
+            seed=derive_seed(cfg.seed, step + (rounds - 1) * REFILL_ROUND_STRIDE),  # round 1 keeps the plain per-step seed
             engine=engine, tokenizer=tokenizer, verifier=verifier, ranks=ranks,
         )
         t_gen, t_rew = t_gen + gen_s, t_rew + rew_s

@@ -13,6 +13,7 @@ from mathrl.algo.critic import explained_variance, gae, outcome_token_rewards, v
 from mathrl.algo.losses import aggregate, dp_scale, global_counts, masked_mean
 from mathrl.config import Config
 from mathrl.model.value import response_values
+from mathrl.seeds import CRITIC_STREAM, derive_seed
 from mathrl.tasks.sources import ProblemStream
 from mathrl.train.batching import TrainBatch
 from mathrl.train import dist as tdist
@@ -48,7 +49,7 @@ def update_critic(critic, optimizer, scheduler, batch: TrainBatch, cfg: Config, 
         sums["tokens"] += float(micro.loss_mask.sum())
         return {"value_loss": loss.item()}
 
-    log = run_updates(critic, optimizer, scheduler, batch, cfg, seed=cfg.seed * 1_000_003 + step + 500_009,
+    log = run_updates(critic, optimizer, scheduler, batch, cfg, seed=derive_seed(cfg.seed, step + CRITIC_STREAM),
                       mini_batch_counts=lambda mini: global_counts(mini.loss_mask), micro_step=micro_step, rows=rows)
     sums = tdist.all_reduce_sums(sums)
     m = batch.loss_mask

@@ -33,6 +33,7 @@ from mathrl.model.io import load_model_and_tokenizer
 from mathrl.model.paths import resolve_model_path
 from mathrl.model.scoring import response_logprobs
 from mathrl.reward.verify import Verifier
+from mathrl.tasks.arithmetic import base_pretraining_text
 from mathrl.rollout.factory import build_engine
 from mathrl.run_dir import open_run_dir
 from mathrl.tasks.loading import load_problems
@@ -193,7 +194,7 @@ def sft(cfg: Config, *, console: Console | None = None, resume: bool = True) -> 
     run, checkpoint = open_run_dir(cfg.run_dir, config_text=dump_yaml(cfg), resume=resume, console=console)
     console.print(f"[bold]run directory[/bold] {run.path}")
     seed_everything(cfg.seed)
-    model_path = resolve_model_path(cfg, console)
+    model_path = resolve_model_path(cfg, console, pretraining_text=base_pretraining_text(cfg.base))
     model, tokenizer = load_model_and_tokenizer(checkpoint or model_path, dtype=cfg.model.dtype)
     model.train()
     examples, dropped = load_examples(cfg, tokenizer)

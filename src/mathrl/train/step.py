@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from mathrl.algo.estimators import AdvantageInputs
+from mathrl.algo.groups import group_stats
 from mathrl.algo.kl import apply_kl_reward_penalty, kl_penalty
 from mathrl.algo.losses import masked_mean
 from mathrl.registry import ADVANTAGE_ESTIMATORS
@@ -165,8 +166,7 @@ def batch_metrics(got, batch: TrainBatch, *, n: int, prompts_too_long: int,
     """reward/*, rollout/* and data/* metrics of the step's kept samples."""
     rollout, results, correct = got.rollout, got.results, got.correct
     lengths = rollout.response_lengths.float()
-    per_group = correct.view(len(got.problems), n)
-    group_max, group_min = per_group.max(1).values, per_group.min(1).values
+    groups = group_stats(correct, torch.arange(len(got.problems)).repeat_interleave(n))  # the step's G groups of n
     reflections = reflection_stats(got.texts, reflection_words)
     return {
         "rollout/response_length_group_std": float(lengths.view(len(got.problems), n).std(1, unbiased=False).mean()),
@@ -181,8 +181,8 @@ def batch_metrics(got, batch: TrainBatch, *, n: int, prompts_too_long: int,
         "rollout/response_length_max": float(lengths.max()),
         "rollout/truncated_frac": float(rollout.truncated.float().mean()),
         "data/prompts_too_long": float(prompts_too_long),
-        "rollout/all_correct_groups": float((group_min == group_max).logical_and(group_max > 0).float().mean()),
-        "rollout/all_wrong_groups": float((group_max <= 0).float().mean()),
+        "rollout/all_correct_groups": float((groups.min == groups.max).logical_and(groups.max > 0).float().mean()),
+        "rollout/all_wrong_groups": float((groups.max <= 0).float().mean()),
         "rollout/logprob_mismatch": float(masked_mean((rollout.logprobs - batch.old_logprobs).abs(), rollout.response_mask)),
     }
 

@@ -22,6 +22,7 @@ from mathrl.algo.losses import aggregate, dp_scale, global_counts, policy_loss, 
 from mathrl.algo.rollout_correction import correction_weights
 from mathrl.config import Config
 from mathrl.model.scoring import input_device, next_token_logprobs, response_logprobs
+from mathrl.seeds import derive_seed
 from mathrl.tasks.sources import PretrainText
 from mathrl.train import dist as tdist
 from mathrl.train.batching import TrainBatch, micro_batch_slices, micro_batches, row_lengths
@@ -313,7 +314,7 @@ def update_policy(
         (algo.ptx.coef * ptx_loss).backward()
         return {"ptx_loss": ptx_loss.item()}
 
-    log = run_updates(model, optimizer, scheduler, batch, cfg, seed=cfg.seed * 1_000_003 + step,
+    log = run_updates(model, optimizer, scheduler, batch, cfg, seed=derive_seed(cfg.seed, step),
                       mini_batch_counts=mini_batch_counts, micro_step=micro_step,
                       after_micro_batches=ptx_step if ptx is not None else None, rows=rows)
     sums = tdist.all_reduce_sums(sums)
