@@ -26,7 +26,8 @@ Throughput: pairs/second of `score` on two workloads, median of `--repeats` call
 without the `hostile` category (exponent towers wait out timeouts and would dominate), and the
 MATH-500 workload of `benchmarks/verifier_throughput.py` (400 pairs, half right, 40% perturbed, 10%
 no box). mathrl runs in-process (`Verifier(num_workers=0)`) and on a pool (`--workers`); math-verify
-in-process. `--baseline-ref REF` also times `src/mathrl/reward/verify.py` as it was at git REF (loaded
+in-process, with latex2sympy2's own LL parsing (as in a process of their own; mathrl parses two-stage,
+`mathrl.reward.latex_parse`). `--baseline-ref REF` also times `src/mathrl/reward/verify.py` as it was at git REF (loaded
 from `git show`), in-process and on the pool, so that a change can be checked for speed on the same
 machine and load.
 """
@@ -55,7 +56,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from mathrl.reward import Verifier, extract_boxed, verify_one
+from mathrl.reward import Verifier, extract_boxed, latex_parse, verify_one
 
 REPO = Path(__file__).resolve().parents[1]
 CASES_FILE = REPO / "tests" / "data" / "verifier_cases.jsonl"
@@ -177,6 +178,19 @@ def time_calls(score: Callable[[list[str], list[str]], object], workload: tuple[
     return statistics.median(rates)
 
 
+def with_ll_parsing(score: Callable[[list[str], list[str]], object]) -> Callable[[list[str], list[str]], object]:
+    """``score`` timed with latex2sympy2's own LL parsing, as it runs in a process of its own: mathrl
+    makes the parser two-stage in its process (`mathrl.reward.latex_parse`), which would speed up the
+    other in-process checkers too."""
+    def timed(completions: list[str], references: list[str]) -> object:
+        latex_parse.uninstall_two_stage_parsing()
+        try:
+            return score(completions, references)
+        finally:
+            latex_parse.install_two_stage_parsing()
+    return timed
+
+
 def math500_workload(n: int, seed: int) -> tuple[list[str], list[str]] | None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import verifier_throughput  # the workload builder of the throughput benchmark
@@ -261,10 +275,12 @@ def main() -> None:
         scorers: dict[str, Callable] = {
             "mathrl in-process": stack.enter_context(Verifier(num_workers=0)).score,
             f"mathrl pool ({args.workers} workers)": stack.enter_context(Verifier(num_workers=args.workers)).score,
-            "math-verify in-process": lambda cs, rs: [math_verify_equal(c, r) for c, r in zip(cs, rs)],
+            "math-verify in-process": with_ll_parsing(
+                lambda cs, rs: [math_verify_equal(c, r) for c, r in zip(cs, rs)]),
         }
         if baseline is not None:
-            scorers[f"{args.baseline_ref} in-process"] = stack.enter_context(baseline.Verifier(num_workers=0)).score
+            scorers[f"{args.baseline_ref} in-process"] = with_ll_parsing(
+                stack.enter_context(baseline.Verifier(num_workers=0)).score)
             scorers[f"{args.baseline_ref} pool ({args.workers} workers)"] = stack.enter_context(
                 baseline.Verifier(num_workers=args.workers)).score
         for name, workload in workloads.items():
