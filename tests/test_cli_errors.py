@@ -245,7 +245,7 @@ def test_ctrl_c_says_where_to_resume_and_piped_output_has_progress_lines(tmp_pat
     assert child.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     lines = [ln for ln in err.splitlines() if ln.strip()]
-    from mathrl.train.checkpoint import latest_checkpoint
+    from mathrl.run_dir import latest_checkpoint
 
     saved = json.loads((latest_checkpoint(run / "checkpoints") / "trainer_state.json").read_text())["step"]
     logged = _steps_logged(run)

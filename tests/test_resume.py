@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mathrl.train.checkpoint import complete_checkpoints, latest_checkpoint, prune_checkpoints
+from mathrl.run_dir import complete_checkpoints, latest_checkpoint
+from mathrl.train.checkpoint import prune_checkpoints
 
 DRIVER = r'''
 import json, os, signal, sys

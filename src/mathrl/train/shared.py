@@ -16,7 +16,7 @@ from mathrl.evaluation.evaluate import EvalResult, evaluate
 from mathrl.run_dir import RunDir
 from mathrl.tasks.sources import EvalSet
 from mathrl.track.sinks import Tracker
-from mathrl.train.checkpoint import latest_checkpoint
+from mathrl.run_dir import latest_checkpoint
 from mathrl.train.dist import Ranks, all_gather_objects
 
 
