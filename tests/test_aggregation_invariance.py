@@ -21,6 +21,7 @@ import torch.multiprocessing as mp
 from torch.testing import assert_close
 
 from mathrl.algo.losses import AGG_MODES, aggregate, batch_counts, dp_scale, global_counts, policy_loss
+from mathrl.train.dist import close_distributed, exit_rank
 
 
 class Batch(NamedTuple):
@@ -161,8 +162,11 @@ def _dp_worker(rank: int, world_size: int, init_file: str, out_file: str) -> Non
         results["dp_scale"] = dp_scale()
         if rank == 0:
             torch.save(results, out_file)
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    close_distributed()  # barrier, destroy, then no interpreter shutdown (train/dist.py says why)
+    exit_rank(0)
 
 
 def test_data_parallel_matches_single_process(tmp_path):

@@ -64,7 +64,7 @@ def _offload_worker(rank: int, world_size: int, init_file: str, out_file: str) -
     from torch.distributed.fsdp import fully_shard
 
     from mathrl.rollout.base import full_tensor
-    from mathrl.train.dist import total_norm
+    from mathrl.train.dist import close_distributed, exit_rank, total_norm
 
     # the CPU half of a CUDA job's mixed group, named the way init_distributed names it there
     dist.init_process_group("cpu:gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
@@ -82,8 +82,13 @@ def _offload_worker(rank: int, world_size: int, init_file: str, out_file: str) -
         gathered = [full_tensor(p.detach()) for p in model.parameters()]
         if rank == 0:
             torch.save({"norm": norm, "gathered": gathered, "reference": reference}, out_file)
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    # a finished rank ends as mathrl's ranks do: a barrier, the group destroyed, then no interpreter
+    # shutdown, during which gloo's worker threads can abort the process (train/dist.py)
+    close_distributed()
+    exit_rank(0)
 
 
 def test_cpu_half_reduces_sharded_cpu_tensors(tmp_path):

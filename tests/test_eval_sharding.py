@@ -58,15 +58,20 @@ def _run(rank: int, world_size: int, gather):
 def _worker(rank: int, world_size: int, init_file: str, out: str) -> None:
     import torch.distributed as dist
 
-    from mathrl.train.dist import all_gather_objects
+    from mathrl.train.dist import all_gather_objects, close_distributed, exit_rank
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     try:
         result = _run(rank, world_size, all_gather_objects)
         with open(f"{out}.{rank}", "wb") as f:
             pickle.dump(result, f)
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    # a finished rank ends as mathrl's ranks do: a barrier, the group destroyed, then no interpreter
+    # shutdown, during which gloo's worker threads can abort the process (train/dist.py)
+    close_distributed()
+    exit_rank(0)
 
 
 @pytest.mark.slow
