@@ -160,3 +160,92 @@ def test_training_with_the_correction_logs_finite_metrics(tmp_path, monkeypatch,
             assert row["rollout/logprob_mismatch"] < 1e-4
             assert row["actor/rollout_is_weight"] == pytest.approx(1.0, abs=1e-4)
             assert row["actor/rollout_is_over_cap"] == 0
+
+
+# --------------------------------------------------------------------------------------------------
+# the lower bound (a two-sided rejection window) and what a rejected token does to the loss
+# --------------------------------------------------------------------------------------------------
+LOWER_CASES = [
+    # ratios: row 0 = [2, 1, 1/2], row 1 = [3, 3, pad]
+    ("mis", 2.5, 0.6, [[2.0, 1.0, 0.0], [0.0, 0.0, 0.0]], [[0, 0, 1], [1, 1, 0]],
+     "MIS with [0.6, 2.5]: ratio 1/2 is under the lower bound and rejected like the ratio-3 tokens"),
+    ("tis", 2.5, 0.6, [[2.0, 1.0, 0.0], [2.5, 2.5, 0.0]], [[0, 0, 1], [1, 1, 0]],
+     "TIS caps ratio 3 at 2.5 and rejects ratio 1/2 (under 0.6)"),
+    ("mis", 2.5, 0.5, [[2.0, 1.0, 0.5], [0.0, 0.0, 0.0]], [[0, 0, 0], [1, 1, 0]],
+     "ratio exactly 1/2 is on the lower bound, so kept (verl and IcePop keep [L, C] inclusive)"),
+    ("mis", 2.0, 0.5, [[2.0, 1.0, 0.5], [0.0, 0.0, 0.0]], [[0, 0, 0], [1, 1, 0]],
+     "IcePop's window [0.5, 2]: both ends kept, ratio 3 rejected"),
+]
+
+
+@pytest.mark.parametrize("mode, cap, lower, weights, rejected, why", LOWER_CASES,
+                         ids=[f"{c[0]}-{c[1]}-{c[2]}" for c in LOWER_CASES])
+def test_lower_bound_rejects_small_ratios(mode, cap, lower, weights, rejected, why):
+    w, r = correction_weights(OLD, ROLLOUT, MASK, mode=mode, level="token", cap=cap, lower=lower)
+    assert_close(w, torch.tensor(weights), msg=why)
+    assert_close(r, torch.tensor(rejected, dtype=torch.float32), msg=why)
+
+
+def test_lower_bound_outside_the_unit_interval_is_refused():
+    for lower in (0.0, 1.0, 1.5):
+        with pytest.raises(ValueError, match="lower must be in"):
+            correction_weights(OLD, ROLLOUT, MASK, mode="mis", level="token", cap=2.0, lower=lower)
+
+
+def _update_once(overrides, old, rollout_lp, mask, adv):
+    """The aggregated policy-gradient term of one micro-batch holding the whole batch, built as
+    train/step.py and train/update.py build it; returns the loss, its gradient with respect to the
+    logprobs, the step metrics and the batch."""
+    from mathrl.config import load_config
+    from mathrl.train.batching import TrainBatch
+    from mathrl.train.step import importance_weights
+    from mathrl.train.update import TermInputs, pg_term
+
+    cfg = load_config(None, overrides)
+    n, t = old.shape
+    batch = TrainBatch(prompt_ids=torch.zeros(n, 1, dtype=torch.long), prompt_mask=torch.ones(n, 1),
+                       response_ids=torch.zeros(n, t, dtype=torch.long), response_mask=mask.clone(),
+                       loss_mask=mask.clone(), old_logprobs=old, advantages=adv, ref_logprobs=torch.zeros(n, t),
+                       ref_entropy=torch.zeros(n, t), correct=torch.zeros(n), rollout_logprobs=rollout_lp)
+    metrics: dict = {}
+    importance_weights(cfg, batch, metrics)
+    logprobs = (old + 0.1).clone().requires_grad_(True)  # pi_theta moved a little away from the proximal policy
+    x = TermInputs(cfg, batch, logprobs, torch.zeros(n, t), batch.loss_mask, float(batch.loss_mask.sum()),
+                   float(n), 0.0, 0.0, {"entropy": 0.0, "kl": 0.0}, {})
+    loss, _ = pg_term(x)
+    loss.backward()
+    return float(loss.detach()), logprobs.grad, metrics, batch
+
+
+def test_decoupled_ppo_matches_the_areal_objective_by_hand():
+    # AReaL's decoupled PPO: per token -min(r A, clip(r) A) * w, r = pi_theta / pi_prox, w = pi_prox / pi_behav
+    # zeroed where w > cap, summed over the loss mask and divided by its count (rejected tokens stay in it).
+    adv = torch.tensor([[1.0, -1.0, 2.0], [0.5, 0.5, 0.0]])
+    loss, grad, metrics, _ = _update_once(["algo.off_policy=decoupled", "algo.rollout_correction.cap=2.5"],
+                                          OLD, ROLLOUT, MASK, adv)
+    r = math.exp(0.1)  # every token: logprobs = prox + 0.1; clip(r) = min(r, 1.28) = r (r = 1.105)
+    w = [[2.0, 1.0, 0.5], [0.0, 0.0]]  # ratio-3 tokens rejected
+    terms = [-r * a * wt for a, wt in zip([1.0, -1.0, 2.0, 0.5, 0.5], w[0] + w[1])]
+    assert loss == pytest.approx(sum(terms) / 5, rel=1e-6)
+    assert metrics["actor/rollout_is_over_cap"] == pytest.approx(2 / 5)
+    assert metrics["actor/rollout_is_weight"] == pytest.approx((2 + 1 + 0.5) / 5)
+    assert grad[1, :2].abs().sum() == 0  # the rejected tokens teach nothing
+
+
+def test_rejected_drop_takes_tokens_out_of_the_normaliser_and_zero_keeps_them():
+    adv = torch.ones(2, 3)
+    base = ["algo.off_policy=decoupled", "algo.rollout_correction.cap=2.5"]
+    zero, _, _, kept = _update_once(base, OLD, ROLLOUT, MASK, adv)
+    drop, _, _, dropped = _update_once([*base, "algo.rollout_correction.rejected=drop"], OLD, ROLLOUT, MASK, adv)
+    assert kept.loss_mask.sum() == 5 and dropped.loss_mask.sum() == 3  # the two ratio-3 tokens left the mask
+    assert drop == pytest.approx(zero * 5 / 3, rel=1e-6)  # the same terms over 3 tokens instead of 5
+
+
+def test_off_policy_tis_is_token_tis_and_cannot_be_combined_with_rollout_correction():
+    from mathrl.config import ConfigError, load_config
+
+    c = load_config(None, ["algo.off_policy=tis", "algo.rollout_correction.cap=3", "algo.rollout_correction.lower=0.25"]).correction()
+    assert (c.mode, c.level, c.cap, c.lower, c.rejected) == ("tis", "token", 3.0, 0.25, "zero")
+    assert load_config(None, []).correction() is None
+    with pytest.raises(ConfigError, match="takes one importance weight"):
+        load_config(None, ["algo.off_policy=decoupled", "algo.rollout_correction.mode=tis"])

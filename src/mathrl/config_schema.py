@@ -232,6 +232,7 @@ DOMAINS: dict[str, Domain] = {
     "algo.ptx.max_tokens": at_least(2),
     "algo.pos_lm.coef": NONNEG,
     "algo.rollout_correction.cap": Range(1, open_low=True, why="a ratio of 1 is on-policy; 2.0 is common"),
+    "algo.rollout_correction.lower": unit(open_low=True, open_high=True, why="a ratio of 1 is on-policy; 0.5 is IcePop's"),
     "train.steps": COUNT,
     "train.mini_batch_size": COUNT,
     "train.epochs": COUNT,

@@ -83,14 +83,17 @@ def correction_weights(
     mode: CorrectionMode,
     level: CorrectionLevel,
     cap: float,
+    lower: float | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Importance weights that correct the policy-gradient term for the rollout/trainer mismatch.
 
-        tis: w = min(ρ, C)            (Yao et al. 2025, TIS)
-        mis: w = ρ · 1[ρ ≤ C]         (Liu, Li et al. 2025, MIS)
+        tis: w = min(ρ, C) · 1[ρ ≥ L]         (Yao et al. 2025, TIS)
+        mis: w = ρ · 1[L ≤ ρ ≤ C]             (Liu, Li et al. 2025, MIS)
 
     with ρ = exp(log_ratio(...)) per token or per sequence. min(ρ, C) is computed as
-    exp(min(log ρ, log C)), so a sequence ratio far over the cap never overflows.
+    exp(min(log ρ, log C)), so a sequence ratio far over the cap never overflows. The lower bound L
+    (`lower`, None = no lower bound) rejects tokens the trainer finds far less likely than the engine
+    did, which stale (off-policy) samples produce: verl's rejection uses L = 1/C, IcePop [0.5, 2].
 
     Args:
         old_logprobs: [B, T] trainer logprobs (π_old, the weights the engine sampled with).
@@ -99,23 +102,28 @@ def correction_weights(
         mode: "tis" or "mis".
         level: "token" or "sequence".
         cap: C > 1.
+        lower: L in (0, 1), or None.
 
     Returns:
         weights: [B, T] detached, 0 at masked tokens; multiply the per-token policy loss by it.
-        over_cap: [B, T] float, 1 where ρ > C (the token, or every token of the sequence) and counted.
+        rejected: [B, T] float, 1 where the weight was cut: ρ > C (capped by tis, zeroed by mis) or
+            ρ < L (zeroed by both); the token, or every token of the sequence.
     """
     _check(old_logprobs, rollout_logprobs, mask, cap)
+    if lower is not None and not 0.0 < lower < 1.0:
+        raise ValueError(f"lower must be in (0, 1) (an importance ratio of 1 is on-policy), got {lower}")
     m = mask.bool()
     zeros = torch.zeros_like(old_logprobs)
     with torch.no_grad():
         lr = log_ratio(old_logprobs, rollout_logprobs, mask, level=level)  # [B, T]
         log_cap = math.log(cap)
         over = (lr > log_cap) & m  # [B, T]
+        under = (lr < math.log(lower)) & m if lower is not None else torch.zeros_like(m)  # [B, T]
         if mode == "tis":
             weights = torch.exp(lr.clamp(max=log_cap))
         elif mode == "mis":
             weights = torch.where(over, zeros, torch.exp(lr.clamp(max=log_cap)))
         else:
             raise ValueError(f"unknown mode {mode!r}; choose tis or mis")
-        weights = torch.where(m, weights, zeros)
-    return weights, over.to(old_logprobs.dtype)
+        weights = torch.where(m & ~under, weights, zeros)
+    return weights, (over | under).to(old_logprobs.dtype)

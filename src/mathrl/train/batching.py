@@ -29,6 +29,7 @@ class TrainBatch:
     old_values: torch.Tensor | None = None  # [N, T] critic values at sampling time (PPO with a critic only)
     returns: torch.Tensor | None = None  # [N, T] value targets (PPO with a critic only)
     rollout_logprobs: torch.Tensor | None = None  # [N, T] the rollout engine's sampling logprobs (algo.rollout_correction)
+    is_weights: torch.Tensor | None = None  # [N, T] importance weights of the policy-gradient term (Config.correction), None = 1
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]

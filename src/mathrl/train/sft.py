@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -35,7 +35,7 @@ from mathrl.model.scoring import response_logprobs
 from mathrl.reward.verify import Verifier
 from mathrl.tasks.arithmetic import base_pretraining_text
 from mathrl.rollout.factory import build_engine
-from mathrl.run_dir import open_run_dir
+from mathrl.run_dir import RunDir, open_run_dir
 from mathrl.tasks.loading import load_problems
 from mathrl.tasks.sources import build_eval_sets, field_map, prompt_encoder
 from mathrl.train.batching import TrainBatch, micro_batches
@@ -185,12 +185,44 @@ def heldout_loss(model, batch: TrainBatch, cfg: Config) -> float:
 
 
 # ----------------------------------------------------------------------------------------- the run
-def sft(cfg: Config, *, console: Console | None = None, resume: bool = True) -> Path:
-    """Fine-tune model.path on data.train's responses for sft.steps optimizer steps; returns the run
-    directory, whose final/ is a Hugging Face model `mathrl train model.path=<run>/final` starts from."""
-    console = console or Console()
-    check_sft_config(cfg)
-    t_start = time.time()
+@dataclass
+class SFTRun:
+    """What an SFT run holds between steps (built by `build_sft`)."""
+
+    cfg: Config
+    console: Console
+    run: RunDir
+    checkpoint: Path | None  # the checkpoint this run resumed from
+    model: torch.nn.Module
+    tokenizer: object
+    stream: ExampleStream
+    eval_batch: TrainBatch | None  # the held-out rows (sft.eval_rows)
+    eval_sets: list  # the data.eval sets (sft.eval_pass1)
+    engine: object | None  # samples the eval sets
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    tracker: object = None  # built once a resumed run's log is truncated
+    start_step: int = 1
+    skips: SkipCount = field(default_factory=SkipCount)
+
+    def evaluate(self, step: int, verifier: Verifier) -> dict:
+        """Held-out loss and (sft.eval_pass1) the data.eval sets; logged at `step`, returns the EvalResults."""
+        metrics, results = {}, {}
+        if self.eval_batch is not None:
+            metrics["sft/eval_loss"] = heldout_loss(self.model, self.eval_batch, self.cfg)
+            self.tracker.log(step, metrics)
+        if self.eval_sets:
+            self.engine.update_weights(self.model.state_dict().items())
+            results = run_evals(self.eval_sets, engine=self.engine, tokenizer=self.tokenizer, verifier=verifier, cfg=self.cfg)
+            metrics.update(log_evals(step, results, self.tracker, self.run))
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k.endswith(("eval_loss", "pass@1")))
+        self.console.print(f"step {step}/{self.cfg.sft.steps}: {shown}", highlight=False)
+        return results
+
+
+def build_sft(cfg: Config, console: Console, *, resume: bool) -> SFTRun:
+    """The run directory, model, data, optimizer and tracker of an SFT run, resumed from the run
+    directory's last checkpoint when it holds one."""
     run, checkpoint = open_run_dir(cfg.run_dir, config_text=dump_yaml(cfg), resume=resume, console=console)
     console.print(f"[bold]run directory[/bold] {run.path}")
     seed_everything(cfg.seed)
@@ -201,76 +233,80 @@ def sft(cfg: Config, *, console: Console | None = None, resume: bool = True) -> 
     train_rows, eval_rows = split_heldout(examples, cfg.sft.eval_rows, seed=cfg.seed) if cfg.sft.eval_rows else (examples, [])
     console.print(f"{len(train_rows)} training rows, {len(eval_rows)} held out from {cfg.data.train}"
                   + "".join(f"; {v} dropped ({k.replace('_', ' ')})" for k, v in dropped.items() if v))
-    stream = ExampleStream(train_rows, seed=cfg.seed)
-    eval_batch = collate(eval_rows, pad_id=tokenizer.pad_token_id) if eval_rows else None
     eval_sets = build_eval_sets(cfg, tokenizer, limit=cfg.data.eval_size) if cfg.sft.eval_pass1 else []
-    engine = build_engine(cfg, model=model, tokenizer=tokenizer, model_path=checkpoint or model_path) if eval_sets else None
     optimizer, scheduler = build_optimizer(model.parameters(), cfg, lr=cfg.sft.lr, warmup_steps=cfg.sft.warmup_steps)
-    start_step, skips = 1, SkipCount()
+    s = SFTRun(cfg, console, run, checkpoint, model, tokenizer, ExampleStream(train_rows, seed=cfg.seed),
+               collate(eval_rows, pad_id=tokenizer.pad_token_id) if eval_rows else None, eval_sets,
+               build_engine(cfg, model=model, tokenizer=tokenizer, model_path=checkpoint or model_path) if eval_sets else None,
+               optimizer, scheduler)
     if checkpoint is not None:  # exact resume: weights (loaded above), optimizer, schedule, data order, RNG
         state = load_trainer_state(checkpoint, optimizers={"optimizer": optimizer, "scheduler": scheduler}, controllers={})
         set_rng_state(state["rng"])
-        stream.load_state_dict(state["data"])
+        s.stream.load_state_dict(state["data"])
         run.truncate_after(state["step"])
-        start_step = state["step"] + 1
+        s.start_step = state["step"] + 1
         console.print(f"[bold]resuming[/bold] from {checkpoint} (step {state['step']} of {cfg.sft.steps})")
-    tracker = build_tracker(cfg, run)
+    s.tracker = build_tracker(cfg, run)
+    return s
 
+
+def sft_step(s: SFTRun, step: int) -> None:
+    """One optimizer step on the next batch (skipped when the loss or gradient is not finite), logged."""
+    cfg, t0 = s.cfg, time.time()
+    batch = collate(s.stream.next_batch(cfg.sft.batch_size), pad_id=s.tokenizer.pad_token_id)
+    loss, tokens = sft_backward(s.model, batch, micro_batch_tokens=cfg.train.micro_batch_tokens,
+                                chunk_size=cfg.model.logprob_chunk_size)
+    grad_norm = torch.nn.utils.clip_grad_norm_(s.model.parameters(), cfg.train.max_grad_norm)
+    lr = s.optimizer.param_groups[0]["lr"]
+    skipped = not step_if_finite(s.optimizer, s.scheduler, grad_norm, [loss])  # as in train
+    s.skips.record(step, int(skipped), s.console)
+    s.tracker.log(step, {"sft/loss": loss, "sft/grad_norm": float(grad_norm), "sft/lr": lr,
+                         "sft/response_tokens": tokens, "perf/skipped_updates": float(skipped),
+                         "perf/step_seconds": time.time() - t0})
+
+
+def sft(cfg: Config, *, console: Console | None = None, resume: bool = True) -> Path:
+    """Fine-tune model.path on data.train's responses for sft.steps optimizer steps; returns the run
+    directory, whose final/ is a Hugging Face model `mathrl train model.path=<run>/final` starts from."""
+    console = console or Console()
+    check_sft_config(cfg)
+    t_start = time.time()
+    s = build_sft(cfg, console, resume=resume)
     with Verifier(num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s, boxed=cfg.reward.boxed, checker=cfg.reward.checker) as verifier:
-
-        def evaluate_now(step: int) -> dict:
-            """Held-out loss and (sft.eval_pass1) the data.eval sets; logged at `step`, returns the EvalResults."""
-            metrics, results = {}, {}
-            if eval_batch is not None:
-                metrics["sft/eval_loss"] = heldout_loss(model, eval_batch, cfg)
-                tracker.log(step, metrics)
-            if eval_sets:
-                engine.update_weights(model.state_dict().items())
-                results = run_evals(eval_sets, engine=engine, tokenizer=tokenizer, verifier=verifier, cfg=cfg)
-                metrics.update(log_evals(step, results, tracker, run))
-            shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k.endswith(("eval_loss", "pass@1")))
-            console.print(f"step {step}/{cfg.sft.steps}: {shown}", highlight=False)
-            return results
-
         base = last = {}
-        if checkpoint is None:
-            base = evaluate_now(0)
-        elif eval_sets:  # a resumed run's evaluations so far are in its log
-            base, last, _ = evals_from_log(run)
-        for step in range(start_step, cfg.sft.steps + 1):
-            t0 = time.time()
-            batch = collate(stream.next_batch(cfg.sft.batch_size), pad_id=tokenizer.pad_token_id)
-            loss, tokens = sft_backward(model, batch, micro_batch_tokens=cfg.train.micro_batch_tokens,
-                                        chunk_size=cfg.model.logprob_chunk_size)
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
-            lr = optimizer.param_groups[0]["lr"]
-            skipped = not step_if_finite(optimizer, scheduler, grad_norm, [loss])  # as in train
-            skips.record(step, int(skipped), console)
-            tracker.log(step, {"sft/loss": loss, "sft/grad_norm": float(grad_norm), "sft/lr": lr,
-                               "sft/response_tokens": tokens, "perf/skipped_updates": float(skipped),
-                               "perf/step_seconds": time.time() - t0})
+        if s.checkpoint is None:
+            base = s.evaluate(0, verifier)
+        elif s.eval_sets:  # a resumed run's evaluations so far are in its log
+            base, last, _ = evals_from_log(s.run)
+        for step in range(s.start_step, cfg.sft.steps + 1):
+            sft_step(s, step)
             if eval_due(cfg, step, last=cfg.sft.steps):
-                last = evaluate_now(step)
+                last = s.evaluate(step, verifier)
             # no checkpoint while updates are being skipped: the last one stays the last good one
-            if save_due(cfg, step, last=cfg.sft.steps) and not skips.in_a_row:
-                save_checkpoint(run.checkpoints, step, model=model, tokenizer=tokenizer, optimizer=optimizer,
-                                scheduler=scheduler, state={"controllers": {}, "data": stream.state_dict()},
+            if save_due(cfg, step, last=cfg.sft.steps) and not s.skips.in_a_row:
+                save_checkpoint(s.run.checkpoints, step, model=s.model, tokenizer=s.tokenizer, optimizer=s.optimizer,
+                                scheduler=s.scheduler, state={"controllers": {}, "data": s.stream.state_dict()},
                                 keep_last=cfg.train.keep_last, keep_every=cfg.train.keep_every)
-            skips.stop_if_over(cfg.train.max_skipped_steps, run.checkpoints)
+            s.skips.stop_if_over(cfg.train.max_skipped_steps, s.run.checkpoints)
+    finish_sft(s, base=base, last=last, wall_seconds=time.time() - t_start)
+    return s.run.path
 
-    if engine is not None:
-        engine.close()
-    model.save_pretrained(run.final, safe_serialization=True)  # a plain Hugging Face directory
-    tokenizer.save_pretrained(run.final)
-    (run.final / "trainer_state.json").write_text(json.dumps({"step": cfg.sft.steps, "data": stream.state_dict()}))
-    tracker.close()
+
+def finish_sft(s: SFTRun, *, base: dict, last: dict, wall_seconds: float) -> None:
+    """Save final/ (a plain Hugging Face directory), close the engine and tracker, write the summary."""
+    cfg, run = s.cfg, s.run
+    if s.engine is not None:
+        s.engine.close()
+    s.model.save_pretrained(run.final, safe_serialization=True)
+    s.tokenizer.save_pretrained(run.final)
+    (run.final / "trainer_state.json").write_text(json.dumps({"step": cfg.sft.steps, "data": s.stream.state_dict()}))
+    s.tracker.close()
     losses = [r for r in run.metrics() if "sft/eval_loss" in r]
     run.write_summary({  # train's summary, plus the held-out loss before and after
-        **summary(wall_seconds=time.time() - t_start, steps=cfg.sft.steps, base=base, final=last),
+        **summary(wall_seconds=wall_seconds, steps=cfg.sft.steps, base=base, final=last),
         "sft_eval_loss": {"base": losses[0]["sft/eval_loss"], "final": losses[-1]["sft/eval_loss"]} if losses else None,
     })
-    console.print(f"[bold]run directory[/bold] {run.path}; continue with RL: mathrl train model.path={run.final}")
-    return run.path
+    s.console.print(f"[bold]run directory[/bold] {run.path}; continue with RL: mathrl train model.path={run.final}")
 
 
 # ----------------------------------------------------------------------------------------- example data

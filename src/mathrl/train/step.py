@@ -20,6 +20,7 @@ from mathrl.algo.estimators import AdvantageInputs
 from mathrl.algo.groups import group_stats
 from mathrl.algo.kl import apply_kl_reward_penalty, kl_penalty
 from mathrl.algo.losses import masked_mean
+from mathrl.algo.rollout_correction import correction_weights
 from mathrl.registry import ADVANTAGE_ESTIMATORS
 from mathrl.reward.reflection import reflection_stats
 from mathrl.train.batching import TrainBatch
@@ -86,7 +87,23 @@ def score(trainer: Trainer, batch: TrainBatch, got: Collected, *, rows, metrics:
         batch.ref_logprobs, batch.ref_entropy = scoring_pass(trainer.ref_model, batch, cfg, with_entropy=True, rows=rows)
         metrics["actor/ref_kl"] = float(masked_mean(batch.old_logprobs - batch.ref_logprobs, batch.loss_mask))
         metrics["actor/ref_entropy"] = float(masked_mean(batch.ref_entropy, batch.loss_mask))
+    importance_weights(cfg, batch, metrics)
     return rollout_entropy
+
+
+def importance_weights(cfg, batch: TrainBatch, metrics: dict) -> None:
+    """Set batch.is_weights, the policy-gradient term's weights between the trainer's old logprobs and
+    the sampling ones (Config.correction: algo.off_policy or algo.rollout_correction); with rejected=drop
+    the rejected tokens leave the loss mask, and so the normalisers."""
+    c = cfg.correction()
+    if c is None:
+        return
+    batch.is_weights, rejected = correction_weights(batch.old_logprobs, batch.rollout_logprobs, batch.response_mask,
+                                                    mode=c.mode, level=c.level, cap=c.cap, lower=c.lower)
+    metrics["actor/rollout_is_weight"] = float(masked_mean(batch.is_weights, batch.loss_mask))
+    metrics["actor/rollout_is_over_cap"] = float(masked_mean(rejected, batch.loss_mask))
+    if c.rejected == "drop":
+        batch.loss_mask = batch.loss_mask * (1.0 - rejected)
 
 
 def step_coefs(trainer: Trainer, batch: TrainBatch, rollout_entropy: torch.Tensor | None,

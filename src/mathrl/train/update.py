@@ -19,7 +19,6 @@ import torch
 from mathrl.algo.entropy import entropy_bonus_mask
 from mathrl.algo.kl import kl_penalty
 from mathrl.algo.losses import aggregate, dp_scale, global_counts, policy_loss, positive_example_lm_loss
-from mathrl.algo.rollout_correction import correction_weights
 from mathrl.config import Config
 from mathrl.model.scoring import input_device, next_token_logprobs, response_logprobs
 from mathrl.seeds import derive_seed
@@ -254,14 +253,12 @@ def update_policy(
 ) -> dict[str, float]:
     """Mini-batches x epochs of updates on one rollout batch.
 
-    loss = policy loss + the enabled LOSS_TERMS (entropy bonus, KL as loss, positive-example NLL), each
-    aggregated over the whole mini-batch's counts, plus ptx_coef * the token-mean pretraining NLL of one
-    PTX batch per optimizer step.
+    loss = policy loss (times batch.is_weights, the importance weights, where set) + the enabled
+    LOSS_TERMS (entropy bonus, KL as loss, positive-example NLL), each aggregated over the whole
+    mini-batch's counts, plus ptx_coef * the token-mean pretraining NLL of one PTX batch per optimizer step.
     """
-    algo = cfg.algo
     terms_on = [term for term in LOSS_TERMS if term.enabled(cfg)]
-    sums = {k: 0.0 for k in ("entropy", "clipped", "dual_clipped", "ppo_kl", "tokens", "ent_masked", "is_weight", "is_over")}
-    correction = algo.rollout_correction
+    sums = {k: 0.0 for k in ("entropy", "clipped", "dual_clipped", "ppo_kl", "tokens", "ent_masked")}
 
     def mini_batch_counts(mini: TrainBatch):
         # the whole mini-batch's counts (all micro-batches, all ranks) normalise every micro-batch
@@ -282,42 +279,42 @@ def update_policy(
             if contribution is not None:
                 loss = loss + contribution
         (loss * dp_scale()).backward()
-        mask = x.mask
-        sums["entropy"] += float((entropy.detach() * mask).sum())
-        sums["clipped"] += float((info["clipped"] * mask).sum())
-        sums["dual_clipped"] += float((info["dual_clipped"] * mask).sum())
-        sums["ppo_kl"] += float((info["ppo_kl"] * mask).sum())
-        sums["tokens"] += float(mask.sum())
+        for key, value in (("entropy", entropy.detach()), ("clipped", info["clipped"]),
+                           ("dual_clipped", info["dual_clipped"]), ("ppo_kl", info["ppo_kl"])):
+            sums[key] += float((value * x.mask).sum())
+        sums["tokens"] += float(x.mask.sum())
         return terms
 
-    def pg_term(x: TermInputs) -> tuple[torch.Tensor, dict]:
-        """The clipped policy-gradient loss, weighted by the rollout correction when one is on."""
-        token_loss, info = policy_loss(
-            x.logprobs, x.micro.old_logprobs, x.micro.advantages, x.mask,
-            eps_low=algo.clip.eps_low, eps_high=algo.clip.eps_high, dual_clip_c=algo.clip.dual_clip_c,
-        )
-        if correction.mode != "none":  # rollout/trainer mismatch: weigh the policy-gradient term only
-            weights, over_cap = correction_weights(
-                x.micro.old_logprobs, x.micro.rollout_logprobs, x.micro.response_mask,
-                mode=correction.mode, level=correction.level, cap=correction.cap,
-            )
-            token_loss = token_loss * weights.to(token_loss.device)
-            sums["is_weight"] += float((weights * x.mask).sum())
-            sums["is_over"] += float((over_cap * x.mask).sum())
-        return x.aggregate(token_loss, x.mask), info
-
-    def ptx_step() -> dict[str, float]:
-        ids, attn = ptx.next_batch(algo.ptx.batch_size)
-        nll = -next_token_logprobs(model, ids, attn, chunk_size=cfg.model.logprob_chunk_size)
-        target_mask = attn[:, 1:].to(nll.device).float()
-        ptx_loss = (nll * target_mask).sum() / target_mask.sum().clamp(min=1)
-        (algo.ptx.coef * ptx_loss).backward()
-        return {"ptx_loss": ptx_loss.item()}
-
+    ptx_step = (lambda: ptx_update(model, ptx, cfg)) if ptx is not None else None
     log = run_updates(model, optimizer, scheduler, batch, cfg, seed=derive_seed(cfg.seed, step),
-                      mini_batch_counts=mini_batch_counts, micro_step=micro_step,
-                      after_micro_batches=ptx_step if ptx is not None else None, rows=rows)
-    sums = tdist.all_reduce_sums(sums)
+                      mini_batch_counts=mini_batch_counts, micro_step=micro_step, after_micro_batches=ptx_step, rows=rows)
+    return policy_metrics(log, tdist.all_reduce_sums(sums), cfg, terms_on=terms_on, ptx=ptx is not None)
+
+
+def pg_term(x: TermInputs) -> tuple[torch.Tensor, dict]:
+    """The clipped policy-gradient loss, aggregated; each token's term times its importance weight
+    (x.micro.is_weights) when a correction is on."""
+    clip = x.cfg.algo.clip
+    token_loss, info = policy_loss(x.logprobs, x.micro.old_logprobs, x.micro.advantages, x.mask,
+                                   eps_low=clip.eps_low, eps_high=clip.eps_high, dual_clip_c=clip.dual_clip_c)
+    if x.micro.is_weights is not None:  # weigh the policy-gradient term only
+        token_loss = token_loss * x.micro.is_weights.to(token_loss.device)
+    return x.aggregate(token_loss, x.mask), info
+
+
+def ptx_update(model, ptx: PretrainText, cfg: Config) -> dict[str, float]:
+    """Backward of ptx_coef x the token-mean NLL of one pretraining batch; returns the NLL."""
+    ids, attn = ptx.next_batch(cfg.algo.ptx.batch_size)
+    nll = -next_token_logprobs(model, ids, attn, chunk_size=cfg.model.logprob_chunk_size)
+    target_mask = attn[:, 1:].to(nll.device).float()
+    ptx_loss = (nll * target_mask).sum() / target_mask.sum().clamp(min=1)
+    (cfg.algo.ptx.coef * ptx_loss).backward()
+    return {"ptx_loss": ptx_loss.item()}
+
+
+def policy_metrics(log: UpdateLog, sums: dict[str, float], cfg: Config, *, terms_on: list[LossTerm],
+                   ptx: bool) -> dict[str, float]:
+    """actor/* of the update from its log and its token sums (over all ranks)."""
     tokens = max(sums["tokens"], 1.0)
     metrics = {
         "actor/pg_loss": _mean(log.terms.get("pg_loss", [])),
@@ -332,11 +329,8 @@ def update_policy(
     }
     for term in terms_on:
         metrics[f"actor/{term.name}"] = _mean(log.terms.get(term.name, []))
-    if algo.entropy.mode != "none":
+    if cfg.algo.entropy.mode != "none":
         metrics["actor/entropy_clipfrac"] = sums["ent_masked"] / tokens
-    if correction.mode != "none":
-        metrics["actor/rollout_is_weight"] = sums["is_weight"] / tokens
-        metrics["actor/rollout_is_over_cap"] = sums["is_over"] / tokens
-    if ptx is not None:
+    if ptx:
         metrics["actor/ptx_loss"] = _mean(log.extra.get("ptx_loss", []))
     return metrics
