@@ -6,6 +6,7 @@
       metrics.jsonl        one JSON object per step (track.sinks.JsonlSink; names in docs/metrics.md)
       evals.jsonl          every evaluation: {"step", "set", EvalResult fields, "samples": first 5}
       rollouts.jsonl       a sample of each step's rollouts with per-token ids and logprobs
+      positions.jsonl      PPO with a critic: each step's mean value and advantage by response position
       checkpoints/         step_<N>/ resumable checkpoints (train/checkpoint.py)
       final/               the trained model, a plain Hugging Face directory (critic/ for PPO)
       parent.json          the checkpoint a `train.init_from` run continued
@@ -60,6 +61,7 @@ class RunDir:
         self.metrics_path = self.path / "metrics.jsonl"
         self.evals_path = self.path / "evals.jsonl"
         self.rollouts_path = self.path / "rollouts.jsonl"
+        self.positions_path = self.path / "positions.jsonl"
         self.summary_path = self.path / "summary.json"
         self.parent_path = self.path / "parent.json"
         self.checkpoints = self.path / "checkpoints"
@@ -131,6 +133,14 @@ class RunDir:
             for rec in records:
                 f.write(json.dumps(rec) + "\n")
 
+    def append_positions(self, record: dict[str, Any]) -> None:
+        with self.positions_path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def positions(self) -> list[dict[str, Any]]:
+        """positions.jsonl rows: {"step", "value", "advantage", "count"}, lists over response positions."""
+        return read_jsonl(self.positions_path)
+
     def write_summary(self, summary: dict[str, Any]) -> None:
         self.summary_path.write_text(json.dumps(summary, indent=2))
 
@@ -144,7 +154,7 @@ class RunDir:
 
     def truncate_after(self, step: int) -> None:
         """Drop the log rows a killed run wrote after its checkpoint at `step`."""
-        for path in (self.metrics_path, self.rollouts_path, self.evals_path):
+        for path in (self.metrics_path, self.rollouts_path, self.evals_path, self.positions_path):
             truncate_jsonl(path, step)
 
 

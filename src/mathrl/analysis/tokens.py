@@ -387,6 +387,36 @@ def top_entropy_positions(scores: TokenScores, k: int = 5, *, context_width: int
 
 
 @dataclass
+class TokenEntropy:
+    """One token (with the token before it) across many responses: its mean next-token entropy."""
+
+    token: str
+    previous: str  # the token before it ("" at a response's first token)
+    entropy: float  # mean over its occurrences, nats
+    count: int
+
+
+def entropy_by_token(responses: Sequence[TokenScores], k: int = 10, *, min_count: int = 5) -> list[TokenEntropy]:
+    """The k (previous token, token) pairs with the highest mean entropy over `responses`, highest
+    first (ties: more occurrences first, then the text), among pairs seen at least `min_count` times.
+
+    The field report's table of an entropy bonus gone wrong reads this way: the comma after "wait",
+    near-deterministic in the base model, climbs to a high entropy over a long run. Tracking the
+    same table over checkpoints (`mathrl inspect` of each) shows which tokens a bonus acts on."""
+    sums: dict[tuple[str, str], list[float]] = {}
+    for scores in responses:
+        for i, token in enumerate(scores.tokens):
+            key = (scores.tokens[i - 1] if i else "", token)
+            acc = sums.setdefault(key, [0.0, 0])
+            acc[0] += float(scores.entropy[i])
+            acc[1] += 1
+    rows = [TokenEntropy(token=t, previous=p, entropy=total / n, count=int(n))
+            for (p, t), (total, n) in sums.items() if n >= min_count]
+    rows.sort(key=lambda r: (-r.entropy, -r.count, r.previous, r.token))
+    return rows[:k]
+
+
+@dataclass
 class NextTokenDistribution:
     """The model's distribution over response token `position` given everything before it."""
 

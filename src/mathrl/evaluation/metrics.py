@@ -25,6 +25,7 @@ __all__ = [
     "maj_at_k",
     "mean_std_ci95",
     "t_quantile_975",
+    "answer_forms",
 ]
 
 
@@ -212,3 +213,24 @@ def mean_std_ci95(values: Sequence[float]) -> tuple[float, float, float]:
 def _check_nonempty(rows: Sequence[Sequence[object]]) -> None:
     if len(rows) == 0:
         raise ValueError("need at least one problem")
+
+
+# ----------------------------------------------------------------------------- how answers are written
+
+
+def answer_forms(completions: Sequence[str]) -> dict[str, float]:
+    """Share of the completions whose final boxed answer is written as an integer, a decimal, a
+    fraction or otherwise (`reward.numeric.answer_form`), and the share with no boxed answer.
+
+    The integer-answer transform's hack (training on integer answers only teaches the model to answer
+    integers where the working gives a decimal) shows as `integer` rising on problems whose gold
+    answers are decimals. Returns {"integer", "decimal", "fraction", "other", "none"}, summing to 1
+    (all 0 for no completions)."""
+    from mathrl.reward.extract import final_answers
+    from mathrl.reward.numeric import answer_form
+
+    counts = dict.fromkeys(("integer", "decimal", "fraction", "other", "none"), 0)
+    for text in completions:
+        answers = final_answers(text, "last")
+        counts[answer_form(answers[-1]) if answers else "none"] += 1
+    return {k: v / len(completions) if completions else 0.0 for k, v in counts.items()}

@@ -20,6 +20,7 @@ from fractions import Fraction
 
 __all__ = [
     "MAX_NUMBER_CHARS",
+    "answer_form",
     "decimal_comma_number",
     "mixed_number",
     "plain_number",
@@ -134,3 +135,18 @@ def mixed_number(text: str) -> Fraction | None:
         return None
     value = whole + Fraction(numerator, denominator)
     return -value if sign else value
+
+
+def answer_form(text: str) -> str:
+    """How an answer is written: "integer" (``12``, ``1,000``, ``-3``), "decimal" (``2.5``, ``3.0``,
+    ``3{,}14``: a fractional part is written, even a zero one), "fraction" (``7/2``, ``\\frac{7}{2}``,
+    ``3\\frac12``) or "other" (``0,111`` included: a list or a decimal comma, see `plain_number`).
+    The written form, not the value: the integer-answer hack is answering ``3`` where the working gives
+    ``2.5``, and ``3.0`` is not that."""
+    text = text.strip().strip("$").strip()
+    number = plain_number(text)
+    if number is not None:
+        return "decimal" if ("." in text or "{,}" in text) else "integer"
+    if simple_fraction(text) is not None or mixed_number(text) is not None:
+        return "fraction"
+    return "other"

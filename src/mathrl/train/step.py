@@ -20,6 +20,7 @@ from mathrl.algo.estimators import AdvantageInputs
 from mathrl.algo.groups import group_stats
 from mathrl.algo.kl import apply_kl_reward_penalty, kl_penalty
 from mathrl.algo.losses import masked_mean
+from mathrl.algo.positions import position_means
 from mathrl.algo.rollout_correction import correction_weights
 from mathrl.registry import ADVANTAGE_ESTIMATORS
 from mathrl.reward.reflection import reflection_stats
@@ -55,6 +56,8 @@ def rl_step(trainer: Trainer, step: int, collected: Collected | None = None) -> 
     # ---- advantages: coefficients, KL reward penalty, the estimator -------------------------------
     coefs, mean_entropy = step_coefs(trainer, batch, rollout_entropy, metrics)
     advantages(trainer, batch, got, coefs=coefs, rows=rows, metrics=metrics)
+    if trainer.critic is not None and trainer.ranks.main:  # the critic read by position (VC-PPO's figures)
+        trainer.run.append_positions(value_advantage_positions(step, batch))
 
     # ---- update: mini-batches x epochs of the policy (and the critic) -----------------------------
     update(trainer, batch, step, coefs=coefs, mean_entropy=mean_entropy, rows=rows, metrics=metrics)
@@ -137,6 +140,14 @@ def advantages(trainer: Trainer, batch: TrainBatch, got: Collected, *, coefs: di
     if out.returns is not None:
         batch.returns = out.returns
     metrics.update(out.metrics)
+
+
+def value_advantage_positions(step: int, batch: TrainBatch) -> dict:
+    """positions.jsonl's row: the critic's mean value and the mean advantage at each response position."""
+    values, counts = position_means(batch.old_values, batch.loss_mask)
+    adv, _ = position_means(batch.advantages, batch.loss_mask)
+    return {"step": step, "value": [round(v, 6) for v in values.tolist()],
+            "advantage": [round(a, 6) for a in adv.tolist()], "count": counts.tolist()}
 
 
 def update(trainer: Trainer, batch: TrainBatch, step: int, *, coefs: dict[str, float], mean_entropy: float | None,
