@@ -192,6 +192,31 @@ def test_literal_typo_suggests_the_closest_choice(override, choice):
 
 
 @pytest.mark.parametrize(
+    "override, message",
+    [
+        # Bug story: YAML 1.1 reads yes/no/on/off as booleans, so `algo.kl.use=yes` was reported as
+        # "True is not one of ...", a value the user never typed.
+        ("algo.kl.use=yes", "algo.kl.use: 'yes' is not one of 'none' | 'loss' | 'reward'"),
+        ("algo.kl.use=on", "algo.kl.use: 'on' is not one of 'none' | 'loss' | 'reward'"),
+        ("algo.kl.use=off", "algo.kl.use: 'off' is not one of 'none' | 'loss' | 'reward'; did you mean 'none'?"),
+        ("algo.kl.use=true", "algo.kl.use: true is not one of 'none' | 'loss' | 'reward'"),  # as typed, not True
+    ],
+)
+def test_a_choice_field_shows_the_value_as_typed(override, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize(("word", "expected"), [("yes", True), ("on", True), ("no", False), ("Off", False), ("true", True)])
+def test_a_bool_field_still_takes_yaml_1_1_words(tmp_path, word, expected):
+    assert load_config(None, [f"log.wandb={word}"]).log.wandb is expected
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"log:\n  wandb: {word}\n")
+    assert load_config(recipe).log.wandb is expected
+
+
+@pytest.mark.parametrize(
     "override, choices",
     [
         ("algo.adv.estimator=grp", "grpo, rloo, reinforce_pp, gae"),  # the registered estimators

@@ -579,9 +579,18 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             return value
         choices = [str(a) for a in typing.get_args(tp)]
         lowered = {c.lower(): c for c in choices}
-        close = [lowered[str(value).lower()]] if str(value).lower() in lowered else difflib.get_close_matches(str(value), choices, n=1)
+        word = str(value).lower()
+        if word in lowered:
+            close = [lowered[word]]
+        elif word in ("off", "no", "false"):  # switching a choice field off
+            close = ["none"] if "none" in choices else []
+        elif word in ("on", "yes", "true"):  # "on" is not a typo of "none": which choice is meant is the user's call
+            close = []
+        else:
+            close = difflib.get_close_matches(str(value), choices, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"{where}: {value!r} is not one of {_type_name(tp)}{hint}")
+        shown = str(value).lower() if isinstance(value, bool) else repr(value)  # as typed: true, not True
+        raise ConfigError(f"{where}: {shown} is not one of {_type_name(tp)}{hint}")
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
         if value is None and type(None) in args:
@@ -602,6 +611,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if tp is bool:
         if isinstance(value, bool):
             return value
+        if isinstance(value, str) and value.strip().lower() in _YAML11_BOOLS:
+            return _YAML11_BOOLS[value.strip().lower()]  # YAML 1.1's yes/no/on/off, kept as strings by the loader
     elif tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
@@ -674,6 +685,28 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     node[last] = value
 
 
+class _ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's booleans: only true/false are bools.
+
+    YAML 1.1 also reads yes/no/on/off as bools, so `algo.kl.use=yes` reached the check as True and
+    the message showed a value the user never typed. Here those words stay strings: a choice field
+    reports 'yes' as typed, and a bool field accepts them (`_coerce`), as it did before."""
+
+
+_ConfigLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+_YAML11_BOOLS = {"yes": True, "on": True, "no": False, "off": False}
+
+
+def _load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def parse_override(text: str) -> tuple[str, Any]:
     """`a.b=value` with the value read as YAML (so 0.2 is a float, true a bool, [1,2] a list, null None)."""
     if "=" not in text:
@@ -683,7 +716,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not key:
         raise ConfigError(f"override {text!r} has an empty key")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = _load_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return key, value
@@ -708,7 +741,7 @@ def load_config(
         except OSError as e:
             raise ConfigError(f"recipe {str(path)!r} cannot be read: {e.strerror}") from None
         try:
-            loaded = yaml.safe_load(text) or {}
+            loaded = _load_yaml(text) or {}
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
