@@ -265,3 +265,19 @@ def test_cli_on_jsonl_parquet_and_hf_folder_datasets(run_dir: Path, tmp_path: Pa
     result = json.loads((out / "results.json").read_text())
     sizes = {row["dataset"]: row["num_problems"] for row in result["results"]}
     assert sizes == {"math500": 4, "small": 4, "hfset_test": 3}  # --limit 4; the hf split holds 3 rows
+
+
+def test_a_failed_eval_leaves_no_empty_output_directory(run_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    # Bug story: a sweep over two models that stopped at a bad data row (exit 1) left an empty
+    # eval_<timestamp>/ behind in the working directory, one more per attempt.
+    monkeypatch.chdir(tmp_path)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"problem": "1+1"}) + "\n")  # no answer
+    models = [str(run_dir / "checkpoints" / "step_000010"), str(run_dir / "final")]
+    console = quiet_console()
+    assert run(parse([*models, "reward.num_workers=0", "--n", "1", "--seeds", "0", "--data", str(bad)]), console) == 1
+    assert "missing field 'answer'" in console.file.getvalue()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl"]
+    # the same with --out naming a new nested directory: neither it nor its new parent is left
+    assert run(parse([*models, "reward.num_workers=0", "--n", "1", "--data", str(bad), "--out", "a/b"]), quiet_console()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl"]

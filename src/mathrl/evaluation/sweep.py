@@ -379,8 +379,6 @@ def sweep(
     `score(completions, references)`) defaults to a `reward.verify.Verifier` built from the first
     target's `reward.*` config and closed at the end.
     """
-    from mathrl.reward.verify import Verifier
-
     console = console or Console()
     settings.validate()
     checkpoints = resolve_targets(targets, overrides=overrides, settings=settings, console=console)
@@ -391,7 +389,32 @@ def sweep(
     out = out or default_out_dir(targets, checkpoints)
     if (out / "results.json").exists():
         console.print(f"[yellow]note:[/yellow] replacing the results already in {out}")
+    made = _make_dirs(out)
+    try:
+        return _sweep(checkpoints, targets, settings, overrides=overrides, console=console, out=out, verifier=verifier)
+    except BaseException:
+        # A sweep that failed before its first result leaves no empty eval_<timestamp>/ behind; partial
+        # results of a later failure (or Ctrl-C) stay where they were written.
+        if not (out / "results.json").exists():
+            for d in reversed(made):
+                try:
+                    d.rmdir()  # only an empty directory, and only one this sweep created
+                except OSError:
+                    break
+        raise
+
+
+def _make_dirs(out: Path) -> list[Path]:
+    """mkdir -p `out`; returns the directories it created, outermost first."""
+    missing = [p for p in [out, *out.parents] if not p.exists()][::-1]
     out.mkdir(parents=True, exist_ok=True)
+    return missing
+
+
+def _sweep(checkpoints: list[Checkpoint], targets: Sequence[str], settings: SweepSettings, *,
+           overrides: Sequence[str], console: Console, out: Path, verifier) -> dict:
+    from mathrl.reward.verify import Verifier
+
     device = _device(settings.device)
     report = {
         "settings": {**asdict(settings), "device": device, "ks": default_ks(settings.n), "targets": list(targets),
