@@ -255,6 +255,32 @@ def test_ctrl_c_says_where_to_resume_and_piped_output_has_progress_lines(tmp_pat
     assert len(progress) >= 2 and "/200 | reward " in progress[0] and "eta" in progress[0], out
 
 
+def test_ctrl_c_before_the_first_step_and_the_rerun_agree(tmp_path, model_dir, monkeypatch, capsys):
+    # Bug story: Ctrl-C during the start's evaluation said "nothing to resume: rerun to start over", and
+    # the rerun failed with exit 1: "already holds a run, with no complete checkpoint to resume from".
+    import mathrl.train.loop
+
+    run = tmp_path / "run"
+    argv = ["train", f"model.path={model_dir}", "train.steps=1", "rollout.prompts_per_step=2", "rollout.n=2",
+            "train.mini_batch_size=4", "rollout.max_new_tokens=4", "data.eval_size=2", "eval.n=1",
+            "reward.num_workers=0", "data.arith.max_digits=2", "data.dynamic_sampling.mode=none", "--run-dir", str(run)]
+
+    def interrupted(trainer, step):
+        raise KeyboardInterrupt  # after the start's evaluation was logged at step 0, before step 1 ends
+
+    with monkeypatch.context() as m:
+        m.setattr(mathrl.train.loop, "rl_step", interrupted)
+        assert main(argv) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "mathrl: interrupted at step 1; nothing was trained: rerun the same command to start over"
+    assert [json.loads(ln)["step"] for ln in (run / "evals.jsonl").read_text().splitlines()] == [0]
+
+    assert main(argv) == 0, capsys.readouterr().err
+    assert "holds no trained step: starting over" in capsys.readouterr().out
+    # the start was evaluated once more, not twice over: one step-0 evaluation, then step 1's
+    assert [json.loads(ln)["step"] for ln in (run / "evals.jsonl").read_text().splitlines()] == [0, 1]
+
+
 def _steps_logged(run: Path) -> int:
     path = run / "metrics.jsonl"
     steps = [0]
