@@ -193,6 +193,29 @@ def test_a_finished_run_is_reported_and_left_as_it_was(tmp_path, capsys):
     assert _tree(run) == before
 
 
+def test_a_rank_other_than_0_leaves_rank_0s_run_directory_error_to_rank_0(tmp_path, monkeypatch, capsys):
+    # Rank 0 opens the run directory and sends what it found to the others; each rank raises the error,
+    # but only rank 0 prints it (under --nproc 2 every message used to appear twice).
+    import mathrl.train.loop
+    import mathrl.train.trainer as trainer
+    from mathrl.config import load_config
+    from mathrl.train.dist import Ranks
+
+    error = FileExistsError("run directory runs/x already holds a run, with no complete checkpoint to resume from")
+    monkeypatch.setattr(trainer, "broadcast_object", lambda obj: (None, error))
+    with pytest.raises(FileExistsError) as info:
+        trainer._open_run(load_config(None, []), Ranks(rank=1, world_size=2, joined=True), console=None, resume=True)
+    assert info.value.reported_by_rank_0
+
+    def rank_1_train(cfg, console=None, resume=True):
+        raise info.value
+
+    monkeypatch.setattr(mathrl.train.loop, "train", rank_1_train)
+    assert main(["train", "train.steps=1", "--run-dir", str(tmp_path / "run")]) == 1
+    captured = capsys.readouterr()
+    assert captured.out + captured.err == ""
+
+
 def test_inspect_writes_into_the_run_directory_by_default(tmp_path):
     from mathrl.analysis.inspect_cli import InspectOptions, default_out
 

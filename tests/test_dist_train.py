@@ -237,6 +237,19 @@ def test_a_finished_two_rank_job_exits_0(env, tmp_path: Path, repeat: int) -> No
     assert (run / "summary.json").is_file() and (run / "final" / "model.safetensors").is_file()
 
 
+def test_a_finished_run_rerun_with_two_ranks_says_so_once(env, tmp_path: Path) -> None:
+    # Bug story: rerunning a finished `--nproc 2` run printed "holds a finished run..." twice, once per
+    # rank. The run directory is opened before any model is built, so a finished run's files suffice.
+    run = tmp_path / "done"
+    (run / "final").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    (run / "summary.json").write_text("{}")
+    cmd = [sys.executable, "-m", "mathrl.cli", "train", "train.steps=1", "--nproc", "2", "--run-dir", str(run)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (done.stdout + done.stderr).count("holds a finished run") == 1, done.stdout + done.stderr
+
+
 def _cut_at(run: Path, step: int, dest: Path) -> Path:
     """A copy of finished run `run` as it was when killed right after checkpoint `step`."""
     shutil.copytree(run, dest)

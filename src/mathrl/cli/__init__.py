@@ -168,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         if debug or not _is_known(e):
             raise
+        if getattr(e, "reported_by_rank_0", False):  # a torchrun rank's copy of rank 0's error: said once, by rank 0
+            return EXIT_ERROR
         return _fail("error", str(e) or type(e).__name__, EXIT_ERROR)
 
 

@@ -164,6 +164,8 @@ def _open_run(cfg: Config, ranks: Ranks, *, console: Console, resume: bool) -> t
             opened = (None, e)
     found, error = broadcast_object(opened)
     if error is not None:  # e.g. a run directory that holds a run it cannot resume: one line, no traceback
+        if not ranks.main:
+            error.reported_by_rank_0 = True  # the same error, which rank 0 reports: one message per job, not per rank
         raise error
     return found
 
