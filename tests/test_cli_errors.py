@@ -368,6 +368,25 @@ def test_resuming_with_a_changed_config_names_the_changed_fields(tmp_path):
     assert (run / "config.previous.yaml").exists()
 
 
+@pytest.mark.parametrize("terminal", [True, False])
+def test_the_base_model_bar_shows_a_loss_only_once_there_is_one(terminal):
+    # Bug story: the base model's pretraining bar opened at "loss nan 0/800".
+    import io
+
+    from rich.console import Console
+
+    from mathrl.track.console import BuildProgress
+
+    console = Console(file=io.StringIO(), force_terminal=terminal, width=120, color_system=None)
+    bar = BuildProgress(console, total=800)
+    console.print(bar._progress.get_renderable() if terminal else "")
+    assert "nan" not in console.file.getvalue() and "loss" not in console.file.getvalue()
+    bar.update(1, 800, 2.5)
+    if terminal:
+        console.print(bar._progress.get_renderable())
+    assert "loss 2.500" in console.file.getvalue() and "nan" not in console.file.getvalue()
+
+
 @pytest.mark.parametrize("width", [80, 120])
 def test_terminal_bar_keeps_its_times_and_cuts_the_info_text(width):
     # Bug story: at 120 columns the RL bar's remaining time was cut to "0:0…" by its long info text.
