@@ -87,6 +87,7 @@ class DynamicSamplingConfig:
     band_high: float = 0.8  # ... and <= band_high
     max_rounds: int = 4  # generation rounds per step to fill the batch with kept groups
     on_exhausted: Literal["train_smaller", "error"] = "train_smaller"  # when max_rounds cannot fill the batch
+    max_empty_steps: int = 5  # stop after this many steps in a row with no group kept (every sample wrong, or right), explaining why; 0: never. With mode none: a warning
 
 
 @dataclass

@@ -39,7 +39,10 @@ def rl_step(trainer: Trainer, step: int, collected: Collected | None = None) -> 
     # ---- collect: problems -> rollout -> reward (+ shaping) -> group filter, refilled -------------
     got = collected if collected is not None else collect(trainer, step)
     if not got.problems:  # every group was filtered out and on_exhausted=train_smaller: nothing to learn from
-        trainer.console.print(f"[yellow]warning:[/yellow] step {step}: dynamic sampling kept no group; update skipped")
+        m = got.metrics
+        why = ", ".join(f"{int(m[f'filter/dropped_{k}'])} {k.replace('_', ' ')}" for k in ("all_wrong", "all_correct", "out_of_band")
+                        if m[f"filter/dropped_{k}"])
+        trainer.console.print(f"[yellow]warning:[/yellow] step {step}: dynamic sampling kept no group ({why}); update skipped")
         trainer.tracker.log(step, got.metrics)
         return got.metrics
     trainer.engine.sleep()  # rollout.vllm.enable_sleep_mode: its KV cache is freed until the next generate

@@ -39,7 +39,7 @@ from mathrl.rollout.factory import build_engine, engine_samples_from_module
 from mathrl.run_dir import RunDir, open_run_dir
 from mathrl.tasks.sources import EvalSet, PretrainText, ProblemStream, build_eval_sets, build_train_stream
 from mathrl.train.checkpoint import load_trainer_state, save_checkpoint, set_rng_state
-from mathrl.train.collect import CollapseWatch
+from mathrl.train.collect import CollapseWatch, SignalWatch
 from mathrl.train.dist import Ranks, broadcast_object, shard_model
 from mathrl.train.shared import SkipCount, build_optimizer, build_tracker, save_due, seed_everything
 
@@ -74,6 +74,7 @@ class Trainer:
     start_step: int = 1
     skips: SkipCount = field(default_factory=SkipCount)
     collapse: CollapseWatch = field(default_factory=CollapseWatch)
+    signal: SignalWatch = field(default_factory=SignalWatch)
     base_results: dict[str, EvalResult] = field(default_factory=dict)  # the evaluation before training
     latest: dict[str, EvalResult] = field(default_factory=dict)  # the latest evaluation
     last_eval: dict[str, float] = field(default_factory=dict)  # ... and its logged metrics
