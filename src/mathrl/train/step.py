@@ -157,6 +157,7 @@ def log_step(trainer: Trainer, step: int, got: Collected, batch: TrainBatch, met
         "perf/step_seconds": time.time() - t0,
         "perf/rollout_tokens_per_second": float(rollout.response_lengths.float().sum()) / max(t_rollout - t0, 1e-9),
         "perf/peak_memory_gb": peak_memory_gb(trainer.ranks),
+        "perf/world_size": float(trainer.ranks.world_size),
     })
     trainer.tracker.log(step, metrics)
     if trainer.ranks.main:
