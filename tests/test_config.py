@@ -536,3 +536,17 @@ def test_config_changes_name_every_changed_key():
                                         "train.lr: 0.0002 -> 0.0001"]
     assert config_changes(old, old) == []
     assert config_changes({"a": {"b": 1}}, {"a": {"c": 1}}) == ["a.c: '<absent>' -> 1", "a.b: 1 -> '<absent>'"]
+
+
+def test_init_from_a_weights_only_checkpoint_needs_restart(tmp_path):
+    # A checkpoint kept by train.keep_every has its weights and trainer_state.json but no optimizer state:
+    # init_from_mode=restart (weights only) starts from it; continue names the fix.
+    kept = tmp_path / "step_000010"
+    kept.mkdir()
+    (kept / "config.json").write_text("{}")
+    (kept / "trainer_state.json").write_text('{"step": 10}')
+    with pytest.raises(ConfigError, match="holds weights only .* use train.init_from_mode=restart"):
+        load_config(None, [f"train.init_from={kept}"])
+    assert load_config(None, [f"train.init_from={kept}", "train.init_from_mode=restart"]).train.init_from == str(kept)
+    with pytest.raises(ConfigError, match="is not a checkpoint directory"):
+        load_config(None, [f"train.init_from={tmp_path}", "train.init_from_mode=restart"])

@@ -262,7 +262,7 @@ class TrainConfig:
     max_grad_norm: float = 1.0  # gradients are clipped to this global norm
     save_every: int = 10  # write a resumable checkpoint every N steps (0 = only the final model)
     keep_last: int = 2  # complete checkpoints kept (older ones are deleted once a newer one is complete)
-    keep_every: int = 0  # also keep every checkpoint whose step is a multiple of this (0 = none)
+    keep_every: int | None = None  # also keep the weights (no optimizer state) of every checkpoint whose step is a multiple of this, for `mathrl eval RUN`'s curve; null: eval.every; 0: none
     max_skipped_steps: int = 5  # stop after this many consecutive steps with a non-finite loss or gradient
     init_from: str | None = None  # start this new run from another run's checkpoint dir (see init_from_mode)
     init_from_mode: Literal["continue", "restart"] = "continue"  # continue: its policy, optimizer, schedule and controllers, the KL reference stays model.path; restart: its policy weights as a new starting model (fresh optimizer and schedule, the KL reference is that checkpoint), as DeepScaleR's later stages do
@@ -358,6 +358,11 @@ class Config:
     @property
     def eval_max_new_tokens(self) -> int:
         return self.eval.max_new_tokens or self.rollout.max_new_tokens
+
+    @property
+    def keep_every_steps(self) -> int:
+        """Checkpoints whose step is a multiple of this keep their weights when pruned (0: none)."""
+        return self.eval.every if self.train.keep_every is None else self.train.keep_every
 
     def engine_logprobs_not_old(self) -> tuple[str, str] | None:
         """(setting, reason) why the rollout engine's sampling logprobs cannot stand in for the old-policy
@@ -500,9 +505,18 @@ class Config:
             problem = model_path_problem(self.model.path)
             if problem:
                 errors.append(f"model.path={self.model.path!r} {problem}")
-        if self.train.init_from is not None and not (Path(self.train.init_from) / "trainer_state.pt").exists():
-            errors.append(f"train.init_from={self.train.init_from!r} is not a complete checkpoint directory "
-                          "(expected e.g. runs/X/checkpoints/step_000050 with trainer_state.pt)")
+        if self.train.init_from is not None:
+            source = Path(self.train.init_from)
+            if self.train.init_from_mode == "continue" and not (source / "trainer_state.pt").exists():
+                weights_only = (source / "trainer_state.json").exists() and (source / "config.json").exists()
+                errors.append(f"train.init_from={self.train.init_from!r} " + (
+                    "holds weights only (a checkpoint kept by train.keep_every, without its optimizer state): use "
+                    "train.init_from_mode=restart, or a complete checkpoint" if weights_only else
+                    "is not a complete checkpoint directory (expected e.g. runs/X/checkpoints/step_000050 with "
+                    "trainer_state.pt)"))
+            elif not ((source / "trainer_state.json").exists() and (source / "config.json").exists()):
+                errors.append(f"train.init_from={self.train.init_from!r} is not a checkpoint directory (expected "
+                              "e.g. runs/X/checkpoints/step_000050 with trainer_state.json and the model files)")
         for where, source in self._data_files():
             if Path(source).suffix in DATA_FILE_SUFFIXES and not Path(source).expanduser().is_file():
                 errors.append(f"{where}: no such file {source!r}")

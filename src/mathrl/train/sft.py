@@ -255,7 +255,7 @@ def sft(cfg: Config, *, console: Console | None = None, resume: bool = True) -> 
             if save_due(cfg, step, last=cfg.sft.steps) and not skips.in_a_row:
                 save_checkpoint(run.checkpoints, step, model=model, tokenizer=tokenizer, optimizer=optimizer,
                                 scheduler=scheduler, state={"controllers": {}, "data": stream.state_dict()},
-                                keep_last=cfg.train.keep_last, keep_every=cfg.train.keep_every)
+                                keep_last=cfg.train.keep_last, keep_every=cfg.keep_every_steps)
             skips.stop_if_over(cfg.train.max_skipped_steps, run.checkpoints)
 
     if engine is not None:

@@ -101,7 +101,7 @@ class Trainer:
         # no checkpoint while updates are being skipped: the last one stays the last good one
         if save_due(self.cfg, step, last=self.cfg.train.steps) and not self.skips.in_a_row:
             save_checkpoint(self.run.checkpoints, step, model=self.model, tokenizer=self.tokenizer, state=self.state(),
-                            keep_last=self.cfg.train.keep_last, keep_every=self.cfg.train.keep_every,
+                            keep_last=self.cfg.train.keep_last, keep_every=self.cfg.keep_every_steps,
                             critic=self.critic, ranks=self.ranks, **self.optimizers)
 
 
