@@ -216,6 +216,38 @@ def test_a_rank_other_than_0_leaves_rank_0s_run_directory_error_to_rank_0(tmp_pa
     assert captured.out + captured.err == ""
 
 
+@pytest.mark.parametrize("debug", [False, True])
+def test_library_notices_are_silenced_unless_mathrl_debug(monkeypatch, capsys, debug):
+    # Bug story: a --nproc / vLLM start printed vLLM's Triton notice and a FutureWarning raised from its
+    # own code, torch's C++ "NUMA binding" warning and a safetensors progress bar. MATHRL_DEBUG=1 shows them.
+    import warnings
+
+    from mathrl.rollout.vllm_engine import quiet_vllm
+
+    for name in ("VLLM_LOGGING_LEVEL", "TORCH_CPP_LOG_LEVEL", "MATHRL_DEBUG"):
+        monkeypatch.setenv(name, "")  # recorded, so the test leaves the environment as it found it
+        monkeypatch.delenv(name)
+    if debug:
+        monkeypatch.setenv("MATHRL_DEBUG", "1")
+    assert main(["config", "--yaml"]) == 0
+    capsys.readouterr()
+    assert os.environ.get("TORCH_CPP_LOG_LEVEL") == (None if debug else "ERROR")  # read when torch loads
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quiet_vllm()
+        warnings.warn("`torch.distributed.reduce_op` is deprecated, please use `torch.distributed.ReduceOp` instead",
+                      FutureWarning)
+        warnings.warn("some other deprecation", FutureWarning)  # only the known one is filtered
+    assert [str(w.message)[:20] for w in caught] == (["`torch.distributed.r", "some other deprecati"] if debug
+                                                     else ["some other deprecati"])
+    assert os.environ.get("VLLM_LOGGING_LEVEL") == (None if debug else "ERROR")
+    import logging
+
+    triton_notice = logging.getLogger("vllm.triton_utils.importing")  # "Triton is installed, but doesn't include CPU backend"
+    assert triton_notice.isEnabledFor(logging.WARNING) == debug
+    triton_notice.setLevel(logging.NOTSET)
+
+
 def test_inspect_writes_into_the_run_directory_by_default(tmp_path):
     from mathrl.analysis.inspect_cli import InspectOptions, default_out
 

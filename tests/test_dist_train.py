@@ -109,6 +109,22 @@ def test_launch_warns_when_the_ranks_threads_exceed_the_cores(nproc, omp, cpus, 
         assert "OMP_NUM_THREADS=1" in warning  # the fix it names: cores / ranks
 
 
+@pytest.mark.parametrize(("environ", "cpus", "expected"), [
+    ({}, 2, "1"),  # unset: each of 2 ranks gets its share of 2 cores, set explicitly (no torchrun banner)
+    ({}, 16, "8"),
+    ({}, 1, "1"),  # more ranks than cores: still at least one thread each (and `launch` warns)
+    ({"OMP_NUM_THREADS": "3"}, 16, "3"),  # the user's setting stands
+    ({"OMP_NUM_THREADS": " "}, 4, "2"),  # blank is unset
+])
+def test_launch_sets_each_ranks_threads_explicitly(environ, cpus, expected) -> None:
+    # Bug story: without OMP_NUM_THREADS, torchrun set 1 thread per rank and printed a five-line banner
+    # about it at every start.
+    from mathrl.train.launch import launch_env
+
+    env = launch_env(2, {"PATH": "/bin", **environ}, cpus=cpus)
+    assert env["OMP_NUM_THREADS"] == expected and env["PATH"] == "/bin"
+
+
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     cache = tmp_path_factory.mktemp("cache")

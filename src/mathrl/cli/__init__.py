@@ -32,6 +32,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+import mathrl
 from mathrl.cli import arguments, commands
 from mathrl.cli.arguments import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, Parser, UsageError
 from mathrl.config import ConfigError
@@ -153,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     from mathrl.track.console import make_console
 
     console = make_console()
-    debug = os.environ.get("MATHRL_DEBUG", "") not in ("", "0")
+    debug = mathrl.debug()
+    if not debug:  # before torch loads: its C++ warnings (vLLM's NUMA binding notice, ...) are not the user's to act on
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     try:
         return VERBS[ns.command][2](ns, console)
     except KeyboardInterrupt:
