@@ -193,6 +193,61 @@ def test_a_finished_run_is_reported_and_left_as_it_was(tmp_path, capsys):
     assert _tree(run) == before
 
 
+def test_a_rank_other_than_0_leaves_rank_0s_run_directory_error_to_rank_0(tmp_path, monkeypatch, capsys):
+    # Rank 0 opens the run directory and sends what it found to the others; each rank raises the error,
+    # but only rank 0 prints it (under --nproc 2 every message used to appear twice).
+    import mathrl.train.loop
+    import mathrl.train.trainer as trainer
+    from mathrl.config import load_config
+    from mathrl.train.dist import Ranks
+
+    error = FileExistsError("run directory runs/x already holds a run, with no complete checkpoint to resume from")
+    monkeypatch.setattr(trainer, "broadcast_object", lambda obj: (None, error))
+    with pytest.raises(FileExistsError) as info:
+        trainer._open_run(load_config(None, []), Ranks(rank=1, world_size=2, joined=True), console=None, resume=True)
+    assert info.value.reported_by_rank_0
+
+    def rank_1_train(cfg, console=None, resume=True):
+        raise info.value
+
+    monkeypatch.setattr(mathrl.train.loop, "train", rank_1_train)
+    assert main(["train", "train.steps=1", "--run-dir", str(tmp_path / "run")]) == 1
+    captured = capsys.readouterr()
+    assert captured.out + captured.err == ""
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_library_notices_are_silenced_unless_mathrl_debug(monkeypatch, capsys, debug):
+    # Bug story: a --nproc / vLLM start printed vLLM's Triton notice and a FutureWarning raised from its
+    # own code, torch's C++ "NUMA binding" warning and a safetensors progress bar. MATHRL_DEBUG=1 shows them.
+    import warnings
+
+    from mathrl.rollout.vllm_engine import quiet_vllm
+
+    for name in ("VLLM_LOGGING_LEVEL", "TORCH_CPP_LOG_LEVEL", "MATHRL_DEBUG"):
+        monkeypatch.setenv(name, "")  # recorded, so the test leaves the environment as it found it
+        monkeypatch.delenv(name)
+    if debug:
+        monkeypatch.setenv("MATHRL_DEBUG", "1")
+    assert main(["config", "--yaml"]) == 0
+    capsys.readouterr()
+    assert os.environ.get("TORCH_CPP_LOG_LEVEL") == (None if debug else "ERROR")  # read when torch loads
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quiet_vllm()
+        warnings.warn("`torch.distributed.reduce_op` is deprecated, please use `torch.distributed.ReduceOp` instead",
+                      FutureWarning)
+        warnings.warn("some other deprecation", FutureWarning)  # only the known one is filtered
+    assert [str(w.message)[:20] for w in caught] == (["`torch.distributed.r", "some other deprecati"] if debug
+                                                     else ["some other deprecati"])
+    assert os.environ.get("VLLM_LOGGING_LEVEL") == (None if debug else "ERROR")
+    import logging
+
+    triton_notice = logging.getLogger("vllm.triton_utils.importing")  # "Triton is installed, but doesn't include CPU backend"
+    assert triton_notice.isEnabledFor(logging.WARNING) == debug
+    triton_notice.setLevel(logging.NOTSET)
+
+
 def test_inspect_writes_into_the_run_directory_by_default(tmp_path):
     from mathrl.analysis.inspect_cli import InspectOptions, default_out
 
@@ -253,6 +308,32 @@ def test_ctrl_c_says_where_to_resume_and_piped_output_has_progress_lines(tmp_pat
                                 f"step {saved} "), lines[-1]
     progress = [ln for ln in out.splitlines() if ln.startswith("RL step ")]
     assert len(progress) >= 2 and "/200 | reward " in progress[0] and "eta" in progress[0], out
+
+
+def test_ctrl_c_before_the_first_step_and_the_rerun_agree(tmp_path, model_dir, monkeypatch, capsys):
+    # Bug story: Ctrl-C during the start's evaluation said "nothing to resume: rerun to start over", and
+    # the rerun failed with exit 1: "already holds a run, with no complete checkpoint to resume from".
+    import mathrl.train.loop
+
+    run = tmp_path / "run"
+    argv = ["train", f"model.path={model_dir}", "train.steps=1", "rollout.prompts_per_step=2", "rollout.n=2",
+            "train.mini_batch_size=4", "rollout.max_new_tokens=4", "data.eval_size=2", "eval.n=1",
+            "reward.num_workers=0", "data.arith.max_digits=2", "data.dynamic_sampling.mode=none", "--run-dir", str(run)]
+
+    def interrupted(trainer, step):
+        raise KeyboardInterrupt  # after the start's evaluation was logged at step 0, before step 1 ends
+
+    with monkeypatch.context() as m:
+        m.setattr(mathrl.train.loop, "rl_step", interrupted)
+        assert main(argv) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "mathrl: interrupted at step 1; nothing was trained: rerun the same command to start over"
+    assert [json.loads(ln)["step"] for ln in (run / "evals.jsonl").read_text().splitlines()] == [0]
+
+    assert main(argv) == 0, capsys.readouterr().err
+    assert "holds no trained step: starting over" in capsys.readouterr().out
+    # the start was evaluated once more, not twice over: one step-0 evaluation, then step 1's
+    assert [json.loads(ln)["step"] for ln in (run / "evals.jsonl").read_text().splitlines()] == [0, 1]
 
 
 def _steps_logged(run: Path) -> int:
@@ -317,6 +398,25 @@ def test_resuming_with_a_changed_config_names_the_changed_fields(tmp_path):
     assert checkpoint == run / "checkpoints" / "step_000002"
     assert "(data.eval: ['arith'] -> ['arith', 'arith']; rollout.n: 8 -> 4)" in text
     assert (run / "config.previous.yaml").exists()
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_the_base_model_bar_shows_a_loss_only_once_there_is_one(terminal):
+    # Bug story: the base model's pretraining bar opened at "loss nan 0/800".
+    import io
+
+    from rich.console import Console
+
+    from mathrl.track.console import BuildProgress
+
+    console = Console(file=io.StringIO(), force_terminal=terminal, width=120, color_system=None)
+    bar = BuildProgress(console, total=800)
+    console.print(bar._progress.get_renderable() if terminal else "")
+    assert "nan" not in console.file.getvalue() and "loss" not in console.file.getvalue()
+    bar.update(1, 800, 2.5)
+    if terminal:
+        console.print(bar._progress.get_renderable())
+    assert "loss 2.500" in console.file.getvalue() and "nan" not in console.file.getvalue()
 
 
 @pytest.mark.parametrize("width", [80, 120])

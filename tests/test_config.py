@@ -192,6 +192,31 @@ def test_literal_typo_suggests_the_closest_choice(override, choice):
 
 
 @pytest.mark.parametrize(
+    "override, message",
+    [
+        # Bug story: YAML 1.1 reads yes/no/on/off as booleans, so `algo.kl.use=yes` was reported as
+        # "True is not one of ...", a value the user never typed.
+        ("algo.kl.use=yes", "algo.kl.use: 'yes' is not one of 'none' | 'loss' | 'reward'"),
+        ("algo.kl.use=on", "algo.kl.use: 'on' is not one of 'none' | 'loss' | 'reward'"),
+        ("algo.kl.use=off", "algo.kl.use: 'off' is not one of 'none' | 'loss' | 'reward'; did you mean 'none'?"),
+        ("algo.kl.use=true", "algo.kl.use: true is not one of 'none' | 'loss' | 'reward'"),  # as typed, not True
+    ],
+)
+def test_a_choice_field_shows_the_value_as_typed(override, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize(("word", "expected"), [("yes", True), ("on", True), ("no", False), ("Off", False), ("true", True)])
+def test_a_bool_field_still_takes_yaml_1_1_words(tmp_path, word, expected):
+    assert load_config(None, [f"log.wandb={word}"]).log.wandb is expected
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"log:\n  wandb: {word}\n")
+    assert load_config(recipe).log.wandb is expected
+
+
+@pytest.mark.parametrize(
     "override, choices",
     [
         ("algo.adv.estimator=grp", "grpo, rloo, reinforce_pp, gae"),  # the registered estimators
@@ -511,3 +536,17 @@ def test_config_changes_name_every_changed_key():
                                         "train.lr: 0.0002 -> 0.0001"]
     assert config_changes(old, old) == []
     assert config_changes({"a": {"b": 1}}, {"a": {"c": 1}}) == ["a.c: '<absent>' -> 1", "a.b: 1 -> '<absent>'"]
+
+
+def test_init_from_a_weights_only_checkpoint_needs_restart(tmp_path):
+    # A checkpoint kept by train.keep_every has its weights and trainer_state.json but no optimizer state:
+    # init_from_mode=restart (weights only) starts from it; continue names the fix.
+    kept = tmp_path / "step_000010"
+    kept.mkdir()
+    (kept / "config.json").write_text("{}")
+    (kept / "trainer_state.json").write_text('{"step": 10}')
+    with pytest.raises(ConfigError, match="holds weights only .* use train.init_from_mode=restart"):
+        load_config(None, [f"train.init_from={kept}"])
+    assert load_config(None, [f"train.init_from={kept}", "train.init_from_mode=restart"]).train.init_from == str(kept)
+    with pytest.raises(ConfigError, match="is not a checkpoint directory"):
+        load_config(None, [f"train.init_from={tmp_path}", "train.init_from_mode=restart"])

@@ -168,6 +168,23 @@ def test_load_critic_starts_at_zero_from_an_lm_and_keeps_a_saved_head(tmp_path, 
     assert torch.equal(again.score.weight, critic.score.weight)
 
 
+def test_the_critic_returns_values_of_its_own_not_a_view(tmp_path, make_tiny_qwen2, char_tokenizer) -> None:
+    # Bug story: under --nproc the FSDP2-sharded critic warned "returned a view tensor" at every forward:
+    # its one-wide head's [B, L, 1] output is a reshaped matrix-vector product. An in-place op on such a
+    # view would skip FSDP2's pre-backward hook; the critic now returns a tensor of its own, same values.
+    from mathrl.model.io import save_model
+    from mathrl.model.value import load_critic
+
+    critic = load_critic(save_model(make_tiny_qwen2(seed=3), char_tokenizer, tmp_path / "lm"))
+    with torch.no_grad():
+        critic.score.weight.normal_()
+    ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+    out = critic(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    assert out.requires_grad and out._base is None
+    hidden = critic.model(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
+    assert_close(out, hidden @ critic.score.weight.T)
+
+
 def test_outcome_token_rewards_sit_on_the_last_token() -> None:
     from mathrl.algo.critic import outcome_token_rewards
 

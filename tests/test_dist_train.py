@@ -109,6 +109,22 @@ def test_launch_warns_when_the_ranks_threads_exceed_the_cores(nproc, omp, cpus, 
         assert "OMP_NUM_THREADS=1" in warning  # the fix it names: cores / ranks
 
 
+@pytest.mark.parametrize(("environ", "cpus", "expected"), [
+    ({}, 2, "1"),  # unset: each of 2 ranks gets its share of 2 cores, set explicitly (no torchrun banner)
+    ({}, 16, "8"),
+    ({}, 1, "1"),  # more ranks than cores: still at least one thread each (and `launch` warns)
+    ({"OMP_NUM_THREADS": "3"}, 16, "3"),  # the user's setting stands
+    ({"OMP_NUM_THREADS": " "}, 4, "2"),  # blank is unset
+])
+def test_launch_sets_each_ranks_threads_explicitly(environ, cpus, expected) -> None:
+    # Bug story: without OMP_NUM_THREADS, torchrun set 1 thread per rank and printed a five-line banner
+    # about it at every start.
+    from mathrl.train.launch import launch_env
+
+    env = launch_env(2, {"PATH": "/bin", **environ}, cpus=cpus)
+    assert env["OMP_NUM_THREADS"] == expected and env["PATH"] == "/bin"
+
+
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     cache = tmp_path_factory.mktemp("cache")
@@ -235,6 +251,19 @@ def test_a_finished_two_rank_job_exits_0(env, tmp_path: Path, repeat: int) -> No
     log = (tmp_path / "exit.log").read_text()
     assert "terminate called" not in log and "exitcode" not in log, log[-3000:]
     assert (run / "summary.json").is_file() and (run / "final" / "model.safetensors").is_file()
+
+
+def test_a_finished_run_rerun_with_two_ranks_says_so_once(env, tmp_path: Path) -> None:
+    # Bug story: rerunning a finished `--nproc 2` run printed "holds a finished run..." twice, once per
+    # rank. The run directory is opened before any model is built, so a finished run's files suffice.
+    run = tmp_path / "done"
+    (run / "final").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    (run / "summary.json").write_text("{}")
+    cmd = [sys.executable, "-m", "mathrl.cli", "train", "train.steps=1", "--nproc", "2", "--run-dir", str(run)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (done.stdout + done.stderr).count("holds a finished run") == 1, done.stdout + done.stderr
 
 
 def _cut_at(run: Path, step: int, dest: Path) -> Path:

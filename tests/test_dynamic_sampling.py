@@ -161,3 +161,93 @@ def test_a_step_that_keeps_no_group_still_evaluates_and_checkpoints_on_schedule(
     assert [e["step"] for e in evals] == [0, 2, 3]  # eval.every=2, and after the last step
     assert [s for s, _ in complete_checkpoints(result.run_dir / "checkpoints")] == [2, 3]
     assert json.loads((result.run_dir / "summary.json").read_text())["steps"] == 3
+
+
+def test_a_run_whose_every_sample_is_wrong_stops_and_says_why(tmp_path, make_tiny_qwen2, char_tokenizer, capsys) -> None:
+    # Bug story: a 20-row jsonl of multiplication problems (question/answer fields) that the model could
+    # not solve printed "dynamic sampling kept no group; update skipped" at every step and exited 0, as if
+    # it had trained. Now the run stops after data.dynamic_sampling.max_empty_steps (5) such steps in a
+    # row, exit 1, saying that every reward was 0 and what to try. A random model never closes a \boxed{}
+    # in 6 tokens, so every sample is wrong.
+    import json
+
+    from mathrl.cli import main
+    from mathrl.model.io import save_model
+
+    model_dir = save_model(make_tiny_qwen2(seed=3), char_tokenizer, tmp_path / "model")
+    data = tmp_path / "mult.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{a}*{a + 3}=?", "answer": str(a * (a + 3))}) + "\n"
+                            for a in range(11, 31)))
+    run = tmp_path / "run"
+    capsys.readouterr()
+    code = main(["train", f"model.path={model_dir}", f"data.train={data}", f"data.eval=[{data}]", "data.question_field=question",
+                 "data.template=plain", "data.dynamic_sampling.max_rounds=1", "rollout.max_new_tokens=6", "train.steps=20",
+                 "rollout.prompts_per_step=2", "rollout.n=2", "train.mini_batch_size=4", "eval.n=1", "data.eval_size=2",
+                 "reward.num_workers=0", "--run-dir", str(run)])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 1, err
+    assert len(err) == 1 and err[0].startswith(
+        "mathrl: error: steps 1-5 trained nothing: every one of the 20 samples of 10 problems was wrong (reward 0): "
+        "the model solves none of these problems, so no group had a signal to learn from. To fix: check the prompt "
+        f"template and the answer fields first (`mathrl eval {model_dir} --data {data}`"), err
+    assert "use easier problems, or start from a model fine-tuned on worked solutions (`mathrl sft`)" in err[0]
+    assert err[0].endswith("(the run stops after data.dynamic_sampling.max_empty_steps=5 such steps in a row)")
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert max(steps) == 5 and not (run / "summary.json").exists()
+
+
+def _empty(wrong: int, right: int = 0, band: int = 0) -> dict[str, float]:
+    return {"filter/kept_groups": 0.0, "filter/dropped_all_wrong": float(wrong), "filter/dropped_all_correct": float(right),
+            "filter/dropped_out_of_band": float(band)}
+
+
+def test_the_no_signal_count_is_consecutive_and_names_the_cause() -> None:
+    import io
+
+    from rich.console import Console
+
+    from mathrl.train.collect import NoSignalError, SignalWatch
+
+    cfg = load_config(None, ["data.dynamic_sampling.max_empty_steps=2"])
+    console = Console(file=io.StringIO(), width=400)
+    watch = SignalWatch()
+    watch.record(1, _empty(4), n=8)
+    watch.check(1, cfg, console)
+    trained = {"filter/kept_groups": 4.0, "rollout/all_wrong_groups": 0.5, "rollout/all_correct_groups": 0.0}
+    watch.record(2, trained, n=8)  # a step that trained ends the streak
+    watch.record(3, _empty(0, 4), n=8)
+    watch.check(3, cfg, console)
+    watch.record(4, _empty(0, 4), n=8)
+    with pytest.raises(NoSignalError, match=r"^steps 3-4 trained nothing: every one of the 64 samples of 8 problems "
+                                            r"was right: these problems are too easy to learn from\. To fix: use harder"):
+        watch.check(4, cfg, console)
+    mixed = SignalWatch()
+    for step in (1, 2):
+        mixed.record(step, _empty(2, 1, 1), n=4)
+    with pytest.raises(NoSignalError, match="of 8 problems 4 had every sample wrong, 2 every sample right, 2 an accuracy "
+                                            "outside the band. To fix: widen data.dynamic_sampling's band"):
+        mixed.check(2, cfg, console)
+    never = load_config(None, ["data.dynamic_sampling.max_empty_steps=0"])
+    mixed.check(2, never, console)  # 0: never stops
+
+
+def test_without_dynamic_sampling_a_no_signal_streak_warns_once() -> None:
+    # mode none trains every group by request (KL, entropy or a critic may still move the weights), so a
+    # streak of all-wrong steps is a warning, printed once per streak, not a stop.
+    import io
+
+    from rich.console import Console
+
+    from mathrl.train.collect import SignalWatch
+
+    cfg = load_config(None, ["data.dynamic_sampling.mode=none", "data.dynamic_sampling.max_empty_steps=2"])
+    console = Console(file=io.StringIO(), width=400)
+    watch = SignalWatch()
+    all_wrong = {"filter/kept_groups": 4.0, "rollout/all_wrong_groups": 1.0, "rollout/all_correct_groups": 0.0}
+    for step in (1, 2, 3):
+        watch.record(step, all_wrong, n=2)
+        watch.check(step, cfg, console)
+    text = console.file.getvalue()
+    assert text.count("warning:") == 1
+    assert "steps 1-2 had no reward signal: every one of the 16 samples of 8 problems was wrong (reward 0)" in text
+    assert "the policy gradient is 0 while this lasts" in text

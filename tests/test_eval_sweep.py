@@ -63,7 +63,8 @@ class HashVerifier:
 def run_dir(tmp_path_factory, make_tiny_qwen2, char_tokenizer) -> Path:
     root = tmp_path_factory.mktemp("sweep") / "myrun"
     root.mkdir()
-    (root / "config.yaml").write_text(dump_yaml(load_config(None, RUN_CONFIG)))
+    start = save_model(make_tiny_qwen2(seed=9, num_layers=1), char_tokenizer, root.parent / "start_model")
+    (root / "config.yaml").write_text(dump_yaml(load_config(None, [*RUN_CONFIG, f"model.path={start}"])))
     for i, (sub, step) in enumerate(CHECKPOINTS.items()):
         out = save_model(make_tiny_qwen2(seed=i, num_layers=1), char_tokenizer, root / sub)
         (out / "trainer_state.json").write_text(json.dumps({"step": step}))
@@ -99,9 +100,10 @@ def test_sweep_writes_results_ordered_by_step(report: dict, run_dir: Path) -> No
     out = run_dir / "eval"  # the default output directory of a single run target
     on_disk = json.loads((out / "results.json").read_text())
     assert on_disk["complete"] is True
-    assert [c["step"] for c in on_disk["checkpoints"]] == [5, 10, 30]
-    assert [c["label"] for c in on_disk["checkpoints"]] == ["myrun/step_5", "myrun/step_000010", "myrun/final"]
-    assert [r["step"] for r in on_disk["results"]] == [5, 10, 30]
+    # the run's starting model (model.path) is step 0 of its curve
+    assert [c["step"] for c in on_disk["checkpoints"]] == [0, 5, 10, 30]
+    assert [c["label"] for c in on_disk["checkpoints"]] == ["myrun/start", "myrun/step_5", "myrun/step_000010", "myrun/final"]
+    assert [r["step"] for r in on_disk["results"]] == [0, 5, 10, 30]
     assert on_disk["settings"]["ks"] == default_ks(2) == [1, 2]
     for row in on_disk["results"]:
         assert row["dataset"] == "arith_heldout" and row["num_problems"] == 4 and row["dropped_prompts"] == 0
@@ -171,7 +173,7 @@ def test_a_step_that_is_not_a_checkpoint_is_a_clear_error(run_dir: Path, tmp_pat
     console = quiet_console()
     code = run(parse([str(run_dir), "--step", "7", "--out", str(tmp_path / "o")]), console)
     text = console.file.getvalue()
-    assert code == 2 and "--step 7" in text and "[5, 10, 30]" in text
+    assert code == 2 and "--step 7" in text and "[0, 5, 10, 30]" in text
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -265,3 +267,44 @@ def test_cli_on_jsonl_parquet_and_hf_folder_datasets(run_dir: Path, tmp_path: Pa
     result = json.loads((out / "results.json").read_text())
     sizes = {row["dataset"]: row["num_problems"] for row in result["results"]}
     assert sizes == {"math500": 4, "small": 4, "hfset_test": 3}  # --limit 4; the hf split holds 3 rows
+
+
+def test_a_failed_eval_leaves_no_empty_output_directory(run_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    # Bug story: a sweep over two models that stopped at a bad data row (exit 1) left an empty
+    # eval_<timestamp>/ behind in the working directory, one more per attempt.
+    monkeypatch.chdir(tmp_path)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"problem": "1+1"}) + "\n")  # no answer
+    models = [str(run_dir / "checkpoints" / "step_000010"), str(run_dir / "final")]
+    console = quiet_console()
+    assert run(parse([*models, "reward.num_workers=0", "--n", "1", "--seeds", "0", "--data", str(bad)]), console) == 1
+    assert "missing field 'answer'" in console.file.getvalue()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl"]
+    # the same with --out naming a new nested directory: neither it nor its new parent is left
+    assert run(parse([*models, "reward.num_workers=0", "--n", "1", "--data", str(bad), "--out", "a/b"]), quiet_console()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl"]
+
+
+def test_a_run_keeps_the_weights_of_every_evaluated_step_for_its_eval_curve(tmp_path, make_tiny_qwen2,
+                                                                           char_tokenizer) -> None:
+    # Bug story: with train.keep_last=2, `mathrl eval runs/<run>` of the default run evaluated steps 40
+    # and 50 only, no curve. Now the weights of every eval.every-th step (train.keep_every: null) stay,
+    # without their optimizer state, and the run's starting model is step 0: every point of the
+    # training's evaluation curve (steps 0, 2, 4, 6 here) is evaluated again.
+    from mathrl.run_dir import latest_checkpoint
+    from mathrl.train.loop import train
+
+    start = save_model(make_tiny_qwen2(seed=4, num_layers=1), char_tokenizer, tmp_path / "start")
+    cfg = load_config(None, [*RUN_CONFIG, f"model.path={start}", "train.steps=6", "train.save_every=1", "eval.every=2",
+                             "rollout.prompts_per_step=2", "rollout.n=2", "train.mini_batch_size=4", "eval.n=1",
+                             "rollout.max_new_tokens=4", "data.dynamic_sampling.mode=none", f"run_dir={tmp_path / 'run'}"])
+    train(cfg, console=quiet_console())
+    ckpts = tmp_path / "run" / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == [f"step_00000{s}" for s in (2, 4, 5, 6)]
+    assert not (ckpts / "step_000002" / "trainer_state.pt").exists() and (ckpts / "step_000002" / "model.safetensors").exists()
+    assert latest_checkpoint(ckpts) == ckpts / "step_000006"  # a resume never picks a weights-only one
+    found = resolve_targets([str(tmp_path / "run")], overrides=[], settings=SweepSettings(), console=quiet_console())
+    assert [c.step for c in found] == [0, 2, 4, 5, 6]
+    assert found[0].path == str(start) and found[0].label == "run/start"
+    evaluated = {json.loads(line)["step"] for line in (tmp_path / "run" / "evals.jsonl").read_text().splitlines()}
+    assert evaluated == {0, 2, 4, 6} and evaluated <= {c.step for c in found}

@@ -46,7 +46,8 @@ def _eval(step: int, p1: float) -> dict:
 
 
 def write_run(run_dir: Path, *, eps_high: float, lift: float, extra_metrics: bool = False,
-              entropy_nan_at: int | None = None) -> Path:
+              entropy_nan_at: int | None = None, num_problems: int = 20, world_size: int | None = None,
+              engine: str | None = None) -> Path:
     """A finished run of STEPS steps with evaluations at steps 0, 3 and 6; pass@1 rises 0.3 -> 0.3 + lift.
 
     extra_metrics: also log actor/ref_kl and collapse/repetitive. entropy_nan_at: log actor/entropy as
@@ -70,6 +71,8 @@ def write_run(run_dir: Path, *, eps_high: float, lift: float, extra_metrics: boo
                 "rollout/truncated_frac": 0.05,
                 "perf/step_seconds": 1.5,
             }
+            if world_size is not None:
+                row["perf/world_size"] = float(world_size)
             if extra_metrics:  # logged by one run only
                 row["actor/ref_kl"] = 0.002 * step
                 row["collapse/repetitive"] = 0.01 * step
@@ -79,7 +82,7 @@ def write_run(run_dir: Path, *, eps_high: float, lift: float, extra_metrics: boo
             rows.append({"step": step, f"eval/{SET}/pass@1": e["pass_at_1"], f"eval/{SET}/maj@4": e["maj_at_n"],
                          **{f"eval/{SET}/pass@{k}": v for k, v in e["pass_at_k"].items() if k != "1"},
                          f"eval/{SET}/no_answer_rate": 0.1})
-            evals.append({"step": step, "set": SET, "name": SET, "n": 4, "num_problems": 20, **e,
+            evals.append({"step": step, "set": SET, "name": SET, "n": 4, "num_problems": num_problems, **e,
                           "no_answer_rate": 0.1, "truncated_rate": 0.0, "mean_response_length": 30.0,
                           "samples": [{"problem_id": "p0", "response": "\\boxed{3}", "reason": "correct"}]})
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -93,6 +96,8 @@ def write_run(run_dir: Path, *, eps_high: float, lift: float, extra_metrics: boo
     config = {"seed": 0, "run_dir": str(run_dir), "rollout": {"n": 8, "temperature": 1.0},
               "algo": {"clip": {"eps_low": 0.2, "eps_high": eps_high, "dual_clip_c": None}},
               "data": {"eval": ["arith"]}}
+    if engine is not None:
+        config["rollout"]["engine"] = engine
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     return run_dir
 
@@ -165,6 +170,26 @@ def test_eval_table_shows_base_and_final(report):
     assert "0.300 → 0.600" in page and "+0.300" in page
     assert "0.450 → 0.750" in page and "0.350 → 0.650" in page
     assert "0.300 → 0.500" in page  # clip_sym
+
+
+def test_best_pass_at_1_is_marked_only_among_runs_evaluated_alike(tmp_path):
+    # Bug story: the report bolded the best final pass@1 across runs evaluated on different numbers of
+    # problems, and did not say that a run had used 2 processes.
+    a = write_run(tmp_path / "a", eps_high=0.2, lift=0.2, world_size=1, engine="torch")
+    b = write_run(tmp_path / "b", eps_high=0.2, lift=0.3, world_size=1, engine="torch")
+    c = write_run(tmp_path / "c", eps_high=0.2, lift=0.5, num_problems=200, world_size=2, engine="vllm")
+    page = build_report([a, b, c], tmp_path / "r.html", pngs=False).read_text()
+    bold = re.findall(r'<td class="num best">([^<]*)', page)
+    assert bold == ["0.300 → 0.600"]  # b beats a on the same 20 problems; c (200 problems, 0.8) has no peer
+    assert "evaluated on different numbers of problems or samples" in page
+    runs = page.split("<table>", 1)[1].split("</table>", 1)[0]
+    assert "<th>processes</th><th>rollout engine</th>" in runs
+    row_c = runs.split("<tr>")[-1]
+    assert "<td class='num'>2</td><td>vllm</td>" in row_c, row_c
+    # alone, on the same problems, the best run is still marked and no note is added
+    page = build_report([a, b], tmp_path / "r2.html", pngs=False).read_text()
+    assert re.findall(r'<td class="num best">([^<]*)', page) == ["0.300 → 0.600"]
+    assert "evaluated on different numbers" not in page
 
 
 def test_page_is_self_contained(report):

@@ -128,8 +128,13 @@ def test_pruning_keeps_last_n_and_every_m(tmp_path):
         d.mkdir(parents=True)
         (d / "trainer_state.json").write_text("{}")
         torch.save({}, d / "trainer_state.pt")
+    (ckpts / "step_000010" / "model.safetensors").write_bytes(b"weights")
+    (ckpts / "step_000010" / "optimizer").mkdir()  # a sharded (DCP) optimizer state
     prune_checkpoints(ckpts, keep_last=2, keep_every=10)
-    assert [s for s, _ in complete_checkpoints(ckpts)] == [10, 18, 20]
+    assert [s for s, _ in complete_checkpoints(ckpts)] == [18, 20]  # the ones a resume may pick
+    # step 10 keeps its weights and trainer_state.json for `mathrl eval RUN`, not its optimizer state
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_000010", "step_000018", "step_000020"]
+    assert sorted(p.name for p in (ckpts / "step_000010").iterdir()) == ["model.safetensors", "trainer_state.json"]
 
 
 @pytest.mark.slow

@@ -481,6 +481,38 @@ def test_field_map_miss_suggests_the_config_keys(tmp_path):
     assert info.value.reason == "missing field 'problem'"  # the skip counter's key does not vary by row
 
 
+@pytest.mark.parametrize(
+    ("row", "fields", "hint"),
+    [
+        # Bug story: a multiplication file mapped with data.question_field=question had a row with no
+        # answer, and the hint said "try data.question_field=question", the setting already in use.
+        ({"question": "6*7=?"}, FieldMap(question="question"),
+         "set data.answer_field to the field that holds the gold answer, or data.on_error=skip"),
+        # the answer lives under another name: the key that maps it is data.answer_field
+        ({"question": "6*7=?", "target": "42"}, FieldMap(question="question"), "try data.answer_field=target"),
+        # a worked solution whose last box is the answer: data.answer_from_solution, not answer_field
+        ({"problem": "6*7=?", "solution": "6*7=\\boxed{42}"}, FieldMap(),
+         "try data.answer_from_solution=solution data.answer_field=null"),
+        # a Minerva-style map whose solution field is missing names data.answer_from_solution
+        ({"problem": "q", "output": "42"}, FieldMap(answer=None, answer_from_solution="solution"),
+         "try data.answer_from_solution=output"),
+    ],
+)
+def test_missing_answer_names_the_answer_key(tmp_path, row, fields, hint) -> None:
+    path = _write(tmp_path, "rows.jsonl", [json.dumps(row)])
+    with pytest.raises(DataError) as info:
+        load_jsonl(path, fields)
+    assert hint in str(info.value)
+    assert "data.question_field" not in str(info.value)
+
+
+def test_missing_question_without_a_likely_field_says_which_key(tmp_path) -> None:
+    path = _write(tmp_path, "rows.jsonl", [json.dumps({"text": "6*7=?", "answer": "42"})])
+    with pytest.raises(DataError, match="the row has fields text, answer; set data.question_field to the field "
+                                        "that holds the problem"):
+        load_jsonl(path, FieldMap())
+
+
 def test_unencodable_characters_are_counted_and_warned_once(char_tokenizer) -> None:
     # Bug story: the character tokenizer drops what it does not know, so a CJK question "三加四=?"
     # reached the model as the prompt "=" with no word of warning.

@@ -87,6 +87,7 @@ class DynamicSamplingConfig:
     band_high: float = 0.8  # ... and <= band_high
     max_rounds: int = 4  # generation rounds per step to fill the batch with kept groups
     on_exhausted: Literal["train_smaller", "error"] = "train_smaller"  # when max_rounds cannot fill the batch
+    max_empty_steps: int = 5  # stop after this many steps in a row with no group kept (every sample wrong, or right), explaining why; 0: never. With mode none: a warning
 
 
 @dataclass
@@ -275,7 +276,7 @@ class TrainConfig:
     max_grad_norm: float = 1.0  # gradients are clipped to this global norm
     save_every: int = 10  # write a resumable checkpoint every N steps (0 = only the final model)
     keep_last: int = 2  # complete checkpoints kept (older ones are deleted once a newer one is complete)
-    keep_every: int = 0  # also keep every checkpoint whose step is a multiple of this (0 = none)
+    keep_every: int | None = None  # also keep the weights (no optimizer state) of every checkpoint whose step is a multiple of this, for `mathrl eval RUN`'s curve; null: eval.every; 0: none
     max_skipped_steps: int = 5  # stop after this many consecutive steps with a non-finite loss or gradient
     init_from: str | None = None  # start this new run from another run's checkpoint dir (see init_from_mode)
     init_from_mode: Literal["continue", "restart"] = "continue"  # continue: its policy, optimizer, schedule and controllers, the KL reference stays model.path; restart: its policy weights as a new starting model (fresh optimizer and schedule, the KL reference is that checkpoint), as DeepScaleR's later stages do
@@ -382,6 +383,11 @@ class Config:
         if mode == "none":
             return Correction(rc.mode, rc.level, rc.cap, rc.lower, rc.rejected)
         return Correction("tis" if mode == "tis" else "mis", "token", rc.cap, rc.lower, rc.rejected)
+
+    @property
+    def keep_every_steps(self) -> int:
+        """Checkpoints whose step is a multiple of this keep their weights when pruned (0: none)."""
+        return self.eval.every if self.train.keep_every is None else self.train.keep_every
 
     def engine_logprobs_not_old(self) -> tuple[str, str] | None:
         """(setting, reason) why the rollout engine's sampling logprobs cannot stand in for the old-policy
@@ -530,9 +536,18 @@ class Config:
             problem = model_path_problem(self.model.path)
             if problem:
                 errors.append(f"model.path={self.model.path!r} {problem}")
-        if self.train.init_from is not None and not (Path(self.train.init_from) / "trainer_state.pt").exists():
-            errors.append(f"train.init_from={self.train.init_from!r} is not a complete checkpoint directory "
-                          "(expected e.g. runs/X/checkpoints/step_000050 with trainer_state.pt)")
+        if self.train.init_from is not None:
+            source = Path(self.train.init_from)
+            if self.train.init_from_mode == "continue" and not (source / "trainer_state.pt").exists():
+                weights_only = (source / "trainer_state.json").exists() and (source / "config.json").exists()
+                errors.append(f"train.init_from={self.train.init_from!r} " + (
+                    "holds weights only (a checkpoint kept by train.keep_every, without its optimizer state): use "
+                    "train.init_from_mode=restart, or a complete checkpoint" if weights_only else
+                    "is not a complete checkpoint directory (expected e.g. runs/X/checkpoints/step_000050 with "
+                    "trainer_state.pt)"))
+            elif not ((source / "trainer_state.json").exists() and (source / "config.json").exists()):
+                errors.append(f"train.init_from={self.train.init_from!r} is not a checkpoint directory (expected "
+                              "e.g. runs/X/checkpoints/step_000050 with trainer_state.json and the model files)")
         for where, source in self._data_files():
             if Path(source).suffix in DATA_FILE_SUFFIXES and not Path(source).expanduser().is_file():
                 errors.append(f"{where}: no such file {source!r}")
@@ -610,9 +625,18 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             return value
         choices = [str(a) for a in typing.get_args(tp)]
         lowered = {c.lower(): c for c in choices}
-        close = [lowered[str(value).lower()]] if str(value).lower() in lowered else difflib.get_close_matches(str(value), choices, n=1)
+        word = str(value).lower()
+        if word in lowered:
+            close = [lowered[word]]
+        elif word in ("off", "no", "false"):  # switching a choice field off
+            close = ["none"] if "none" in choices else []
+        elif word in ("on", "yes", "true"):  # "on" is not a typo of "none": which choice is meant is the user's call
+            close = []
+        else:
+            close = difflib.get_close_matches(str(value), choices, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"{where}: {value!r} is not one of {_type_name(tp)}{hint}")
+        shown = str(value).lower() if isinstance(value, bool) else repr(value)  # as typed: true, not True
+        raise ConfigError(f"{where}: {shown} is not one of {_type_name(tp)}{hint}")
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
         if value is None and type(None) in args:
@@ -633,6 +657,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if tp is bool:
         if isinstance(value, bool):
             return value
+        if isinstance(value, str) and value.strip().lower() in _YAML11_BOOLS:
+            return _YAML11_BOOLS[value.strip().lower()]  # YAML 1.1's yes/no/on/off, kept as strings by the loader
     elif tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
@@ -705,6 +731,28 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     node[last] = value
 
 
+class _ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's booleans: only true/false are bools.
+
+    YAML 1.1 also reads yes/no/on/off as bools, so `algo.kl.use=yes` reached the check as True and
+    the message showed a value the user never typed. Here those words stay strings: a choice field
+    reports 'yes' as typed, and a bool field accepts them (`_coerce`), as it did before."""
+
+
+_ConfigLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+_YAML11_BOOLS = {"yes": True, "on": True, "no": False, "off": False}
+
+
+def _load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def parse_override(text: str) -> tuple[str, Any]:
     """`a.b=value` with the value read as YAML (so 0.2 is a float, true a bool, [1,2] a list, null None)."""
     if "=" not in text:
@@ -714,7 +762,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not key:
         raise ConfigError(f"override {text!r} has an empty key")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = _load_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return key, value
@@ -739,7 +787,7 @@ def load_config(
         except OSError as e:
             raise ConfigError(f"recipe {str(path)!r} cannot be read: {e.strerror}") from None
         try:
-            loaded = yaml.safe_load(text) or {}
+            loaded = _load_yaml(text) or {}
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)

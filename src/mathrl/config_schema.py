@@ -186,6 +186,7 @@ DOMAINS: dict[str, Domain] = {
     "data.dynamic_sampling.band_low": unit(),
     "data.dynamic_sampling.band_high": unit(),
     "data.dynamic_sampling.max_rounds": COUNT,
+    "data.dynamic_sampling.max_empty_steps": NONNEG,
     "data.arith.min_digits": Range(1, 18),
     "data.arith.max_digits": Range(1, 18),
     "data.arith.heldout_permille": Range(1, 999),

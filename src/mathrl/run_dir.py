@@ -78,6 +78,25 @@ class RunDir:
     def is_finished(self) -> bool:
         return self.summary_path.exists() and self.final.exists()
 
+    def last_logged_step(self) -> int | None:
+        """The highest step in metrics.jsonl (None: no row). Read leniently: a line cut by a kill or a
+        Ctrl-C is skipped. Step 0 rows are the start's evaluation (and critic pretraining): no RL step."""
+        if not self.metrics_path.exists():
+            return None
+        last = None
+        for line in self.metrics_path.read_text(errors="replace").splitlines():
+            try:
+                step = int(json.loads(line)["step"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            last = step if last is None else max(last, step)
+        return last
+
+    def trained_nothing(self) -> bool:
+        """No RL step was logged and no checkpoint completed: starting over loses nothing but the
+        start's evaluation, which the new run makes again."""
+        return (self.last_logged_step() or 0) < 1 and latest_checkpoint(self.checkpoints) is None
+
     def config_text(self) -> str | None:
         return self.config_path.read_text() if self.config_path.exists() else None
 
@@ -199,6 +218,13 @@ def open_run_dir(path: str | Path | None, *, config_text: str, resume: bool, con
         console.print(f"--no-resume: the previous run was moved to {aside}")
         has_run = False
     checkpoint = None
+    if has_run and not run.is_finished() and run.trained_nothing():
+        # Stopped before its first step (Ctrl-C during the start's evaluation): the rerun starts over
+        # in place; the rows of the start's evaluation are made again, so the old ones go.
+        console.print(f"{run.path} holds no trained step: starting over")
+        for log in (run.metrics_path, run.evals_path, run.rollouts_path):
+            log.unlink(missing_ok=True)
+        has_run = False
     if has_run:
         if run.is_finished():
             raise RunComplete(f"run directory {run.path} holds a finished run; use --no-resume to start over "

@@ -510,19 +510,45 @@ def _run_cell(run: Run) -> str:
     return f'<td><span class="swatch" style="background:{run.color}"></span>{html.escape(run.label)}</td>'
 
 
+def world_sizes(run: Run) -> str:
+    """The processes that trained the run (perf/world_size of its steps), e.g. "2", or "1, 2" for a run
+    resumed at another world size; "—" for a run logged before the key existed."""
+    sizes = sorted({int(v) for v in run.series("perf/world_size")[1] if math.isfinite(v)})
+    return ", ".join(str(s) for s in sizes) or "—"
+
+
 def runs_table(runs: list[Run]) -> str:
     rows = []
     for run in runs:
         wall = run.summary.get("wall_seconds") if run.summary else None
         status = "finished" if run.summary else "no summary.json (running or stopped)"
+        engine = run.config.get("rollout.engine", "—")
         rows.append(
             f"<tr>{_run_cell(run)}<td class='mono'>{html.escape(str(run.path))}</td>"
             f"<td class='num'>{run.last_train_step if run.last_train_step is not None else '—'}</td>"
             f"<td class='num'>{_fmt(wall / 60, 1) + ' min' if wall is not None else '—'}</td>"
+            f"<td class='num'>{world_sizes(run)}</td><td>{html.escape(str(engine))}</td>"
             f"<td>{status}</td><td class='num'>{len(run.inspect_pages)}</td></tr>"
         )
     return ("<table><tr><th>run</th><th>directory</th><th>last training step</th><th>wall time</th>"
-            "<th>status</th><th>token maps</th></tr>" + "".join(rows) + "</table>")
+            "<th>processes</th><th>rollout engine</th><th>status</th><th>token maps</th></tr>" + "".join(rows) + "</table>")
+
+
+def best_runs(runs: list[Run], name: str) -> set[str]:
+    """Labels of the runs whose last pass@1 on set `name` is the best among the runs evaluated like them:
+    the same number of problems and samples per problem. Scores on 50 and on 200 problems, or avg@4 and
+    avg@8, are not compared; a run with no one to compare with is not marked."""
+    groups: dict[tuple, list[Run]] = {}
+    for run in runs:
+        final = run.evals[name][1]
+        groups.setdefault((final.num_problems, final.n), []).append(run)
+    best = set()
+    for (problems, n), group in groups.items():
+        if len(group) < 2 or problems is None:  # unknown size (a summary.json without evals.jsonl): not comparable
+            continue
+        top = max(r.evals[name][1].pass_at_1 for r in group)
+        best |= {r.label for r in group if r.evals[name][1].pass_at_1 == top}
+    return best
 
 
 def eval_tables(runs: list[Run]) -> str:
@@ -536,7 +562,7 @@ def eval_tables(runs: list[Run]) -> str:
     for name in sets:
         with_set = [r for r in runs if name in r.evals]
         ks = sorted({k for r in with_set for point in r.evals[name] for k in point.pass_at_k})
-        best = max(r.evals[name][1].pass_at_1 for r in with_set)
+        best = best_runs(with_set, name)
         head = ("<tr><th>run</th><th>n</th><th>problems</th><th>steps</th><th>pass@1 (avg@n)</th>"
                 + "".join(f"<th>pass@{k}</th>" for k in ks) + "<th>maj@n</th></tr>")
         rows = []
@@ -546,11 +572,14 @@ def eval_tables(runs: list[Run]) -> str:
             rows.append(
                 f"<tr>{_run_cell(run)}<td class='num'>{final.n or '—'}</td>"
                 f"<td class='num'>{final.num_problems or '—'}</td><td class='num'>{steps}</td>"
-                + _change_cell(base.pass_at_1, final.pass_at_1, best=len(with_set) > 1 and final.pass_at_1 == best)
+                + _change_cell(base.pass_at_1, final.pass_at_1, best=run.label in best)
                 + "".join(_change_cell(base.pass_at_k.get(k), final.pass_at_k.get(k)) for k in ks)
                 + _change_cell(base.maj_at_n, final.maj_at_n) + "</tr>"
             )
-        out.append(f"<h3>{html.escape(name)}</h3><table>{head}{''.join(rows)}</table>")
+        sizes = {(r.evals[name][1].num_problems, r.evals[name][1].n) for r in with_set}
+        note = ("<p class='note'>These runs were evaluated on different numbers of problems or samples: bold marks "
+                "the best final pass@1 among runs evaluated alike only.</p>" if len(sizes) > 1 else "")
+        out.append(f"<h3>{html.escape(name)}</h3><table>{head}{''.join(rows)}</table>{note}")
     out.append("<p class='note'>Each cell: first evaluation → last evaluation, then the change. pass@k is the "
                "unbiased estimator; maj@n is the majority vote over the n samples (docs/metrics.md).</p>")
     return "\n".join(out)

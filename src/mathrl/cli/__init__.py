@@ -32,6 +32,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+import mathrl
 from mathrl.cli import arguments, commands
 from mathrl.cli.arguments import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, Parser, UsageError
 from mathrl.config import ConfigError
@@ -114,38 +115,25 @@ def _is_known(e: BaseException) -> bool:
     return isinstance(e, RuntimeError) and type(e).__module__.startswith("mathrl.")
 
 
-def _last_logged_step(run_dir: Path) -> int | None:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return None
-    last = None
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            last = int(json.loads(line)["step"])
-        except (ValueError, KeyError, TypeError):
-            continue  # a line cut by the interrupt
-    return last
-
-
 def interrupt_message(ns: argparse.Namespace) -> str:
     """What a Ctrl-C stopped and how to go on: the step in progress, and the step of the run
     directory's last complete checkpoint that the same command resumes from."""
     run_dir = getattr(ns, "run_dir_used", None)
     if ns.command not in ("train", "sft") or run_dir is None:
         return f"interrupted; mathrl {ns.command} did not finish"
-    from mathrl.run_dir import latest_checkpoint
+    from mathrl.run_dir import RunDir, latest_checkpoint
 
-    run_dir = Path(run_dir)
-    logged = _last_logged_step(run_dir)
+    run = RunDir(run_dir)
+    logged = run.last_logged_step()
     at = "before the first step" if logged is None else f"at step {logged + 1}"
-    rerun = "rerun the same command" if ns.run_dir and not ns.no_resume else f"rerun with --run-dir {run_dir}"
-    checkpoint = latest_checkpoint(run_dir / "checkpoints") if run_dir.is_dir() else None
+    rerun = "rerun the same command" if ns.run_dir and not ns.no_resume else f"rerun with --run-dir {run.path}"
+    checkpoint = latest_checkpoint(run.checkpoints)
     if checkpoint is not None:
         step = json.loads((checkpoint / "trainer_state.json").read_text())["step"]
         return f"interrupted {at}; {rerun} to resume from step {step} ({checkpoint})"
-    if logged is None:
-        return f"interrupted {at}; nothing to resume: rerun to start over"
-    return f"interrupted {at}, before the first checkpoint; rerun with --run-dir {run_dir} --no-resume to start over"
+    if run.trained_nothing():  # open_run_dir starts such a run over in place
+        return f"interrupted {at}; nothing was trained: {rerun} to start over"
+    return f"interrupted {at}, before the first checkpoint; rerun with --run-dir {run.path} --no-resume to start over"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     from mathrl.track.console import make_console
 
     console = make_console()
-    debug = os.environ.get("MATHRL_DEBUG", "") not in ("", "0")
+    debug = mathrl.debug()
+    if not debug:  # before torch loads: its C++ warnings (vLLM's NUMA binding notice, ...) are not the user's to act on
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     try:
         return VERBS[ns.command][2](ns, console)
     except KeyboardInterrupt:
@@ -181,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         if debug or not _is_known(e):
             raise
+        if getattr(e, "reported_by_rank_0", False):  # a torchrun rank's copy of rank 0's error: said once, by rank 0
+            return EXIT_ERROR
         return _fail("error", str(e) or type(e).__name__, EXIT_ERROR)
 
 

@@ -90,7 +90,8 @@ def _run(run, cfg, ns: argparse.Namespace, console: Console) -> int:
     try:
         run(cfg, console=console, resume=not ns.no_resume)
     except RunComplete as e:
-        console.print(str(e))
+        if not getattr(e, "reported_by_rank_0", False):  # under torchrun every rank raises it; rank 0 says it
+            console.print(str(e))
     return 0
 
 

@@ -7,9 +7,10 @@
     mathrl eval tiny-arith runs/x/final --limit 50 reward.num_workers=4
 
 TARGETs and key.path=value overrides may stand before or after the options. A TARGET is a Hugging
-Face model directory, a run directory (its config.yaml gives the defaults; every checkpoint in
-checkpoints/step_*/ and final/ is evaluated, ordered by the step in its trainer_state.json) or
-`tiny-arith` (the cached tiny base model).
+Face model directory, a run directory (its config.yaml gives the defaults; its starting model as
+step 0 when it is on this machine (`run_start`), then every checkpoint in checkpoints/step_*/ and
+final/, ordered by the step in its trainer_state.json; the weights of every `train.keep_every`-th
+step, eval.every by default, are kept for this) or `tiny-arith` (the cached tiny base model).
 
 For every checkpoint x dataset x seed this calls `evaluation.evaluate.evaluate` (the engine and
 verifier training uses, one Verifier for the whole sweep, the seed as the sampling seed), then
@@ -173,6 +174,29 @@ def run_checkpoints(run_dir: Path, cfg: Config) -> list[tuple[str, Path, int]]:
     return out
 
 
+def run_start(run_dir: Path, cfg: Config) -> tuple[Path | None, str]:
+    """The model a run started from, its step 0, when it is on this machine: (directory, "") or
+    (None, why it is not evaluated). That is the parent checkpoint of a `train.init_from` run, the cached
+    tiny base model, or a local `model.path` directory; a hub id is never downloaded for it."""
+    from mathrl.model.tiny import base_model_dir
+
+    run = RunDir(run_dir)
+    if run.parent_path.exists():
+        parent = Path(json.loads(run.parent_path.read_text())["checkpoint"])
+        return (parent, "") if (parent / "config.json").exists() else (None, f"its parent checkpoint {parent} is gone")
+    if cfg.model.init == "random":
+        return None, "model.init=random: its starting weights were never saved"
+    if cfg.model.path == TINY_BASE:
+        base = base_model_dir(cfg.base)
+        if (base / "model.safetensors").exists():
+            return base, ""
+        return None, "the tiny base model is not in this machine's cache (`mathrl base` with the run's base.* settings builds it)"
+    local = Path(cfg.model.path).expanduser()
+    if (local / "config.json").exists():
+        return local, ""
+    return None, f"model.path={cfg.model.path} is not a local directory (give it as another TARGET to evaluate it)"
+
+
 def resolve_targets(targets: Sequence[str], *, overrides: Sequence[str], settings: SweepSettings, console: Console) -> list[Checkpoint]:
     """Every checkpoint the TARGETs stand for, in the order given (a run's checkpoints by step)."""
     check_overrides(overrides)
@@ -195,6 +219,11 @@ def resolve_targets(targets: Sequence[str], *, overrides: Sequence[str], setting
             if not found:
                 raise TargetError(f"run directory {target!r} holds no checkpoint (checkpoints/step_*/ or final/ with "
                                   "config.json); is the run still in its first steps?")
+            start, why_not = run_start(path, cfg)
+            if start is not None:  # step 0 of the run's evaluation curve
+                checkpoints.append(Checkpoint(f"{path.name}/start", str(start), 0, str(path), cfg))
+            else:
+                console.print(f"[yellow]note:[/yellow] {target}: its starting model (step 0) is not evaluated: {why_not}")
             checkpoints += [Checkpoint(label, str(d), step, str(path), cfg) for label, d, step in found]
         elif (path / "config.json").exists():
             checkpoints.append(Checkpoint(target, str(path), None, None, eval_config(None, overrides, settings)))
@@ -379,8 +408,6 @@ def sweep(
     `score(completions, references)`) defaults to a `reward.verify.Verifier` built from the first
     target's `reward.*` config and closed at the end.
     """
-    from mathrl.reward.verify import Verifier
-
     console = console or Console()
     settings.validate()
     checkpoints = resolve_targets(targets, overrides=overrides, settings=settings, console=console)
@@ -391,7 +418,32 @@ def sweep(
     out = out or default_out_dir(targets, checkpoints)
     if (out / "results.json").exists():
         console.print(f"[yellow]note:[/yellow] replacing the results already in {out}")
+    made = _make_dirs(out)
+    try:
+        return _sweep(checkpoints, targets, settings, overrides=overrides, console=console, out=out, verifier=verifier)
+    except BaseException:
+        # A sweep that failed before its first result leaves no empty eval_<timestamp>/ behind; partial
+        # results of a later failure (or Ctrl-C) stay where they were written.
+        if not (out / "results.json").exists():
+            for d in reversed(made):
+                try:
+                    d.rmdir()  # only an empty directory, and only one this sweep created
+                except OSError:
+                    break
+        raise
+
+
+def _make_dirs(out: Path) -> list[Path]:
+    """mkdir -p `out`; returns the directories it created, outermost first."""
+    missing = [p for p in [out, *out.parents] if not p.exists()][::-1]
     out.mkdir(parents=True, exist_ok=True)
+    return missing
+
+
+def _sweep(checkpoints: list[Checkpoint], targets: Sequence[str], settings: SweepSettings, *,
+           overrides: Sequence[str], console: Console, out: Path, verifier) -> dict:
+    from mathrl.reward.verify import Verifier
+
     device = _device(settings.device)
     report = {
         "settings": {**asdict(settings), "device": device, "ks": default_ks(settings.n), "targets": list(targets),

@@ -5,6 +5,10 @@ It is transformers' `AutoModelForTokenClassification` with `num_labels=1` (for Q
 `score` head, which is zero-initialised here so that every value starts at 0 (the advantages of the
 first step are then the plain returns). Loaded from a saved critic it is used as it is. Dropout on
 the head is off, so the values of the training pass equal those of the scoring pass.
+
+The head's [B, L, 1] output is a view (torch computes a one-wide product as a matrix-vector product
+and reshapes it). Returned by an FSDP2-sharded critic, a view draws FSDP2's warning that an in-place
+op on it would skip the pre-backward all-gather; `_own_output` makes the head return a tensor of its own.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ def load_critic(path: str | Path, *, dtype: str = "float32", device: str | torch
         critic = build_random_model(config, dtype=dtype, device=device, head=AutoModelForTokenClassification)[0]
         with torch.no_grad():
             critic.score.weight.zero_()
-        return critic
+        return _own_output(critic)
     try:
         config = AutoConfig.from_pretrained(str(path), num_labels=1)
         config.classifier_dropout = 0.0
@@ -46,7 +50,13 @@ def load_critic(path: str | Path, *, dtype: str = "float32", device: str | torch
             critic.score.weight.zero_()
             if critic.score.bias is not None:
                 critic.score.bias.zero_()
-    return critic.to(device)
+    return _own_output(critic.to(device))
+
+
+def _own_output(critic):
+    """The critic with a head whose output is not a view (module docstring); [B, L, 1] floats copied."""
+    critic.score.register_forward_hook(lambda _module, _args, output: output.clone() if output._base is not None else output)
+    return critic
 
 
 def response_values(

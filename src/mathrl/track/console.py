@@ -102,8 +102,8 @@ class BuildProgress:
     """Progress of the tiny base model's pretraining."""
 
     def __init__(self, console: Console, total: int):
-        self._progress = make_progress(console, "pretraining", "loss {task.fields[loss]:.3f}")
-        self._task = self._progress.add_task("pretrain", total=total, loss=float("nan"))
+        self._progress = make_progress(console, "pretraining")
+        self._task = self._progress.add_task("pretrain", total=total, info="")  # no loss is shown before the first step's
 
     def __enter__(self):
         self._progress.__enter__()
@@ -113,7 +113,7 @@ class BuildProgress:
         return self._progress.__exit__(*exc)
 
     def update(self, step: int, total: int, loss: float) -> None:
-        self._progress.update(self._task, completed=step, loss=loss)
+        self._progress.update(self._task, completed=step, info=f"loss {loss:.3f}")
 
 
 class StepProgress:

@@ -17,7 +17,8 @@ state is spread over the ranks by parameter name.
 It is written into `step_<N>.tmp-*` first, every file fsynced, then renamed in one `os.replace`, and
 the parent directory fsynced: a checkpoint that was cut off (killed process, full disk) never carries
 the final name, so `latest_checkpoint` can never pick it. Older checkpoints are pruned only after the
-new one is complete (keep the last `keep_last`, plus every `keep_every`-th step if set).
+new one is complete: the last `keep_last` stay whole, and of the others every `keep_every`-th step
+keeps its weights (`prune_checkpoints`).
 """
 
 from __future__ import annotations
@@ -129,13 +130,29 @@ def save_checkpoint(
     return final
 
 
+# What a checkpoint kept by `keep_every` loses when it leaves the last `keep_last`: the state that only
+# resuming needs (optimizer moments, twice the weights' size with AdamW; RNG and scheduler). Its model
+# files and trainer_state.json stay, so `mathrl eval RUN` scores it and init_from_mode=restart starts
+# from it; without trainer_state.pt it is no longer "complete", so resuming never picks it.
+RESUME_ONLY = ("trainer_state.pt", "optimizer", "critic_optimizer")
+
+
 def prune_checkpoints(checkpoints_dir: Path, *, keep_last: int, keep_every: int) -> None:
+    """Keep the last `keep_last` complete checkpoints whole; of the older ones, keep the weights of those
+    whose step is a multiple of `keep_every` (> 0) and delete the rest."""
     done = complete_checkpoints(checkpoints_dir)
-    keep = {step for step, _ in done[-max(keep_last, 1):]}
-    if keep_every > 0:
-        keep |= {step for step, _ in done if step % keep_every == 0}
+    last = {step for step, _ in done[-max(keep_last, 1):]}
     for step, path in done:
-        if step not in keep:
+        if step in last:
+            continue
+        if keep_every > 0 and step % keep_every == 0:
+            for name in RESUME_ONLY:
+                part = path / name
+                if part.is_dir():
+                    shutil.rmtree(part, ignore_errors=True)
+                else:
+                    part.unlink(missing_ok=True)
+        else:
             shutil.rmtree(path, ignore_errors=True)
     for p in Path(checkpoints_dir).glob("step_*.tmp-*"):  # leftovers of writes that were killed
         shutil.rmtree(p, ignore_errors=True)

@@ -250,6 +250,90 @@ class CollapseWatch:
             self.avg[key] = value if avg is None else self.decay * avg + (1 - self.decay) * value
 
 
+class NoSignalError(RuntimeError):
+    """Too many consecutive steps in which no group of samples had a reward signal to learn from."""
+
+
+@dataclass
+class SignalWatch:
+    """Consecutive steps without a learning signal, and what the run says about them.
+
+    A group-normalised advantage is 0 for a group whose n samples are all right or all wrong, so a step
+    in which every group is like that moves nothing. With dynamic sampling such a step keeps no group
+    and trains nothing; after `data.dynamic_sampling.max_empty_steps` of them in a row the run stops
+    with the reason (almost always: the model solves none of the problems) and what to try. With
+    `data.dynamic_sampling.mode: none` every group trains by request (and KL, entropy or a critic may
+    still move the weights), so the same streak is a warning, not a stop.
+    """
+
+    in_a_row: int = 0
+    first: int = 0  # the streak's first step
+    groups: int = 0  # groups sampled in the streak
+    all_wrong: int = 0
+    all_correct: int = 0
+    n: int = 1  # samples per group
+    warned: bool = False
+
+    def record(self, step: int, metrics: dict[str, float], *, n: int) -> None:
+        if metrics["filter/kept_groups"] == 0:  # dynamic sampling dropped every group it sampled
+            wrong, right = int(metrics["filter/dropped_all_wrong"]), int(metrics["filter/dropped_all_correct"])
+            groups = wrong + right + int(metrics["filter/dropped_out_of_band"])
+        elif metrics.get("rollout/all_wrong_groups", 0.0) + metrics.get("rollout/all_correct_groups", 0.0) >= 1.0:
+            groups = int(metrics["filter/kept_groups"])  # every kept group all right or all wrong (mode none)
+            wrong = round(metrics["rollout/all_wrong_groups"] * groups)
+            right = groups - wrong
+        else:
+            self.in_a_row, self.warned = 0, False
+            return
+        if self.in_a_row == 0:
+            self.first, self.groups, self.all_wrong, self.all_correct = step, 0, 0, 0
+        self.in_a_row += 1
+        self.groups, self.all_wrong, self.all_correct = self.groups + groups, self.all_wrong + wrong, self.all_correct + right
+        self.n = n
+
+    def explain(self, step: int, cfg: Config) -> str:
+        """What the streak was, why nothing could be learnt, and what to do."""
+        steps = f"steps {self.first}-{step}" if step > self.first else f"step {step}"
+        samples = self.groups * self.n
+        fix_data = (f"check the prompt template and the answer fields first (`mathrl eval {cfg.model.path} --data "
+                    f"{cfg.data.train}` with this run's data.* settings scores the model on these problems: pass@1 0 "
+                    "there means the same); then use easier problems, or start from a model fine-tuned on worked "
+                    "solutions (`mathrl sft`); see docs/your_data.md")
+        if self.all_wrong == self.groups:
+            why = (f"every one of the {samples} samples of {self.groups} problems was wrong (reward 0): the model "
+                   "solves none of these problems, so no group had a signal to learn from")
+            todo = fix_data
+        elif self.all_correct == self.groups:
+            why = (f"every one of the {samples} samples of {self.groups} problems was right: these problems are "
+                   "too easy to learn from")
+            todo = "use harder problems"
+        else:
+            rest = self.groups - self.all_wrong - self.all_correct
+            why = (f"no group had a signal: of {self.groups} problems {self.all_wrong} had every sample wrong, "
+                   f"{self.all_correct} every sample right" + (f", {rest} an accuracy outside the band" if rest else ""))
+            todo = ("widen data.dynamic_sampling's band" if rest else
+                    "use problems the model solves some of the time, or more samples per problem (rollout.n)")
+        what = "had no reward signal" if cfg.data.dynamic_sampling.mode == "none" else "trained nothing"
+        return f"{steps} {what}: {why}. To fix: {todo}"
+
+    def check(self, step: int, cfg: Config, console: Console, *, main: bool = True) -> None:
+        """Stop (dynamic sampling on) or warn once (mode none) after max_empty_steps steps in a row; 0: never.
+        Every rank of a torchrun job stops at the same step (the metrics are the whole batch's); `main`
+        False marks the error as rank 0's to report."""
+        limit = cfg.data.dynamic_sampling.max_empty_steps
+        if not limit or self.in_a_row < limit:
+            return
+        if cfg.data.dynamic_sampling.mode != "none":
+            error = NoSignalError(self.explain(step, cfg) + f" (the run stops after data.dynamic_sampling.max_empty_steps={limit} "
+                                "such steps in a row)")
+            if not main:
+                error.reported_by_rank_0 = True
+            raise error
+        if not self.warned:
+            self.warned = True
+            console.print(f"[yellow]warning:[/yellow] {self.explain(step, cfg)}; the policy gradient is 0 while this lasts")
+
+
 def new_train_batch(rollout: RolloutBatch, loss_mask: torch.Tensor, correct: torch.Tensor) -> TrainBatch:
     """A TrainBatch of the rollout's rows; the scoring passes and advantages fill the zero fields."""
     zeros = torch.zeros_like(rollout.logprobs)

@@ -4,9 +4,11 @@
     # is: torchrun --standalone --nproc_per_node 2 -m mathrl.train train.steps=20 --run-dir runs/dp2
 
 Threads: torchrun gives every rank the caller's OMP_NUM_THREADS unchanged (torch's thread count per
-rank), or 1 when it is unset. A shell that sets OMP_NUM_THREADS to the machine's core count therefore
-runs N ranks x that many threads on those cores; `launch` warns when the ranks' threads exceed the
-cores this process may use (set OMP_NUM_THREADS=cores/N, e.g. 1 for 2 ranks on 2 cores).
+rank). When it is unset, `launch_env` sets it to the rank's share of the cores this process may use
+(cores / N, at least 1), instead of torchrun's 1 and the banner torchrun prints about it. A shell that
+sets OMP_NUM_THREADS to the machine's core count runs N ranks x that many threads on those cores;
+`launch` warns when the ranks' threads exceed the cores (set OMP_NUM_THREADS=cores/N, e.g. 1 for 2
+ranks on 2 cores).
 """
 
 from __future__ import annotations
@@ -42,9 +44,19 @@ def available_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def launch_env(nproc: int, environ: dict[str, str], *, cpus: int) -> dict[str, str]:
+    """The ranks' environment: `environ` with OMP_NUM_THREADS set explicitly when it is not (module docstring)."""
+    env = dict(environ)
+    if not env.get("OMP_NUM_THREADS", "").strip():
+        env["OMP_NUM_THREADS"] = str(max(1, cpus // nproc))
+    return env
+
+
 def launch(nproc: int, args: list[str]) -> int:
     """Run the job and return its exit status (torchrun stops every rank when one fails)."""
-    warning = oversubscription(nproc, omp_num_threads=os.environ.get("OMP_NUM_THREADS"), cpus=available_cpus())
+    cpus = available_cpus()
+    env = launch_env(nproc, dict(os.environ), cpus=cpus)
+    warning = oversubscription(nproc, omp_num_threads=env["OMP_NUM_THREADS"], cpus=cpus)
     if warning:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
-    return subprocess.call(torchrun_command(nproc, args))
+    return subprocess.call(torchrun_command(nproc, args), env=env)

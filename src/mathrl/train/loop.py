@@ -100,6 +100,8 @@ def _run(trainer: Trainer) -> TrainResult:
                 if trained:
                     trainer.collapse.check(step, metrics, console)
                 trainer.save_if_due(step)
+                trainer.signal.record(step, metrics, n=cfg.rollout.n)
+                trainer.signal.check(step, cfg, console, main=trainer.ranks.main)  # stops a run whose groups have had no signal for a while
                 if not trained:
                     progress.advance_empty()
                     continue

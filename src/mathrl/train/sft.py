@@ -286,7 +286,7 @@ def sft(cfg: Config, *, console: Console | None = None, resume: bool = True) -> 
             if save_due(cfg, step, last=cfg.sft.steps) and not s.skips.in_a_row:
                 save_checkpoint(s.run.checkpoints, step, model=s.model, tokenizer=s.tokenizer, optimizer=s.optimizer,
                                 scheduler=s.scheduler, state={"controllers": {}, "data": s.stream.state_dict()},
-                                keep_last=cfg.train.keep_last, keep_every=cfg.train.keep_every)
+                                keep_last=cfg.train.keep_last, keep_every=cfg.keep_every_steps)
             s.skips.stop_if_over(cfg.train.max_skipped_steps, s.run.checkpoints)
     finish_sft(s, base=base, last=last, wall_seconds=time.time() - t_start)
     return s.run.path

@@ -41,7 +41,10 @@ def rl_step(trainer: Trainer, step: int, collected: Collected | None = None) -> 
     # ---- collect: problems -> rollout -> reward (+ shaping) -> group filter, refilled -------------
     got = collected if collected is not None else collect(trainer, step)
     if not got.problems:  # every group was filtered out and on_exhausted=train_smaller: nothing to learn from
-        trainer.console.print(f"[yellow]warning:[/yellow] step {step}: dynamic sampling kept no group; update skipped")
+        m = got.metrics
+        why = ", ".join(f"{int(m[f'filter/dropped_{k}'])} {k.replace('_', ' ')}" for k in ("all_wrong", "all_correct", "out_of_band")
+                        if m[f"filter/dropped_{k}"])
+        trainer.console.print(f"[yellow]warning:[/yellow] step {step}: dynamic sampling kept no group ({why}); update skipped")
         trainer.tracker.log(step, got.metrics)
         return got.metrics
     trainer.engine.sleep()  # rollout.vllm.enable_sleep_mode: its KV cache is freed until the next generate
@@ -182,6 +185,7 @@ def log_step(trainer: Trainer, step: int, got: Collected, batch: TrainBatch, met
         "perf/step_seconds": time.time() - t0,
         "perf/rollout_tokens_per_second": float(rollout.response_lengths.float().sum()) / max(t_rollout - t0, 1e-9),
         "perf/peak_memory_gb": peak_memory_gb(trainer.ranks),
+        "perf/world_size": float(trainer.ranks.world_size),
     })
     trainer.tracker.log(step, metrics)
     if trainer.ranks.main:

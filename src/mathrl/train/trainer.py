@@ -39,7 +39,7 @@ from mathrl.rollout.factory import build_engine, engine_samples_from_module
 from mathrl.run_dir import RunDir, open_run_dir
 from mathrl.tasks.sources import EvalSet, PretrainText, ProblemStream, build_eval_sets, build_train_stream
 from mathrl.train.checkpoint import load_trainer_state, save_checkpoint, set_rng_state
-from mathrl.train.collect import CollapseWatch
+from mathrl.train.collect import CollapseWatch, SignalWatch
 from mathrl.train.dist import Ranks, broadcast_object, shard_model
 from mathrl.train.shared import SkipCount, build_optimizer, build_tracker, save_due, seed_everything
 
@@ -74,6 +74,7 @@ class Trainer:
     start_step: int = 1
     skips: SkipCount = field(default_factory=SkipCount)
     collapse: CollapseWatch = field(default_factory=CollapseWatch)
+    signal: SignalWatch = field(default_factory=SignalWatch)
     base_results: dict[str, EvalResult] = field(default_factory=dict)  # the evaluation before training
     latest: dict[str, EvalResult] = field(default_factory=dict)  # the latest evaluation
     last_eval: dict[str, float] = field(default_factory=dict)  # ... and its logged metrics
@@ -100,7 +101,7 @@ class Trainer:
         # no checkpoint while updates are being skipped: the last one stays the last good one
         if save_due(self.cfg, step, last=self.cfg.train.steps) and not self.skips.in_a_row:
             save_checkpoint(self.run.checkpoints, step, model=self.model, tokenizer=self.tokenizer, state=self.state(),
-                            keep_last=self.cfg.train.keep_last, keep_every=self.cfg.train.keep_every,
+                            keep_last=self.cfg.train.keep_last, keep_every=self.cfg.keep_every_steps,
                             critic=self.critic, ranks=self.ranks, **self.optimizers)
 
 
@@ -164,6 +165,8 @@ def _open_run(cfg: Config, ranks: Ranks, *, console: Console, resume: bool) -> t
             opened = (None, e)
     found, error = broadcast_object(opened)
     if error is not None:  # e.g. a run directory that holds a run it cannot resume: one line, no traceback
+        if not ranks.main:
+            error.reported_by_rank_0 = True  # the same error, which rank 0 reports: one message per job, not per rank
         raise error
     return found
 
