@@ -69,3 +69,10 @@ def test_the_digits_recipe_trains(tmp_path, monkeypatch):
         assert r["reward/mean"] == pytest.approx(r["reward/math/mean"] + 0.25 * r["reward/digits/mean"], abs=1e-6)
     evals = [r for r in rows if "eval/arith_heldout/reward/digits/mean" in r]
     assert [r["step"] for r in evals] == [0, 2]  # mathrl's evaluation scores every component too
+    # every component key is defined in the glossary, as reward/<name>/... (the test of the default run's keys
+    # is in tests/test_train_e2e.py)
+    glossary = (ROOT / "docs" / "metrics.md").read_text()
+    keys = {k.replace("eval/arith_heldout/", "eval/<set>/") for r in rows for k in r if "/math/" in k or "/digits/" in k}
+    generic = {k.replace("/math/", "/<name>/").replace("/digits/", "/<name>/").replace("/abs_error", "/<key>")
+               for k in keys}
+    assert generic and all(f"`{k}`" in glossary for k in generic), sorted(generic)

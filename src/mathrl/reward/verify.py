@@ -8,6 +8,8 @@ Two layers, both of which never raise on model text:
 * ``Verifier`` runs ``verify_one`` in persistent worker processes with a wall-clock timeout per item,
   because SymPy can hang or blow up on adversarial expressions (``10^{10^{10}}``, deep nesting) and
   math-verify's own SIGALRM timeout only works in a main thread and cannot interrupt C code.
+  ``Verifier.call`` runs reward functions (``reward.functions``, see `reward.functions`) in the same
+  workers, one batch per call, with the same kind of timeout (`call_reward_function`).
 
 Usage::
 

@@ -207,9 +207,10 @@ def collect_rollouts(cfg: Config, step: int, *, train_stream: ProblemStream, eng
     metrics["rollout/generated_tokens"] = float(generated_tokens)
     metrics.update({k: sum(v) / len(v) for k, v in shaping_metrics.items()})
     kept_scores = Scores.concat([p[7] for p in parts])
-    if getattr(verifier, "logs_components", False) and kept_scores.total:  # not the default math checker alone
-        metrics.update(component_metrics(kept_scores))
+    if getattr(verifier, "logs_components", False):  # not the default math checker alone
         metrics.update(failed)
+        if kept_scores.total:
+            metrics.update(component_metrics(kept_scores))
     if kept < want and ds.mode != "none" and ds.on_exhausted == "error":
         raise DynamicSamplingExhausted(
             f"step {step}: dynamic sampling kept {kept} of {want} groups after data.dynamic_sampling.max_rounds="
