@@ -80,6 +80,10 @@ BAD_VALUES = [
     ("an unknown option", ["--bogus"], "unrecognized arguments: --bogus (see mathrl train --help)", 2),
     ("a bare name that is no directory was retried against the hub for 23 s", ["model.path=mymodel"], "model.path='mymodel' does not exist", 2),
     ("a missing data file", ["data.train=nope.jsonl"], "data.train: no such file 'nope.jsonl'", 2),
+    ("a reward module that does not import would fail in every worker", ["reward.functions=[{name: mine, fn: 'nosuch_mod:f'}]"],
+     "reward.functions[0] (mine): fn='nosuch_mod:f' module 'nosuch_mod' does not import", 2),
+    ("a reward function that cannot take the batch", ["reward.functions=[{name: mine, fn: 'mathrl.reward:extract_boxed'}]"],
+     "reward.functions[0] (mine): fn='mathrl.reward:extract_boxed' has the wrong signature", 2),
 ]
 
 

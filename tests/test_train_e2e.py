@@ -12,11 +12,9 @@ from __future__ import annotations
 import io
 import json
 import math
-import shutil
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 from rich.console import Console
 

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 import json
+import math
 import re
 import types
 import typing
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -26,7 +29,7 @@ from typing import Any, Literal
 import yaml
 
 from mathrl.config_schema import check_domains, model_path_problem
-from mathrl.registry import ADVANTAGE_ESTIMATORS, ARCHITECTURES, ENGINES
+from mathrl.registry import ADVANTAGE_ESTIMATORS, ARCHITECTURES, ENGINES, REWARD_FUNCTIONS, load_callable
 
 DATA_FILE_SUFFIXES = (".jsonl", ".parquet")  # the local data file formats tasks.loading reads
 CONFIG_PREFIX = "config:"  # model.path=config:<name> names an architecture (model/init.py) with random weights
@@ -308,8 +311,28 @@ class OverlongConfig:
     cache_len: int = 8  # tokens before rollout.max_new_tokens where the soft punishment starts
 
 
+DEFAULT_REWARD_FN = "mathrl.reward:math_reward"  # the default and only component: today's math checker
+
+
+@dataclass
+class RewardFunctionConfig:
+    """One component of the reward (docs/rewards.md): a function run in the verifier's worker processes
+    (`fn`), or a server the trainer POSTs batches to (`url`). The sequence reward is the weighted sum of
+    the components, before length shaping."""
+
+    name: str = "math"  # the component's name in the metrics (reward/<name>/mean): letters, digits, _ and -
+    fn: str | None = None  # "package.module:function", "path/to/file.py:function", or a built-in: math, format, choice
+    url: str | None = None  # instead of fn: http://host:port/path of a reward server (the JSON schema in docs/rewards.md)
+    weight: float = 1.0  # the component's weight in the sum
+    kwargs: dict[str, Any] = field(default_factory=dict)  # keyword arguments passed to the function (or sent to the server)
+    timeout_s: float | None = None  # fn: seconds per call of batch_size samples (null: reward.timeout_s); url: seconds per request attempt (null: 30)
+    batch_size: int | None = None  # samples per call or request; null: 1 for fn (each sample alone: its own timeout and failure), 64 for url
+    retries: int = 2  # url: further attempts after a failed request (connection error, timeout, 5xx)
+
+
 @dataclass
 class RewardConfig:
+    functions: list[RewardFunctionConfig] = field(default_factory=lambda: [RewardFunctionConfig(fn=DEFAULT_REWARD_FN)])  # the reward components, summed with their weights (default: the math checker alone)
     num_workers: int = 1  # verifier worker processes (0 = in-process, no timeout protection)
     timeout_s: float = 5.0  # per-item verification timeout
     boxed: Literal["all", "last", "any"] = "all"  # which boxes are the answer: all = the final run of boxes as one answer (\boxed{1}, \boxed{2} -> "1, 2"); last = the last box; any = correct if any box is (hackable: evaluation only, never train with it)
@@ -488,8 +511,49 @@ class Config:
         errors += self._model_init_errors(check_paths)
         errors += ENGINES.get(self.rollout.engine).check(self)  # the engine's own settings
         errors += self._context_errors()
+        errors += self._reward_function_errors()
         if errors:
             raise ConfigError("\n".join(errors))  # one line per problem
+
+    def _reward_function_errors(self) -> list[str]:
+        """Each reward.functions entry: a unique metric name, exactly one of fn and url, a function that
+        imports and takes the batched contract (prompts, responses, fields, tokens, **kwargs), or an
+        http(s) url; checked here, so a typo stops the run before any model loads."""
+        errors, names, maths = [], set(), 0
+        if not self.reward.functions:
+            return ["reward.functions is empty; give at least one component (the default is "
+                    f"[{{name: math, fn: {DEFAULT_REWARD_FN!r}}}])"]
+        for i, e in enumerate(self.reward.functions):
+            where = f"reward.functions[{i}] ({e.name})"
+            if not re.fullmatch(r"[A-Za-z0-9_-]+", e.name):
+                errors.append(f"{where}: name {e.name!r} must be letters, digits, _ or - (it names the metrics reward/<name>/...)")
+            elif e.name in names:
+                errors.append(f"{where}: the name {e.name!r} is used twice; give each component its own name")
+            names.add(e.name)
+            if not math.isfinite(e.weight):
+                errors.append(f"{where}: weight={e.weight!r} must be a finite number")
+            if e.timeout_s is not None and not (math.isfinite(e.timeout_s) and e.timeout_s > 0):
+                errors.append(f"{where}: timeout_s={e.timeout_s!r} must be > 0 seconds (or null for the default)")
+            if e.batch_size is not None and e.batch_size < 1:
+                errors.append(f"{where}: batch_size={e.batch_size} must be >= 1 (or null for the default)")
+            if e.retries < 0:
+                errors.append(f"{where}: retries={e.retries} must be >= 0")
+            if (e.fn is None) == (e.url is None):
+                errors.append(f"{where}: give exactly one of fn (a function) and url (a reward server)")
+            elif e.url is not None:
+                parts = urllib.parse.urlsplit(e.url)
+                if parts.scheme not in ("http", "https") or not parts.hostname:
+                    errors.append(f"{where}: url={e.url!r} must look like http://host:port/path")
+            else:
+                problem, is_math = _reward_function_problem(e.fn, e.kwargs)
+                maths += is_math
+                if problem:
+                    errors.append(f"{where}: fn={e.fn!r} {problem}")
+                elif is_math and e.kwargs:
+                    errors.append(f"{where}: the math checker takes no kwargs; it is set by reward.boxed and reward.checker")
+        if maths > 1:
+            errors.append("reward.functions: the math checker is listed more than once; keep one math component")
+        return errors
 
     def _model_init_errors(self, check_paths: bool) -> list[str]:
         """model.init=random goes with model.path=config:<name> (a shipped architecture or a config.json), and only with it."""
@@ -559,6 +623,31 @@ class Config:
         return [(where, s) for where, s in sources if s != "arith" and not s.startswith("hf:")]
 
 
+def _reward_function_problem(fn: str, kwargs: dict[str, Any]) -> tuple[str | None, bool]:
+    """(why `fn` cannot be a reward function called with `kwargs`, or None; whether it is the math checker)."""
+    if ":" not in fn:
+        if fn not in REWARD_FUNCTIONS.names():
+            return (f"is neither a built-in reward ({', '.join(REWARD_FUNCTIONS.names())}) nor of the form "
+                    "package.module:function"), False
+        function = REWARD_FUNCTIONS.get(fn)
+    else:
+        try:
+            function = load_callable(fn)
+        except ValueError as e:
+            return str(e), False
+    is_math = function is REWARD_FUNCTIONS.get("math")
+    if not callable(function):
+        return f"names a {type(function).__name__}, not a function", is_math
+    try:
+        inspect.signature(function).bind(prompts=[], responses=[], fields=[], tokens=[], **kwargs)
+    except TypeError as e:
+        return (f"has the wrong signature ({e}); a reward function takes "
+                "(prompts, responses, fields, tokens, **kwargs)"), is_math
+    except ValueError:  # a builtin without a signature: it is called and may fail, counted per sample
+        pass
+    return None, is_math
+
+
 def shipped_architecture_of(hub_id: str) -> str | None:
     """The shipped architecture (`registry.ARCHITECTURES`: name -> config.json path) whose source model
     is the Hugging Face hub id `hub_id` (the `_name_or_path` in its config file, compared
@@ -614,6 +703,8 @@ def _type_name(tp: Any) -> str:
         return " or ".join(_type_name(a) for a in typing.get_args(tp))
     if origin is list:
         return f"list of {_type_name(typing.get_args(tp)[0])}"
+    if origin is dict:
+        return "mapping"
     return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
 
 
@@ -654,6 +745,14 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{where}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
         return [_coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:  # dict[str, Any]: free-form keyword arguments, any YAML value
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise ConfigError(f"{where}: expected a mapping of names to values, got {type(value).__name__} {value!r}")
+        return dict(value)
+    if dataclasses.is_dataclass(tp):  # an item of a list of sections, e.g. reward.functions[0]
+        if isinstance(value, tp):
+            return value
+        return from_dict(tp, value, where + ".")
     if tp is bool:
         if isinstance(value, bool):
             return value

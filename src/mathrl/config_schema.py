@@ -35,7 +35,7 @@ from typing import Any
 
 from mathrl.registry import ADVANTAGE_ESTIMATORS, ENGINES, PROMPT_TEMPLATES, Registry
 
-__all__ = ["DOMAINS", "Domain", "FieldInfo", "Range", "Registered", "Rule", "check_domains", "config_changes", "field_docs", "model_path_problem", "reference"]
+__all__ = ["DOMAINS", "Domain", "FieldInfo", "Range", "Registered", "Rule", "check_domains", "config_changes", "field_docs", "model_path_problem", "plain", "reference"]
 
 INF = math.inf
 SEED_MAX = 2**32 - 1  # numpy's seeds are 32-bit
@@ -384,6 +384,13 @@ def _class_doc(cls: type) -> str:
     return " ".join(inspect.cleandoc(doc).split())
 
 
+def plain(value: Any) -> Any:
+    """A list of sections (reward.functions) as the mappings a recipe writes, unset (null or empty) keys left out."""
+    if isinstance(value, list) and value and dataclasses.is_dataclass(value[0]):
+        return [{k: v for k, v in dataclasses.asdict(d).items() if v is not None and v != {}} for d in value]
+    return value
+
+
 def reference(cls: type, prefix: str = "") -> list[FieldInfo]:
     """Every key of the config dataclass `cls` (sections too), in declaration order."""
     out = []
@@ -396,6 +403,7 @@ def reference(cls: type, prefix: str = "") -> list[FieldInfo]:
             out += reference(tp, key + ".")
             continue
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        default = plain(default)
         domain = DOMAINS.get(key)
         out.append(FieldInfo(key, _type_name(tp), default, domain.text if domain else "", docs.get(f.name, "")))
     return out

@@ -1,6 +1,6 @@
 """Named extension points: the advantage estimators (algo/estimators.py), the rollout engines
-(rollout/factory.py), the prompt templates (tasks/prompts.py) and the shipped model architectures
-(model/init.py). Each implementation registers itself under the name a config field chooses it by;
+(rollout/factory.py), the prompt templates (tasks/prompts.py), the shipped model architectures
+(model/init.py) and the built-in reward functions (reward/functions.py). Each implementation registers itself under the name a config field chooses it by;
 the config accepts exactly the registered names, and an unknown one is an error that names the field
 and the choices.
 
@@ -9,12 +9,17 @@ and the choices.
 
 This module imports nothing else of mathrl: the config (the bottom layer) can use it. The built-in
 implementations register when their module is imported; a registry imports its `home` module the
-first time its names are asked for.
+first time its names are asked for. User code that is not registered is named by import path
+(`load_callable("package.module:function")`), e.g. a reward function in `reward.functions`.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import sys
+import zlib
+from pathlib import Path
 from typing import Any
 
 
@@ -60,3 +65,41 @@ ADVANTAGE_ESTIMATORS = Registry("advantage estimator", field="algo.adv.estimator
 ENGINES = Registry("rollout engine", field="rollout.engine", home="mathrl.rollout.factory")
 PROMPT_TEMPLATES = Registry("prompt template", field="data.template", home="mathrl.tasks.prompts")
 ARCHITECTURES = Registry("architecture", field="model.path", home="mathrl.model.init")  # model/configs/*.json
+REWARD_FUNCTIONS = Registry("reward function", field="reward.functions[].fn", home="mathrl.reward.functions")
+
+
+def load_callable(ref: str) -> Any:
+    """The object named by `ref`: "package.module:attribute" (imported like any module) or
+    "path/to/file.py:attribute" (loaded from the file, relative to the working directory).
+
+    Raises ValueError with a one-line reason: a malformed reference, a module that does not import
+    (with the exception it raised), or a missing attribute.
+    """
+    module_name, sep, attr = ref.rpartition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"{ref!r} is not of the form package.module:function or path/to/file.py:function")
+    try:
+        if module_name.endswith(".py"):
+            path = Path(module_name).expanduser().resolve()
+            if not path.is_file():
+                raise ValueError(f"no such file {module_name!r}")
+            name = f"mathrl_user_{path.stem}_{zlib.crc32(str(path).encode()):08x}"  # one module per file, loaded once
+            module = sys.modules.get(name)
+            if module is None:
+                spec = importlib.util.spec_from_file_location(name, path)
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[name] = module
+                try:
+                    spec.loader.exec_module(module)
+                except BaseException:
+                    del sys.modules[name]
+                    raise
+        else:
+            module = importlib.import_module(module_name)
+    except ValueError:
+        raise
+    except Exception as e:
+        raise ValueError(f"module {module_name!r} does not import ({type(e).__name__}: {e})") from None
+    if not hasattr(module, attr):
+        raise ValueError(f"module {module_name!r} has no {attr!r}")
+    return getattr(module, attr)

@@ -140,10 +140,11 @@ class RunDir:
 
     # ---- writing (rank 0 of a training run only) ------------------------------------------------
     def append_evals(self, step: int, results: dict) -> None:
-        """One evals.jsonl row per eval set (`results`: set name -> EvalResult), first 5 samples kept."""
+        """One evals.jsonl row per eval set (`results`: set name -> EvalResult), first 5 samples kept;
+        fields that are None (e.g. no reward components) are left out."""
         with self.evals_path.open("a") as f:
             for name, r in results.items():
-                row = {"step": step, "set": name, **{k: v for k, v in r.__dict__.items() if k != "samples"},
+                row = {"step": step, "set": name, **{k: v for k, v in r.__dict__.items() if k != "samples" and v is not None},
                        "samples": r.samples[:5]}
                 f.write(json.dumps(row) + "\n")
 

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from rich.console import Console
 
 from mathrl.run_dir import RunDir
 

@@ -111,7 +111,7 @@ def sft(ns: argparse.Namespace, console: Console) -> int:
 
 def config(ns: argparse.Namespace, console: Console) -> int:
     from mathrl.config import dump_yaml
-    from mathrl.config_schema import reference
+    from mathrl.config_schema import plain, reference
 
     recipe, overrides = _split_recipe(ns.args)
     cfg = load_config(recipe, overrides, check_paths=False)
@@ -126,6 +126,7 @@ def config(ns: argparse.Namespace, console: Console) -> int:
         value = cfg
         for part in e.key.split("."):
             value = getattr(value, part)
+        value = plain(value)
         shown = f"{value!r}" + (f" (default {values[e.key]!r})" if value != values[e.key] else "")
         allowed = f"  [{e.domain}]" if e.domain else ""
         print(f"{e.key}: {e.type} = {shown}{allowed}" + (f"  # {e.doc}" if e.doc else ""))

@@ -1,7 +1,9 @@
 """Evaluate a policy on a problem set: n samples per problem, avg@n, unbiased pass@k, maj@k.
 
 Uses the same rollout engine and verifier as training, so a training-time eval and `mathrl eval`
-measure the same thing.
+measure the same thing. With reward components beyond the math checker (`reward.functions`; a
+`reward.functions.Rewarder` as the verifier) every component scores every sample too, reported as
+`eval/<set>/reward/<name>/mean`; pass@1 stays the math checker's verdict.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any
 
 from mathrl.evaluation.metrics import avg_at_n, default_ks, maj_at_k, pass_at_k_table
 from mathrl.reward.reflection import reflection_stats
+from mathrl.reward.functions import Scores, component_metrics, failure_counts, score_rows
 from mathrl.reward.verify import Verifier
 from mathrl.tasks.base import Problem
 
@@ -28,6 +31,7 @@ class EvalResult:
     truncated_rate: float  # share of samples that hit the length limit
     mean_response_length: float  # tokens
     reflection_rate: float = 0.0  # share of samples with a reflection marker (log.reflection_words)
+    rewards: dict[str, float] | None = None  # each reward component's <name>/mean, /errors, /timeouts (None: the math checker alone)
     samples: list[dict] = field(default_factory=list, repr=False)
 
     def metrics(self, prefix: str) -> dict[str, float]:
@@ -37,6 +41,7 @@ class EvalResult:
         out[f"{prefix}/truncated_rate"] = self.truncated_rate
         out[f"{prefix}/response_length"] = self.mean_response_length
         out[f"{prefix}/reflection_rate"] = self.reflection_rate
+        out.update({f"{prefix}/reward/{k}": v for k, v in (self.rewards or {}).items()})
         return out
 
 
@@ -86,6 +91,8 @@ def evaluate(
     lo, hi = eval_rows(len(flat_prompts), block=max(block, 1), rank=rank, world_size=world_size)
     texts: list[str] = []
     results: list = []
+    components = getattr(verifier, "logs_components", False)
+    scores = None
     lengths: list[int] = []
     truncated: list[bool] = []
     if hi > lo:
@@ -93,11 +100,19 @@ def evaluate(
         out = engine.generate(flat_prompts[lo:hi], max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                               seed=seed, **offset)
         texts = tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
-        results = verifier.score(texts, references[lo:hi])
         lengths, truncated = out.response_lengths.tolist(), out.truncated.tolist()
+        if components:  # reward.functions beyond the math checker: every component scores every sample
+            rows = [p for p in problems for _ in range(n)][lo:hi]
+            tokens = [out.response_ids[i, : lengths[i]].tolist() for i in range(len(texts))]
+            prompt_texts = tokenizer.batch_decode(flat_prompts[lo:hi], skip_special_tokens=True)
+            scores = score_rows(verifier, prompt_texts, texts, rows, tokens)
+            results = scores.results
+        else:
+            results = verifier.score(texts, references[lo:hi])
     if world_size > 1:
-        parts = gather((texts, results, lengths, truncated))
+        parts = gather((texts, results, lengths, truncated, scores))
         texts, results, lengths, truncated = ([x for part in parts for x in part[i]] for i in range(4))
+        scores = Scores.concat([part[4] for part in parts if part[4] is not None]) if components else None
 
     correct = [[results[i * n + j].score > 0 for j in range(n)] for i in range(len(problems))]
     answers = [[_vote_key(results[i * n + j].extracted) for j in range(n)] for i in range(len(problems))]
@@ -116,6 +131,8 @@ def evaluate(
         truncated_rate=sum(truncated) / len(truncated),
         mean_response_length=sum(lengths) / len(lengths),
         reflection_rate=reflection_stats(texts, reflection_words)["reflection_rate"],
+        rewards={**{k.removeprefix("reward/"): v for k, v in component_metrics(scores).items()},
+                 **{k.removeprefix("reward/"): v for k, v in failure_counts(scores).items()}} if scores else None,
         samples=samples,
     )
 

@@ -290,6 +290,7 @@ def _seed_record(seed: int, result, texts: list[str], repetitive: list[bool], ga
     record["reflection_rate"] = result.reflection_rate
     record["repetitive_rate"] = sum(repetitive) / len(texts)
     record["garbled_rate"] = sum(garbled) / len(texts)
+    record.update({f"reward/{k}": v for k, v in (result.rewards or {}).items()})  # reward.functions' components
     record["samples"] = [{**s, "response": _clip(s["response"])} for s in result.samples[:_EXAMPLES]]
     return record
 
@@ -405,8 +406,8 @@ def sweep(
 
     Writes results.json and results.md to `out` (default: see `default_out_dir`), and prints a
     progress bar and the results table to `console`. `verifier` (anything with
-    `score(completions, references)`) defaults to a `reward.verify.Verifier` built from the first
-    target's `reward.*` config and closed at the end.
+    `score(completions, references)`) defaults to a `reward.functions.Rewarder` built from the first
+    target's `reward.*` config (its `reward.functions` are reported per component) and closed at the end.
     """
     console = console or Console()
     settings.validate()
@@ -442,7 +443,7 @@ def _make_dirs(out: Path) -> list[Path]:
 
 def _sweep(checkpoints: list[Checkpoint], targets: Sequence[str], settings: SweepSettings, *,
            overrides: Sequence[str], console: Console, out: Path, verifier) -> dict:
-    from mathrl.reward.verify import Verifier
+    from mathrl.reward.functions import build_rewarder
 
     device = _device(settings.device)
     report = {
@@ -456,9 +457,8 @@ def _sweep(checkpoints: list[Checkpoint], targets: Sequence[str], settings: Swee
     console.print(f"evaluating {len(checkpoints)} checkpoint(s), n={settings.n} samples per problem, "
                   f"seeds {settings.seeds}; writing to {out}")
     own_verifier = verifier is None
-    if own_verifier:
-        reward = checkpoints[0].cfg.reward
-        verifier = Verifier(num_workers=reward.num_workers, timeout_s=reward.timeout_s, boxed=reward.boxed, checker=reward.checker)
+    if own_verifier:  # the reward components the run trained with (reward.functions), in the verifier's workers
+        verifier = build_rewarder(checkpoints[0].cfg.reward)
     total = sum(len(c.cfg.data.eval) for c in checkpoints) * len(settings.seeds)
     progress = make_progress(console, "eval")  # plain log lines when the output is not a terminal
     engines: dict = {}  # vLLM engines, reused across checkpoints of one architecture

@@ -8,6 +8,8 @@ Two layers, both of which never raise on model text:
 * ``Verifier`` runs ``verify_one`` in persistent worker processes with a wall-clock timeout per item,
   because SymPy can hang or blow up on adversarial expressions (``10^{10^{10}}``, deep nesting) and
   math-verify's own SIGALRM timeout only works in a main thread and cannot interrupt C code.
+  ``Verifier.call`` runs reward functions (``reward.functions``, see `reward.functions`) in the same
+  workers, one batch per call, with the same kind of timeout (`call_reward_function`).
 
 Usage::
 
@@ -26,6 +28,8 @@ import collections
 import multiprocessing
 import multiprocessing.connection
 import functools
+import math
+import numbers
 import signal
 import threading
 import time
@@ -36,7 +40,8 @@ from typing import Literal
 from mathrl.reward.equivalence import UnparsableReference, answers_equal
 from mathrl.reward.extract import BOX_POLICIES, BoxPolicy, extract_boxed, final_answers
 
-__all__ = ["CHECKERS", "DEFAULT_BOX_POLICY", "RewardResult", "Reason", "Verifier", "math_verify_plain", "verify_one"]
+__all__ = ["CHECKERS", "DEFAULT_BOX_POLICY", "CallResult", "FunctionCall", "RewardResult", "Reason", "Verifier",
+           "call_reward_function", "math_verify_plain", "verify_one"]
 
 CHECKERS: tuple[str, ...] = ("mathrl", "math-verify")
 """``mathrl``: the extractor and rules of this package (docs/evaluation.md). ``math-verify``: plain
@@ -155,6 +160,80 @@ def verify_one(
 
 
 # ---------------------------------------------------------------------------------------------------
+# Reward functions (reward.functions): one call scores one batch of samples
+# ---------------------------------------------------------------------------------------------------
+
+RewardValue = float | dict[str, float]
+
+
+@dataclass(frozen=True)
+class FunctionCall:
+    """One call of a reward function on a batch of samples, run by `Verifier.call`."""
+
+    ref: str  # "package.module:function" or "path/to/file.py:function" (`mathrl.registry.load_callable`)
+    kwargs: dict
+    batch: dict  # prompts, responses, fields, tokens: lists of one entry per sample
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class CallResult:
+    """What a call gave: ``ok`` with one value per sample (``None`` where the value was not a finite
+    number or a dict with a finite ``score``), or ``error`` / ``timeout`` with no values."""
+
+    status: Literal["ok", "error", "timeout"]
+    values: list[RewardValue | None] | None
+    detail: str = ""
+
+
+_FUNCTIONS: dict[str, Callable] = {}  # a worker's loaded functions, by reference
+
+
+def _finite(x: object) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _reward_value(value: object) -> RewardValue | None:
+    """A float, or a dict of named floats with a ``score``; None for anything else (NaN included)."""
+    if isinstance(value, dict):
+        named = {str(k): _finite(v) for k, v in value.items()}
+        if named.get("score") is None or any(v is None for v in named.values()):
+            return None
+        return named
+    return _finite(value)
+
+
+def call_reward_function(ref: str, kwargs: dict, batch: dict) -> CallResult:
+    """``fn(prompts=..., responses=..., fields=..., tokens=..., **kwargs)`` for the function named by
+    `ref`, checked to return one float (or dict of named floats with a ``score``) per sample. Never
+    raises: an exception is ``error`` with its name and message."""
+    try:
+        fn = _FUNCTIONS.get(ref)
+        if fn is None:
+            from mathrl.registry import load_callable
+
+            fn = _FUNCTIONS[ref] = load_callable(ref)
+        out = fn(prompts=batch["prompts"], responses=batch["responses"], fields=batch["fields"],
+                 tokens=batch["tokens"], **kwargs)
+        values = list(out)
+    except Exception as e:
+        return CallResult("error", None, f"{type(e).__name__}: {e}"[:300])
+    except BaseException as e:  # math-verify's alarm, raised from inside a user's function
+        if type(e).__name__ == "TimeoutException":
+            return CallResult("timeout", None, "math-verify alarm")
+        raise
+    if len(values) != len(batch["responses"]):
+        return CallResult("error", None, f"returned {len(values)} values for {len(batch['responses'])} samples")
+    checked = [_reward_value(v) for v in values]
+    bad = next((v for v, c in zip(values, checked) if c is None), None)
+    detail = "" if bad is None else f"not a finite float or a dict with a finite 'score': {str(bad)[:80]}"
+    return CallResult("ok", checked, detail)
+
+
+# ---------------------------------------------------------------------------------------------------
 # Worker processes
 # ---------------------------------------------------------------------------------------------------
 
@@ -187,6 +266,9 @@ def _worker_main(conn: multiprocessing.connection.Connection, item_fn: ItemFn) -
             return  # parent went away
         if message is None:
             return
+        if message[0] == "call":  # a reward function's batch (Verifier.call)
+            conn.send(call_reward_function(*message[1:]))
+            continue
         completion, reference = (part.decode("utf-8") for part in message)
         try:
             result = item_fn(completion, reference)
@@ -299,6 +381,23 @@ class Verifier:
                 return [_call_in_process(self._item_fn, c, r) for c, r in zip(completions, references)]
             return self._score_in_workers(completions, references)
 
+    def call(self, calls: Sequence[FunctionCall]) -> list[CallResult]:
+        """Run each reward-function call (one batch of samples) in a worker, with its own timeout;
+        results in input order. Never raises for what the function does: an exception, a wrong
+        return value, a crash or a timeout is the call's ``CallResult`` (see `call_reward_function`)."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("Verifier is closed; create a new one")
+            if self.num_workers == 0:
+                return [call_reward_function(c.ref, c.kwargs, c.batch) for c in calls]
+            messages = [("call", c.ref, c.kwargs, c.batch) for c in calls]
+            try:
+                return self._dispatch(messages, [None] * len(calls), [c.timeout_s for c in calls],
+                                      lambda index, reason, detail: CallResult(reason, None, detail))
+            except BaseException:
+                self._stop_all()  # as in _score_in_workers: no stale results for the next call
+                raise
+
     def close(self) -> None:
         """Stop all workers. Safe to call twice."""
         with self._lock:
@@ -348,34 +447,43 @@ class Verifier:
     def _run_items(
         self, completions: Sequence[str], references: Sequence[str]
     ) -> list[RewardResult]:
-        while len(self._workers) < self.num_workers:
-            self._workers.append(_Worker(self._context, self._item_fn))
-
         results: list[RewardResult | None] = [None] * len(completions)
-        pending: collections.deque[int] = collections.deque()
+        messages: list[tuple | None] = [None] * len(completions)
         for index, (completion, reference) in enumerate(zip(completions, references)):
             if isinstance(completion, str) and isinstance(reference, str):
-                pending.append(index)
+                messages[index] = (_encode(completion[-MAX_COMPLETION_CHARS:]), _encode(reference))
             else:  # e.g. None from a broken pipeline: report it rather than crash a worker
                 results[index] = RewardResult(0.0, None, "error", "TypeError: not a str")
 
+        def failed(index: int, reason: Reason, detail: str) -> RewardResult:
+            return RewardResult(0.0, _safe_extract(completions[index]), reason, detail)
+
+        return self._dispatch(messages, results, [self.timeout_s] * len(messages), failed)
+
+    def _dispatch(self, messages: list, results: list, timeouts: Sequence[float],
+                  failed: Callable[[int, Reason, str], object]) -> list:
+        """Send every message that has no result yet to the workers, one at a time each, and fill
+        `results` with their answers; `failed(index, reason, detail)` is the result of an item whose
+        worker ran past its timeout (reason ``timeout``) or died (``error``)."""
+        while len(self._workers) < self.num_workers:
+            self._workers.append(_Worker(self._context, self._item_fn))
+
+        pending: collections.deque[int] = collections.deque(i for i, r in enumerate(results) if r is None)
         while pending or any(w.item is not None for w in self._workers):
             # -- dispatch to idle workers ----------------------------------------------------------
             for worker in list(self._workers):
                 if not (pending and worker.ready and worker.item is None):
                     continue
                 index = pending.popleft()
-                completion, reference = completions[index], references[index]
-                message = (_encode(completion[-MAX_COMPLETION_CHARS:]), _encode(reference))
                 try:
-                    worker.conn.send(message)
+                    worker.conn.send(messages[index])
                 except (OSError, ValueError):
                     # Died while idle: not this item's fault, so requeue it.
                     pending.appendleft(index)
                     self._replace(worker, kill=True)
                     continue
                 worker.item = index
-                worker.item_deadline = time.monotonic() + self.timeout_s
+                worker.item_deadline = time.monotonic() + timeouts[index]
 
             # -- wait for a result, a death, or the nearest deadline -------------------------------
             now = time.monotonic()
@@ -388,17 +496,18 @@ class Verifier:
             # -- collect ---------------------------------------------------------------------------
             now = time.monotonic()
             for worker in list(self._workers):
-                self._collect(worker, completions, results, now)
+                self._collect(worker, results, now, timeouts, failed)
 
         assert all(r is not None for r in results), "every item gets a result"
-        return results  # type: ignore[return-value]
+        return results
 
     def _collect(
         self,
         worker: _Worker,
-        completions: Sequence[str],
-        results: list[RewardResult | None],
+        results: list,
         now: float,
+        timeouts: Sequence[float],
+        failed: Callable[[int, Reason, str], object],
     ) -> None:
         """Take whatever ``worker`` has to say: ready signal, a result, its death, or its timeout."""
         message = None
@@ -426,8 +535,7 @@ class Verifier:
                     "and `python -c 'import mathrl.reward, math_verify'` must work"
                 )
             if worker.item is not None:
-                extracted = _safe_extract(completions[worker.item])
-                results[worker.item] = RewardResult(0.0, extracted, "error", worker.exit_detail())
+                results[worker.item] = failed(worker.item, "error", worker.exit_detail())
                 worker.item = None
             self._replace(worker, kill=False)
             return
@@ -438,11 +546,8 @@ class Verifier:
                 "the machine may be overloaded"
             )
         if worker.item is not None and now >= worker.item_deadline:
-            results[worker.item] = RewardResult(
-                0.0,
-                _safe_extract(completions[worker.item]),
-                "timeout",
-                f"no result within {self.timeout_s:g} s; worker killed",
+            results[worker.item] = failed(
+                worker.item, "timeout", f"no result within {timeouts[worker.item]:g} s; worker killed"
             )
             worker.item = None
             self._replace(worker, kill=True)

@@ -18,6 +18,7 @@ from mathrl.algo.filters import group_filter, overlong_mask
 from mathrl.algo.sample_filter import sample_filter
 from mathrl.config import Config
 from mathrl.reward.collapse import is_garbled, is_repetitive
+from mathrl.reward.functions import Scores, component_metrics, failure_counts, score_rows
 from mathrl.reward.shaping import kimi_length_penalty, length_bonus, length_schedule_reward, soft_overlong_punishment
 from mathrl.reward.verify import RewardResult
 from mathrl.rollout.engine import RolloutBatch, concat_rollouts, select_rollout_rows
@@ -40,22 +41,25 @@ class Collected:
     rollout: RolloutBatch | None
     texts: list[str]
     results: list[RewardResult]
-    rewards: torch.Tensor  # [N] verifier score plus shaping terms
-    correct: torch.Tensor  # [N] 1.0 where the verifier accepted the answer
+    rewards: torch.Tensor  # [N] the components' weighted total plus shaping terms
+    correct: torch.Tensor  # [N] 1.0 where the math checker accepted the answer (no math component: total > 0)
     metrics: dict[str, float]
     rollout_seconds: float
     reward_seconds: float
+    scores: Scores | None = None  # every component's scores of the N samples
 
 
 class DynamicSamplingExhausted(RuntimeError):
     """data.dynamic_sampling.on_exhausted=error and max_rounds could not fill the batch."""
 
 
-def shape_rewards(cfg: Config, step: int, rollout: RolloutBatch, correct: torch.Tensor, group_ids: torch.Tensor):
-    """[N] verifier score (1 right, reward.incorrect otherwise) + the configured length terms, and their
+def shape_rewards(cfg: Config, step: int, rollout: RolloutBatch, correct: torch.Tensor, group_ids: torch.Tensor,
+                  total: torch.Tensor | None = None):
+    """[N] the components' weighted total (`total`; default: `correct`, the math checker alone), plus
+    reward.incorrect where the answer is not correct, plus the configured length terms; and their
     per-term means for the log."""
-    incorrect = cfg.reward.incorrect
-    r = correct.clone() if incorrect == 0 else correct + (1 - correct) * incorrect  # [N]
+    incorrect, base = cfg.reward.incorrect, correct if total is None else total
+    r = base.clone() if incorrect == 0 else base + (1 - correct) * incorrect  # [N]
     lengths, metrics = rollout.response_lengths, {}
     shaping = cfg.reward
     if shaping.overlong.soft_punishment:
@@ -98,10 +102,12 @@ def rank_pieces(rows: int, n: int, batch_size: int, ranks: Ranks) -> list[tuple[
     return pieces
 
 
-def generate_and_score(cfg: Config, prompts: list[list[int]], answers: list[str], *, seed: int, engine, tokenizer,
-                       verifier, ranks: Ranks = SINGLE) -> tuple[RolloutBatch, list[str], list[RewardResult], float, float]:
-    """Sample one response per prompt and verify it: (rollout, texts, results, generation s, reward s),
-    all rows in prompt order.
+def generate_and_score(cfg: Config, prompts: list[list[int]], problems: list[Problem], *, seed: int, engine, tokenizer,
+                       verifier, ranks: Ranks = SINGLE,
+                       prompts_text: list[str] | None = None) -> tuple[RolloutBatch, list[str], Scores, float, float]:
+    """Sample one response per prompt and score it: (rollout, texts, scores, generation s, reward s),
+    all rows in prompt order. `problems` and `prompts_text` are the rows' problems and prompt texts
+    (one per prompt; the texts are what reward functions see as the prompt).
 
     The rows are cut into shards of rollout.batch_size, each sampled with `shard_seed(seed, shard)`;
     with several ranks each samples and scores the rows of its own groups (contiguous blocks of whole
@@ -123,14 +129,19 @@ def generate_and_score(cfg: Config, prompts: list[list[int]], answers: list[str]
     rollout = concat_rollouts(shards, tokenizer.pad_token_id) if shards else None
     t1 = time.time()
     texts = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True) if rollout is not None else []
-    results = verifier.score(texts, answers[lo:hi]) if texts else []
+    scores = Scores.concat([])
+    if texts:
+        lengths = rollout.response_lengths.tolist()
+        tokens = [rollout.response_ids[i, : lengths[i]].tolist() for i in range(len(texts))]
+        prompt_texts = prompts_text[lo:hi] if prompts_text is not None else tokenizer.batch_decode(prompts[lo:hi])
+        scores = score_rows(verifier, prompt_texts, texts, problems[lo:hi], tokens)
     t2 = time.time()
     if ranks.world_size > 1:
-        gathered = [g for g in tdist.all_gather_objects((rollout, texts, results)) if g[0] is not None]
+        gathered = [g for g in tdist.all_gather_objects((rollout, texts, scores)) if g[0] is not None]
         rollout = concat_rollouts([g[0] for g in gathered], tokenizer.pad_token_id)
         texts = [t for g in gathered for t in g[1]]
-        results = [r for g in gathered for r in g[2]]
-    return rollout, texts, results, t1 - t0, t2 - t1
+        scores = Scores.concat([g[2] for g in gathered])
+    return rollout, texts, scores, t1 - t0, t2 - t1
 
 
 def rank_rows(num_groups: int, n: int, ranks: Ranks) -> list[int] | None:
@@ -155,26 +166,32 @@ def collect_rollouts(cfg: Config, step: int, *, train_stream: ProblemStream, eng
     t_gen = t_rew = 0.0
     rounds, generated_tokens = 0, 0
     shaping_metrics: dict[str, list[float]] = {}
+    failed: dict[str, float] = {}  # reward/<name>/errors and /timeouts, summed over the rounds
     while kept < want and rounds < (ds.max_rounds if ds.mode != "none" else 1):
         rounds += 1
         problems, prompt_ids, prompts_text = train_stream.next_batch(want)
-        rollout, texts, results, gen_s, rew_s = generate_and_score(
-            cfg, [p for p in prompt_ids for _ in range(n)], [p.answer for p in problems for _ in range(n)],
+        rollout, texts, scores, gen_s, rew_s = generate_and_score(
+            cfg, [p for p in prompt_ids for _ in range(n)], [p for p in problems for _ in range(n)],
             seed=derive_seed(cfg.seed, step + (rounds - 1) * REFILL_ROUND_STRIDE),  # round 1 keeps the plain per-step seed
             engine=engine, tokenizer=tokenizer, verifier=verifier, ranks=ranks,
+            prompts_text=[t for t in prompts_text for _ in range(n)],
         )
         t_gen, t_rew = t_gen + gen_s, t_rew + rew_s
         generated_tokens += int(rollout.response_lengths.sum())  # kept or not: the compute spent
-        correct = torch.tensor([r.reason == "correct" for r in results], dtype=torch.float32)  # [N]
+        results = scores.results
+        for k, v in failure_counts(scores).items():  # every scored sample, kept or not
+            failed[k] = failed.get(k, 0.0) + v
+        correct = torch.tensor(scores.correct, dtype=torch.float32)  # [N]
+        total = torch.tensor(scores.total, dtype=torch.float32)  # [N] the components' weighted sum
         group_ids = torch.arange(len(problems)).repeat_interleave(n)  # [N]
         train_stream.observe([p for p in problems for _ in range(n)], correct.tolist())
-        rewards, shaped = shape_rewards(cfg, step, rollout, correct, group_ids)
+        rewards, shaped = shape_rewards(cfg, step, rollout, correct, group_ids, total=total)
         for k, v in shaped.items():
             shaping_metrics.setdefault(k, []).append(v)
         if ds.mode == "none":
             keep = list(range(len(problems)))
-        else:  # filter on correctness, so length shaping cannot make an all-correct group look informative
-            gf = group_filter(correct, group_ids, mode=ds.mode, band=(ds.band_low, ds.band_high), correct=correct)
+        else:  # filter on the components' total, before length shaping, so that shaping cannot make an all-correct group look informative
+            gf = group_filter(total, group_ids, mode=ds.mode, band=(ds.band_low, ds.band_high), correct=correct)
             for k in ("dropped_all_correct", "dropped_all_wrong", "dropped_out_of_band"):
                 counts[k] += getattr(gf, k)
             keep = gf.group_order[gf.keep].tolist()
@@ -182,12 +199,18 @@ def collect_rollouts(cfg: Config, step: int, *, train_stream: ProblemStream, eng
         kept += len(keep)
         rows = [g * n + j for g in keep for j in range(n)]
         parts.append(([problems[g] for g in keep], [prompts_text[g] for g in keep], select_rollout_rows(rollout, rows),
-                      [texts[i] for i in rows], [results[i] for i in rows], rewards[rows], correct[rows]))
+                      [texts[i] for i in rows], [results[i] for i in rows], rewards[rows], correct[rows],
+                      scores.select(rows)))
     counts["kept_groups"] = kept
     metrics = {f"filter/{k}": float(v) for k, v in counts.items()}
     metrics["filter/gen_rounds"] = float(rounds)
     metrics["rollout/generated_tokens"] = float(generated_tokens)
     metrics.update({k: sum(v) / len(v) for k, v in shaping_metrics.items()})
+    kept_scores = Scores.concat([p[7] for p in parts])
+    if getattr(verifier, "logs_components", False):  # not the default math checker alone
+        metrics.update(failed)
+        if kept_scores.total:
+            metrics.update(component_metrics(kept_scores))
     if kept < want and ds.mode != "none" and ds.on_exhausted == "error":
         raise DynamicSamplingExhausted(
             f"step {step}: dynamic sampling kept {kept} of {want} groups after data.dynamic_sampling.max_rounds="
@@ -195,7 +218,7 @@ def collect_rollouts(cfg: Config, step: int, *, train_stream: ProblemStream, eng
         )
     parts = [p for p in parts if p[0]]
     if not parts:
-        return Collected([], [], None, [], [], torch.zeros(0), torch.zeros(0), metrics, t_gen, t_rew)
+        return Collected([], [], None, [], [], torch.zeros(0), torch.zeros(0), metrics, t_gen, t_rew, kept_scores)
     return Collected(
         problems=[x for p in parts for x in p[0]],
         prompts_text=[x for p in parts for x in p[1]],
@@ -204,7 +227,7 @@ def collect_rollouts(cfg: Config, step: int, *, train_stream: ProblemStream, eng
         results=[x for p in parts for x in p[4]],
         rewards=torch.cat([p[5] for p in parts]),
         correct=torch.cat([p[6] for p in parts]),
-        metrics=metrics, rollout_seconds=t_gen, reward_seconds=t_rew,
+        metrics=metrics, rollout_seconds=t_gen, reward_seconds=t_rew, scores=kept_scores,
     )
 
 
@@ -344,8 +367,10 @@ def new_train_batch(rollout: RolloutBatch, loss_mask: torch.Tensor, correct: tor
     )
 
 
-def rollout_records(step, problems, prompts_text, texts, results, rollout: RolloutBatch, tokenizer, n: int, limit: int):
-    """The first `limit` samples of a step, with per-token ids, strings and logprobs, for rollouts.jsonl."""
+def rollout_records(step, problems, prompts_text, texts, results, rollout: RolloutBatch, tokenizer, n: int, limit: int,
+                    scores: Scores | None = None):
+    """The first `limit` samples of a step, with per-token ids, strings and logprobs, for rollouts.jsonl;
+    with `scores`, each sample's component scores too."""
     records = []
     for i in range(min(limit, len(texts))):
         length = int(rollout.response_mask[i].sum())
@@ -364,4 +389,6 @@ def rollout_records(step, problems, prompts_text, texts, results, rollout: Rollo
             "logprobs": [round(x, 5) for x in rollout.logprobs[i, :length].tolist()],
             "truncated": bool(rollout.truncated[i]),
         })
+        if scores is not None:
+            records[-1]["components"] = {name: values[i] for name, values in scores.values.items()}
     return records

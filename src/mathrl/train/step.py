@@ -190,7 +190,8 @@ def log_step(trainer: Trainer, step: int, got: Collected, batch: TrainBatch, met
     trainer.tracker.log(step, metrics)
     if trainer.ranks.main:
         trainer.run.append_rollouts(rollout_records(step, got.problems, got.prompts_text, got.texts, got.results,
-                                                    rollout, trainer.tokenizer, cfg.rollout.n, cfg.log.rollouts_per_step))
+                                                    rollout, trainer.tokenizer, cfg.rollout.n, cfg.log.rollouts_per_step,
+                                                    scores=got.scores if getattr(trainer.verifier, "logs_components", False) else None))
 
 
 def batch_metrics(got, batch: TrainBatch, *, n: int, prompts_too_long: int,

@@ -34,7 +34,7 @@ from mathrl.model.paths import resolve_model_path
 from mathrl.model.value import load_critic
 from mathrl.registry import ADVANTAGE_ESTIMATORS
 from mathrl.tasks.arithmetic import base_pretraining_text
-from mathrl.reward.verify import Verifier
+from mathrl.reward.functions import Rewarder, build_rewarder
 from mathrl.rollout.factory import build_engine, engine_samples_from_module
 from mathrl.run_dir import RunDir, open_run_dir
 from mathrl.tasks.sources import EvalSet, PretrainText, ProblemStream, build_eval_sets, build_train_stream
@@ -70,7 +70,7 @@ class Trainer:
     critic_optimizer: Any = None
     critic_scheduler: Any = None
     tracker: Any = None
-    verifier: Verifier | None = None
+    verifier: Rewarder | None = None
     start_step: int = 1
     skips: SkipCount = field(default_factory=SkipCount)
     collapse: CollapseWatch = field(default_factory=CollapseWatch)
@@ -109,6 +109,9 @@ def build_trainer(cfg: Config, ranks: Ranks, *, console: Console, resume: bool =
     """Open (or resume) the run directory and build the models, engine, optimizers, controllers, data,
     tracker and verifier of an RL run. Enter `trainer.verifier` before the first step."""
     t_start = time.time()
+    # reward.functions in the verifier's workers (started on first use): a dead reward server stops
+    # the run here, in one line, before the run directory or a model is touched
+    rewarder = build_rewarder(cfg.reward)
     run, checkpoint = _open_run(cfg, ranks, console=console, resume=resume)
     console.print(f"[bold]run directory[/bold] {run.path}" + (f" ({ranks.world_size} ranks)" if ranks.distributed else ""))
     seed_everything(cfg.seed)
@@ -150,8 +153,7 @@ def build_trainer(cfg: Config, ranks: Ranks, *, console: Console, resume: bool =
         _restore(trainer)
     trainer.tracker = build_tracker(cfg, run, ranks)
     _print_data_notes(trainer)
-    trainer.verifier = Verifier(num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s, boxed=cfg.reward.boxed,
-                                checker=cfg.reward.checker)
+    trainer.verifier = rewarder
     return trainer
 
 
