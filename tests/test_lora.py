@@ -181,6 +181,20 @@ def test_vllm_matches_the_trainer_after_three_updates_and_merged_syncs(make_tiny
         engine.close()
 
 
+def test_fresh_adapters_depend_on_the_seed_only(make_tiny_qwen2):
+    # why: a run that just built its base model (drawing from the global RNG) and one that found it
+    # cached must start from the same adapters, or a resumed run would not match the uninterrupted one
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    a = add_adapters(make_tiny_qwen2(seed=0), settings(), seed=7).state_dict()
+    assert torch.equal(torch.get_rng_state(), state)  # the caller's random state is untouched
+    torch.rand(10)
+    b = add_adapters(make_tiny_qwen2(seed=0), settings(), seed=7).state_dict()
+    c = add_adapters(make_tiny_qwen2(seed=0), settings(), seed=8).state_dict()
+    name = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight"
+    assert torch.equal(a[name], b[name]) and not torch.equal(a[name], c[name])
+
+
 def test_target_modules_the_model_lacks_are_a_clear_error(make_tiny_qwen2):
     with pytest.raises(LoraError, match=r"model.lora.target_modules=\['qkv'\].*q_proj"):
         add_adapters(make_tiny_qwen2(seed=0), settings(targets=("qkv",)))
@@ -230,7 +244,8 @@ SMALL = [
     "base.intermediate_size=64", "base.num_layers=2", "base.num_heads=2", "base.num_kv_heads=1",
     "train.steps=4", "train.save_every=2", "rollout.prompts_per_step=4", "rollout.n=4", "rollout.batch_size=8",
     "train.mini_batch_size=8", "data.eval_size=4", "eval.n=2", "eval.every=2", "reward.num_workers=0",
-    "model.lora.r=4", "train.lr=1e-2", "algo.kl.use=loss", "algo.kl.coef=0.01",  # the reference is the base
+    "model.lora.r=4", "train.lr=2e-3", "algo.kl.use=loss", "algo.kl.coef=0.01",  # the reference is the base
+    "data.dynamic_sampling.mode=none",  # every step updates the adapters
 ]
 
 

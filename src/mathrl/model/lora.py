@@ -33,16 +33,20 @@ class LoraError(ValueError):
     pass
 
 
-def add_adapters(model, settings):
-    """`model` (a Hugging Face causal LM) wrapped in a peft PeftModel with fresh LoRA adapters on
-    `settings.target_modules`; every base parameter is frozen. B starts at zero, so the adapted model
-    is the base model until the first update. A is drawn from the global torch RNG (seeded by the run)."""
+def add_adapters(model, settings, *, seed: int = 0):
+    """`model` (a Hugging Face causal LM, on the CPU) wrapped in a peft PeftModel with fresh LoRA
+    adapters on `settings.target_modules`; every base parameter is frozen. B starts at zero, so the
+    adapted model is the base model until the first update. A is drawn under `seed` in a private RNG
+    scope: the same A whatever ran before (a freshly built base model, another copy), and the
+    caller's random state is untouched."""
     from peft import LoraConfig, get_peft_model
 
     config = LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
                         target_modules=list(settings.target_modules), task_type="CAUSAL_LM", bias="none")
     try:
-        return get_peft_model(model, config)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return get_peft_model(model, config)
     except ValueError as e:  # e.g. "Target modules {...} not found in the base model"
         names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
         raise LoraError(f"model.lora.target_modules={list(settings.target_modules)}: {str(e).splitlines()[0]}; "

@@ -150,8 +150,7 @@ def build_trainer(cfg: Config, ranks: Ranks, *, console: Console, resume: bool =
     # after each update. vLLM holds its own weights: no copy is loaded for it.
     engine_model = model
     if ranks.distributed and engine_samples_from_module(cfg.rollout.engine):
-        with torch.random.fork_rng(devices=[]):  # fresh adapters draw from the RNG: the run's stream stays as in one process
-            engine_model = load_policy(cfg, source, model_path=model_path, overrides=overrides)[0]
+        engine_model = load_policy(cfg, source, model_path=model_path, overrides=overrides)[0]
         engine_model.to(ranks.device).eval()
     model = shard(model, cfg, ranks)  # one process: moved to train.device
     engine = build_engine(cfg, model=engine_model, tokenizer=tokenizer, model_path=weights_source)
@@ -256,7 +255,7 @@ def load_policy(cfg: Config, source: Path | str, *, model_path: str, overrides: 
         return model, tokenizer
     if cfg.model.gradient_checkpointing:
         model.enable_input_require_grads()  # the frozen embeddings' output must carry a grad through checkpointed layers
-    model = add_adapters(model, cfg.model.lora)
+    model = add_adapters(model, cfg.model.lora, seed=cfg.seed)
     if adapter:
         load_adapter_weights(model, source)
     return model, tokenizer
