@@ -184,12 +184,14 @@ def test_vllm_matches_the_trainer_after_three_updates_and_merged_syncs(make_tiny
 def test_fresh_adapters_depend_on_the_seed_only(make_tiny_qwen2):
     # why: a run that just built its base model (drawing from the global RNG) and one that found it
     # cached must start from the same adapters, or a resumed run would not match the uninterrupted one
+    base = make_tiny_qwen2(seed=0)  # (it seeds the global RNG itself)
     torch.manual_seed(123)
     state = torch.get_rng_state()
-    a = add_adapters(make_tiny_qwen2(seed=0), settings(), seed=7).state_dict()
+    a = add_adapters(base, settings(), seed=7).state_dict()
     assert torch.equal(torch.get_rng_state(), state)  # the caller's random state is untouched
+    base = make_tiny_qwen2(seed=0)
     torch.rand(10)
-    b = add_adapters(make_tiny_qwen2(seed=0), settings(), seed=7).state_dict()
+    b = add_adapters(base, settings(), seed=7).state_dict()
     c = add_adapters(make_tiny_qwen2(seed=0), settings(), seed=8).state_dict()
     name = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight"
     assert torch.equal(a[name], b[name]) and not torch.equal(a[name], c[name])
