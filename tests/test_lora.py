@@ -344,3 +344,20 @@ def test_two_ranks_with_fsdp2_match_one_process(env, uninterrupted, tmp_path):
     assert_same_steps(two, one, trained)
     assert (run / "checkpoints" / "step_000004" / "adapter_model.safetensors").is_file()
     assert (run / "final" / "model.safetensors").is_file() and (run / "final" / "adapter" / "adapter_config.json").is_file()
+
+
+@pytest.mark.slow
+def test_a_vllm_run_samples_the_merged_policy(env, tmp_path):
+    # The trainer's own path (Trainer.engine_weights after every update): vLLM's logprobs of what it
+    # sampled equal the trainer's scoring pass of the same tokens (rollout/logprob_mismatch) at every
+    # step, so every sync gave vLLM the adapted policy, not the base.
+    pytest.importorskip("vllm", reason="vLLM is not installed (README: Rollouts with vLLM)", exc_type=ImportError)
+    from test_dist_train import metrics
+
+    run = tmp_path / "vllm"
+    train(env, run, "rollout.engine=vllm", "rollout.vllm.enforce_eager=true", "base.num_heads=1",  # head_dim 32 for vLLM's CPU kernels
+          "train.steps=3")
+    steps = metrics(run)
+    trained = [s for s in steps if s > 0 and "actor/pg_loss" in steps[s]]
+    assert len(trained) == 3 and steps[3]["actor/ref_kl"] > 0  # the adapters moved away from the base
+    assert all(steps[s]["rollout/logprob_mismatch"] < 1e-5 for s in trained), [steps[s]["rollout/logprob_mismatch"] for s in trained]

@@ -215,6 +215,11 @@ def _restore(t: Trainer) -> None:
         t.console.print(f"[bold]restarting[/bold] from the weights of {parent} as a new starting model (fresh "
                         "optimizer and schedule; it is also the KL reference); recorded in parent.json")
         return
+    origin = checkpoint or parent
+    if is_lora(t.model) != has_adapter(origin):  # the optimizer states of adapters and of a whole model do not mix
+        kind = "a LoRA adapter" if has_adapter(origin) else "a whole model"
+        raise ValueError(f"{origin} holds {kind} but this run has model.lora.r={cfg.model.lora.r}; resume or continue "
+                         "with the setting it was saved with, or start from its weights with train.init_from_mode=restart")
     state = load_trainer_state(checkpoint or parent, optimizers=t.optimizers, controllers=t.controllers,
                                models={"optimizer": t.model, "critic_optimizer": t.critic})
     if checkpoint is not None:  # everything the next step depends on comes back from the checkpoint
