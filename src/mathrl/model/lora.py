@@ -17,6 +17,7 @@ On disk an adapter is peft's own format (`adapter_config.json`, `adapter_model.s
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
@@ -54,12 +55,10 @@ def add_adapters(model, settings, *, seed: int = 0):
 
 
 def is_lora(model) -> bool:
-    """Whether `model` is a peft PeftModel (FSDP2-sharded or not)."""
-    try:
-        from peft import PeftModel
-    except ImportError:  # peft not installed: no model can be one
-        return False
-    return isinstance(model, PeftModel)
+    """Whether `model` is a peft PeftModel (FSDP2-sharded or not). A run without adapters never
+    imports peft: until something has, no model can be one."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
 
 
 def unwrap(model):
