@@ -65,6 +65,17 @@ class BaseModelConfig:
 
 
 @dataclass
+class LoraConfig:
+    """LoRA adapters (peft): the base weights stay frozen and only the low-rank matrices A and B of the
+    targeted linear layers train; the KL reference is the base with the adapters disabled. docs/lora.md."""
+
+    r: int = 0  # adapter rank; 0: no adapters, the whole model trains
+    alpha: float = 32.0  # scaling numerator: the update is (alpha / r) * B @ A
+    dropout: float = 0.0  # dropout on the adapters' input during the policy update (scoring and sampling run without it)
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])  # names of the linear layers that get adapters (peft's target_modules)
+
+
+@dataclass
 class ModelConfig:
     path: str = "tiny-arith"  # "tiny-arith" (built locally from `base`) or a Hugging Face model directory / hub id
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # weights and compute precision
@@ -72,6 +83,7 @@ class ModelConfig:
     gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, more time)
     max_position_embeddings: int | None = None  # raise (or lower) the model's context, config.json's max_position_embeddings, for the trainer and vLLM alike; null: the model's own
     init: Literal["pretrained", "random"] = "pretrained"  # random: path config:<name> (model/configs/*.json, or config:<file>.json) with random weights and the character tokenizer (benchmarks, smoke tests)
+    lora: LoraConfig = field(default_factory=LoraConfig)  # train low-rank adapters instead of the whole model
 
 
 @dataclass

@@ -16,6 +16,8 @@ class ModelLoadError(ValueError):
 def load_model_and_tokenizer(path: str | Path, *, dtype: str = "float32", device: str | torch.device = "cpu",
                              overrides: dict | None = None):
     """(model, tokenizer) from a local Hugging Face directory (or a hub id, where the machine has network).
+    A directory holding a peft LoRA adapter (a LoRA run's checkpoint) gives its base model with the
+    adapter merged in.
 
     `overrides` replace fields of the model's config.json at load time (e.g. max_position_embeddings,
     from model.max_position_embeddings).
@@ -39,7 +41,13 @@ def load_model_and_tokenizer(path: str | Path, *, dtype: str = "float32", device
         raise ModelLoadError(f"model.path {str(path)!r} does not exist; give a Hugging Face model directory or hub id")
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path))
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype], **(overrides or {}))
+        if (local / "adapter_config.json").is_file() and not (local / "config.json").is_file():
+            # a LoRA run's checkpoint (model.lora): its base model with the adapter merged in
+            from peft import AutoPeftModelForCausalLM
+
+            model = AutoPeftModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype], **(overrides or {})).merge_and_unload()
+        else:
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype], **(overrides or {}))
     except OSError as e:
         raise ModelLoadError(f"could not load a causal LM from {str(path)!r}: {e}") from None
     if tokenizer.pad_token_id is None:

@@ -32,6 +32,11 @@ counts are exact. What the estimate assumes, term by term (GiB = 2^30 bytes, per
   decoder stack's last output is kept (`model.scoring.final_hidden`), not every layer's hidden states.
 * runtime: the CUDA context, cuBLAS workspaces and NCCL buffers, a fixed allowance of
   `RUNTIME_GIB` per GPU (not derived from the config).
+* LoRA (`model.lora.r` > 0): the frozen base weights plus the adapters' (params), gradients and AdamW
+  states of the adapters only, no weight gradients of the (frozen) head and embeddings, and no
+  reference copy: the reference is the policy with its adapters disabled. The adapters' own
+  activations (r numbers per token per adapted layer) are left out. vLLM holds the merged weights
+  (the base model's size).
 * critic (PPO, `algo.adv.estimator: gae`): the same backbone with a scalar head, with its own
   grads, AdamW states and activations.
 * rollout engine: vLLM claims `rollout.vllm.gpu_memory_utilization` of the GPU (its weights, KV cache
@@ -78,6 +83,8 @@ class Architecture:
     layer_params: int  # parameters of one decoder layer
     critic_params: int  # the same backbone with a scalar value head (PPO critic)
     critic_param_tensors: int
+    lora_params: int = 0  # the LoRA adapters' parameters (model.lora.r > 0), the only ones that train
+    lora_param_tensors: int = 0
 
     @property
     def root_params(self) -> int:
@@ -122,6 +129,13 @@ def architecture_of(cfg: Config) -> Architecture:
         hf.num_labels = 1
         critic = AutoModelForTokenClassification.from_config(hf)
     layer = lm.model.layers[0]
+    lora = [0, 0]
+    if cfg.model.lora.r > 0:  # the adapters peft builds on these modules (still on the meta device)
+        from mathrl.model.lora import adapter_params, add_adapters
+
+        with torch.device("meta"):
+            adapters = adapter_params(add_adapters(AutoModelForCausalLM.from_config(hf), cfg.model.lora))
+        lora = [sum(p.numel() for p in adapters), len(adapters)]
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
     return Architecture(
         hidden=hf.hidden_size, intermediate=hf.intermediate_size, layers=hf.num_hidden_layers,
@@ -130,6 +144,7 @@ def architecture_of(cfg: Config) -> Architecture:
         params=sum(p.numel() for p in lm.parameters()), param_tensors=len(list(lm.parameters())),
         layer_params=sum(p.numel() for p in layer.parameters()),
         critic_params=sum(p.numel() for p in critic.parameters()), critic_param_tensors=len(list(critic.parameters())),
+        lora_params=lora[0], lora_param_tensors=lora[1],
     )
 
 
@@ -198,12 +213,17 @@ def estimate_memory(
 
     c: dict[str, int] = {}
     notes: dict[str, str] = {}
-    c["params"] = shard(a.params * pb)
+    lora = a.lora_params > 0  # model.lora: frozen base weights; adapters, their gradients and AdamW states
+    trained, trained_tensors = (a.lora_params, a.lora_param_tensors) if lora else (a.params, a.param_tensors)
+    c["params"] = shard((a.params + a.lora_params) * pb)
     notes["params"] = f"{a.params:,} x {pb} B ({cfg.model.dtype}) / {n} GPUs"
-    c["grads"] = c["params"]
-    notes["grads"] = "same as params"
-    c["optimizer"] = shard(2 * a.params * pb + 4 * a.param_tensors)
-    notes["optimizer"] = f"AdamW exp_avg + exp_avg_sq ({cfg.model.dtype}) + float32 step per tensor, / {n}"
+    if lora:
+        notes["params"] = f"({a.params:,} frozen + {a.lora_params:,} LoRA) x {pb} B ({cfg.model.dtype}) / {n} GPUs"
+    c["grads"] = shard(trained * pb)
+    notes["grads"] = f"the LoRA adapters' only, {a.lora_params:,} x {pb} B / {n}" if lora else "same as params"
+    c["optimizer"] = shard(2 * trained * pb + 4 * trained_tensors)
+    notes["optimizer"] = (f"AdamW exp_avg + exp_avg_sq ({cfg.model.dtype}) + float32 step per tensor"
+                          + (f" of the {a.lora_param_tensors} LoRA tensors" if lora else "") + f", / {n}")
     if n > 1 or cb != pb:
         c["gathered weights"] = (2 * a.layer_params + a.root_params) * cb
         notes["gathered weights"] = f"2 decoder layers + embeddings/head unsharded in {cb}-byte compute dtype (FSDP2 all-gather)"
@@ -224,10 +244,16 @@ def estimate_memory(
     other = (full if use_ckpt else ckpt) + head
     # The backward makes the output head's and the embeddings' weight gradients in full (vocab x hidden
     # each, unsharded until FSDP reduce-scatters them) before they are added up or sharded.
-    c["head gradients"] = 2 * a.vocab * a.hidden * cb
+    c["head gradients"] = 0 if lora else 2 * a.vocab * a.hidden * cb
     notes["head gradients"] = f"2 x {a.vocab:,} x {a.hidden:,} x {cb} B: output head and embedding weight gradients before accumulation"
+    if lora:
+        notes["head gradients"] = "none: the head and embeddings are frozen under LoRA"
 
-    if cfg.needs_reference:
+    if cfg.needs_reference and lora:  # the policy with its adapters disabled (peft's disable_adapter)
+        c["reference model"] = 0
+        notes["reference model"] = (f"the base with the adapters disabled: no copy (a copy would take "
+                                    f"{shard(a.params * pb) / GIB:.2f} GiB)")
+    elif cfg.needs_reference:
         c["reference model"] = shard(a.params * pb)
         notes["reference model"] = f"weights only, {cfg.model.dtype} shards as loaded, / {n}"
         if n > 1 or cb != pb:  # its forward gathers layers in the compute dtype, as the policy's does
@@ -280,8 +306,8 @@ def estimate_memory(
     else:
         rows = min(cfg.rollout.batch_size, math.ceil(cfg.rollout_batch_size / n))
         if n > 1:
-            c["torch engine weights"] = a.params * pb
-            notes["torch engine weights"] = f"an unsharded copy of the policy, {a.params:,} x {pb} B, on every GPU"
+            c["torch engine weights"] = (a.params + a.lora_params) * pb
+            notes["torch engine weights"] = f"an unsharded copy of the policy, {a.params + a.lora_params:,} x {pb} B, on every GPU"
         c["torch engine KV cache"] = rows * seq_len * kv_per_token * cb
         notes["torch engine KV cache"] = f"{rows:,} sequences x {seq_len:,} tokens x {kv_per_token:,} x {cb} B"
         engine_weights = c.get("torch engine weights", 0)

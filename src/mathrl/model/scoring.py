@@ -11,10 +11,13 @@ from __future__ import annotations
 import torch
 
 from mathrl.algo.entropy import logprobs_and_entropy
+from mathrl.model.lora import unwrap
 
 
 def backbone_and_head(model):
-    """The decoder stack (returns hidden states) and the output projection of a HF causal LM."""
+    """The decoder stack (returns hidden states) and the output projection of a HF causal LM (inside
+    a peft PeftModel: its LoRA layers are in the decoder stack)."""
+    model = unwrap(model)
     backbone = getattr(model, model.base_model_prefix)
     head = model.get_output_embeddings()
     return backbone, head

@@ -16,6 +16,8 @@ from collections.abc import Iterable
 
 import torch
 
+from mathrl.model.lora import unwrap
+
 from mathrl.rollout.base import RolloutBatch, concat_rollouts, full_tensor, left_pad, row_seed, select_rollout_rows
 
 __all__ = ["TorchEngine", "RolloutBatch", "concat_rollouts", "inverse_cdf", "left_pad", "sample_top_p", "select_rollout_rows"]
@@ -134,7 +136,7 @@ class TorchEngine:
         self.batch_size = batch_size
         self.seed_block = batch_size  # each chunk of batch_size rows draws from its own generator
         # transformers >= 5.2x renamed the cache argument of forward() from `past_key_values` to `cache`
-        params = inspect.signature(model.forward).parameters
+        params = inspect.signature(unwrap(model).forward).parameters  # a PeftModel passes its kwargs on
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
 
     @torch.no_grad()

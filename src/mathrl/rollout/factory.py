@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from mathrl.model.lora import plain_weights
 from mathrl.registry import ENGINES
 from mathrl.rollout.base import Engine
 from mathrl.rollout.engine import TorchEngine
@@ -67,7 +68,7 @@ def build_vllm_engine(cfg, *, model, tokenizer, model_path: str | Path) -> Engin
     config_dir = Path(tempfile.mkdtemp(prefix="mathrl-vllm-config-"))
     model.config.to_json_file(config_dir / "config.json")
     engine = VLLMEngine(config_dir, load_format="dummy", **common)
-    engine.update_weights(model.state_dict().items())
+    engine.update_weights(plain_weights(model).items())  # a LoRA policy: merged, under the base model's names
     return engine
 
 

@@ -1,7 +1,10 @@
 """Checkpoints that hold everything needed to continue a run exactly, written atomically.
 
 A checkpoint is a directory `checkpoints/step_<N>/`:
-    config.json, model.safetensors, tokenizer files   the model, Hugging Face format (safetensors)
+    config.json, model.safetensors, tokenizer files   the model, Hugging Face format (safetensors); a
+                         LoRA run (model.lora.r > 0) holds its adapter instead, in peft's format
+                         (adapter_config.json, adapter_model.safetensors), and the optimizer state of
+                         the adapter's parameters only
     trainer_state.pt     optimizer + scheduler state, RNG states (torch.load(weights_only=True) safe)
     trainer_state.json   step, controller and data-stream state, config, format version
     critic/              the PPO critic, when there is one (algo.adv.estimator: gae); its optimizer and
@@ -34,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mathrl.model.lora import is_lora, plain_weights, unwrap
 from mathrl.run_dir import complete_checkpoints  # the layout of checkpoints/ is the run directory's
 from mathrl.train.dist import Ranks, barrier, broadcast_object, full_state_dict, is_sharded
 
@@ -209,6 +213,22 @@ def save_hf_model(model, tokenizer, out: Path, *, ranks: Ranks | None = None) ->
             tokenizer.save_pretrained(out)
 
 
+def save_final_model(model, tokenizer, out: Path, *, ranks: Ranks | None = None) -> None:
+    """A finished run's final/: a plain Hugging Face model that `mathrl eval` reads (with LoRA, the
+    base with the adapters merged in) and, with LoRA, the adapter itself in final/adapter/ (peft's
+    format). A collective for a sharded model: every rank calls it."""
+    if not is_lora(model):
+        save_hf_model(model, tokenizer, out, ranks=ranks)
+        return
+    state = full_state_dict(model, all_ranks=False) if is_sharded(model) else model.state_dict()
+    if ranks is None or ranks.main:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        unwrap(model).save_pretrained(out, state_dict=plain_weights(model, state), safe_serialization=True)
+        tokenizer.save_pretrained(out)
+        model.save_pretrained(out / "adapter", state_dict=state, safe_serialization=True)
+
+
 def _save_sharded(checkpoints_dir: Path, step: int, *, model, tokenizer, optimizer, scheduler, state, keep_last,
                   keep_every, critic, critic_optimizer, critic_scheduler, ranks: Ranks) -> Path:
     """The several-ranks checkpoint: every rank writes its optimizer shards into rank 0's temporary
@@ -271,7 +291,7 @@ def _load_full_optimizer(saved: dict[str, Any], model, optimizer) -> None:
     optimizer of a sharded model: renamed to parameter names, then each rank keeps its shard."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    names = [name for name, _ in model.named_parameters()]
+    names = [name for name, p in model.named_parameters() if p.requires_grad]  # the optimizer's (LoRA: adapters only)
     by_name = {
         "state": {names[i]: v for i, v in saved["state"].items()},
         "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in saved["param_groups"]],

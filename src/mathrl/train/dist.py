@@ -218,7 +218,10 @@ def split_range(count: int, rank: int, world_size: int) -> tuple[int, int]:
 # ---- FSDP2 -----------------------------------------------------------------------------------------------
 def decoder_layers(model) -> list[torch.nn.Module]:
     """The transformer blocks of a Hugging Face causal LM or token-classification model (Qwen2, Llama,
-    Mistral, ...: `<backbone>.layers`)."""
+    Mistral, ...: `<backbone>.layers`), also inside a peft PeftModel (LoRA)."""
+    from mathrl.model.lora import unwrap
+
+    model = unwrap(model)
     backbone = getattr(model, "model", None) or getattr(model, "transformer", None)
     layers = getattr(backbone, "layers", None) or getattr(backbone, "h", None)
     if layers is None:

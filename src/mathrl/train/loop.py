@@ -33,7 +33,7 @@ from rich.console import Console
 from mathrl.config import Config
 from mathrl.evaluation.evaluate import EvalResult
 from mathrl.track.console import StepProgress, summary_table
-from mathrl.train.checkpoint import save_hf_model
+from mathrl.train.checkpoint import save_final_model, save_hf_model
 from mathrl.train.critic import pretrain_critic
 from mathrl.train.dist import DistributedError, Ranks, close_distributed, collective_failure, init_distributed
 from mathrl.train.shared import NonFiniteError, eval_due, evals_from_log, log_evals, run_evals, summary
@@ -145,7 +145,7 @@ def finish(trainer: Trainer) -> TrainResult:
     cfg, t, console = trainer.cfg, trainer, trainer.console
     t.engine.close()
     console.print("saving the final model")
-    save_hf_model(t.model, t.tokenizer, t.run.final, ranks=t.ranks)  # a plain Hugging Face directory at any world size
+    save_final_model(t.model, t.tokenizer, t.run.final, ranks=t.ranks)  # a plain Hugging Face directory at any world size (LoRA: merged, and final/adapter/)
     if t.critic is not None:
         save_hf_model(t.critic, None, t.run.final / "critic", ranks=t.ranks)
     t.tracker.close()

@@ -67,7 +67,7 @@ def rl_step(trainer: Trainer, step: int, collected: Collected | None = None) -> 
 
     # ---- sync: the engine samples the updated policy from the next generate on (in memory) --------
     t_train = time.time()
-    trainer.engine.update_weights(trainer.model.state_dict().items())
+    trainer.engine.update_weights(trainer.engine_weights())
     metrics["perf/weight_sync_seconds"] = time.time() - t_train
 
     # ---- log ---------------------------------------------------------------------------------------
@@ -89,8 +89,9 @@ def score(trainer: Trainer, batch: TrainBatch, got: Collected, *, rows, metrics:
         batch.old_logprobs, rollout_entropy = got.rollout.logprobs * batch.response_mask, None
     else:
         batch.old_logprobs, rollout_entropy = scoring_pass(trainer.model, batch, cfg, with_entropy=True, rows=rows)
-    if trainer.ref_model is not None:
-        batch.ref_logprobs, batch.ref_entropy = scoring_pass(trainer.ref_model, batch, cfg, with_entropy=True, rows=rows)
+    if cfg.needs_reference:  # the loaded reference copy, or the LoRA policy with its adapters disabled
+        with trainer.reference() as ref_model:
+            batch.ref_logprobs, batch.ref_entropy = scoring_pass(ref_model, batch, cfg, with_entropy=True, rows=rows)
         metrics["actor/ref_kl"] = float(masked_mean(batch.old_logprobs - batch.ref_logprobs, batch.loss_mask))
         metrics["actor/ref_entropy"] = float(masked_mean(batch.ref_entropy, batch.loss_mask))
     importance_weights(cfg, batch, metrics)

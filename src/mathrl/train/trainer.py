@@ -12,12 +12,15 @@ data position and RNG state back; a `train.init_from` run starts from another ru
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from rich.console import Console
 
 from mathrl.algo.controllers import (
@@ -30,6 +33,7 @@ from mathrl.algo.controllers import (
 from mathrl.config import Config, dump_yaml
 from mathrl.evaluation.evaluate import EvalResult
 from mathrl.model.io import load_model_and_tokenizer
+from mathrl.model.lora import adapter_params, add_adapters, has_adapter, is_lora, load_adapter_weights, plain_weights
 from mathrl.model.paths import resolve_model_path
 from mathrl.model.value import load_critic
 from mathrl.registry import ADVANTAGE_ESTIMATORS
@@ -40,7 +44,7 @@ from mathrl.run_dir import RunDir, open_run_dir
 from mathrl.tasks.sources import EvalSet, PretrainText, ProblemStream, build_eval_sets, build_train_stream
 from mathrl.train.checkpoint import load_trainer_state, save_checkpoint, set_rng_state
 from mathrl.train.collect import CollapseWatch, SignalWatch
-from mathrl.train.dist import Ranks, broadcast_object, shard_model
+from mathrl.train.dist import Ranks, broadcast_object, full_state_dict, is_sharded, shard_model
 from mathrl.train.shared import SkipCount, build_optimizer, build_tracker, save_due, seed_everything
 
 
@@ -97,6 +101,25 @@ class Trainer:
             "skipped_steps": self.skips.total,
         }
 
+    @contextlib.contextmanager
+    def reference(self) -> Iterator[Any]:
+        """The KL reference model to score with: the loaded copy, or with LoRA the policy itself with its
+        adapters disabled (peft's `disable_adapter`), which is the base model without a second copy."""
+        if self.ref_model is not None:
+            yield self.ref_model
+            return
+        with self.model.disable_adapter():
+            yield self.model
+
+    def engine_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
+        """The tensors the engine loads after an update: the policy's state dict, which an engine
+        sampling from the policy module (or its copy, adapters and all) takes as it is; with LoRA and an
+        engine that holds plain weights (vLLM), the merged weights under the base model's names."""
+        if not is_lora(self.model) or engine_samples_from_module(self.cfg.rollout.engine):
+            return self.model.state_dict().items()
+        state = full_state_dict(self.model, all_ranks=True) if is_sharded(self.model) else None
+        return plain_weights(self.model, state).items()
+
     def save_if_due(self, step: int) -> None:
         # no checkpoint while updates are being skipped: the last one stays the last good one
         if save_due(self.cfg, step, last=self.cfg.train.steps) and not self.skips.in_a_row:
@@ -119,9 +142,9 @@ def build_trainer(cfg: Config, ranks: Ranks, *, console: Console, resume: bool =
     console.print(f"loading model from {model_path}")
     parent = Path(cfg.train.init_from) if cfg.train.init_from and checkpoint is None else None
     source, overrides = checkpoint or parent or model_path, model_overrides(cfg)
-    model, tokenizer = load_model_and_tokenizer(source, dtype=cfg.model.dtype, overrides=overrides)
-    if cfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+    # model.lora: the base weights come from model_path when `source` is a LoRA run's checkpoint (its adapter only)
+    weights_source = model_path if cfg.model.lora.r > 0 and has_adapter(source) else source
+    model, tokenizer = load_policy(cfg, source, model_path=model_path, overrides=overrides)
     model.train()
     train_stream = build_train_stream(cfg, tokenizer)
     eval_sets = build_eval_sets(cfg, tokenizer, limit=cfg.data.eval_size)
@@ -131,17 +154,20 @@ def build_trainer(cfg: Config, ranks: Ranks, *, console: Console, resume: bool =
     # after each update. vLLM holds its own weights: no copy is loaded for it.
     engine_model = model
     if ranks.distributed and engine_samples_from_module(cfg.rollout.engine):
-        engine_model = load_model_and_tokenizer(source, dtype=cfg.model.dtype, overrides=overrides)[0]
+        engine_model = load_policy(cfg, source, model_path=model_path, overrides=overrides)[0]
         engine_model.to(ranks.device).eval()
     model = shard(model, cfg, ranks)  # one process: moved to train.device
-    engine = build_engine(cfg, model=engine_model, tokenizer=tokenizer, model_path=source)
-    optimizer, scheduler = build_optimizer(model.parameters(), cfg, lr=cfg.train.lr, warmup_steps=cfg.train.warmup_steps)
+    engine = build_engine(cfg, model=engine_model, tokenizer=tokenizer, model_path=weights_source)
+    # model.lora: only the adapters train (adapter_params is every parameter without them)
+    optimizer, scheduler = build_optimizer(adapter_params(model), cfg, lr=cfg.train.lr, warmup_steps=cfg.train.warmup_steps)
     trainer = Trainer(cfg=cfg, ranks=ranks, console=console, run=run, checkpoint=checkpoint, parent=parent,
                       model_path=model_path, model=model, tokenizer=tokenizer, engine=engine, optimizer=optimizer,
                       scheduler=scheduler, controllers=build_controllers(cfg), train_stream=train_stream,
                       eval_sets=eval_sets, t_start=t_start)
     trainer.ptx = PretrainText(cfg, tokenizer) if cfg.algo.ptx.coef > 0 else None
-    if cfg.needs_reference:  # loaded only when a KL term or ref_gain_clip needs it
+    if cfg.needs_reference and is_lora(model):
+        console.print("the reference model is the base model with the adapters disabled (no copy is loaded)")
+    elif cfg.needs_reference:  # loaded only when a KL term or ref_gain_clip needs it
         console.print("loading the reference model (a frozen copy of the starting model)")
         # restart (train.init_from_mode): the parent checkpoint is the new starting model, and its reference
         ref_source = parent if parent is not None and cfg.train.init_from_mode == "restart" else model_path
@@ -151,6 +177,8 @@ def build_trainer(cfg: Config, ranks: Ranks, *, console: Console, resume: bool =
         _add_critic(trainer)
     if checkpoint is not None or parent is not None:
         _restore(trainer)
+    if is_lora(model):  # an engine holding its own weights loaded the base (or its own adapters' copy): sync them
+        engine.update_weights(trainer.engine_weights())
     trainer.tracker = build_tracker(cfg, run, ranks)
     _print_data_notes(trainer)
     trainer.verifier = rewarder
@@ -192,6 +220,11 @@ def _restore(t: Trainer) -> None:
         t.console.print(f"[bold]restarting[/bold] from the weights of {parent} as a new starting model (fresh "
                         "optimizer and schedule; it is also the KL reference); recorded in parent.json")
         return
+    origin = checkpoint or parent
+    if is_lora(t.model) != has_adapter(origin):  # the optimizer states of adapters and of a whole model do not mix
+        kind = "a LoRA adapter" if has_adapter(origin) else "a whole model"
+        raise ValueError(f"{origin} holds {kind} but this run has model.lora.r={cfg.model.lora.r}; resume or continue "
+                         "with the setting it was saved with, or start from its weights with train.init_from_mode=restart")
     state = load_trainer_state(checkpoint or parent, optimizers=t.optimizers, controllers=t.controllers,
                                models={"optimizer": t.model, "critic_optimizer": t.critic})
     if checkpoint is not None:  # everything the next step depends on comes back from the checkpoint
@@ -217,6 +250,25 @@ def _print_data_notes(t: Trainer) -> None:
         if es.dropped_too_long:
             t.console.print(f"eval set {es.name}: {es.dropped_too_long} problems dropped, their prompts exceed "
                             f"data.max_prompt_tokens={t.cfg.data.max_prompt_tokens}")
+
+
+def load_policy(cfg: Config, source: Path | str, *, model_path: str, overrides: dict | None):
+    """(policy, tokenizer) from `source` (the base model, a checkpoint, or another run's checkpoint).
+    With model.lora.r > 0 the policy is a peft PeftModel: its base from `source`, or from `model_path`
+    when `source` holds an adapter (a LoRA run's checkpoint), whose weights it then gets; else fresh
+    adapters. Gradient checkpointing is switched on first (model.gradient_checkpointing)."""
+    adapter = cfg.model.lora.r > 0 and has_adapter(source)
+    model, tokenizer = load_model_and_tokenizer(model_path if adapter else source, dtype=cfg.model.dtype, overrides=overrides)
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    if cfg.model.lora.r == 0:
+        return model, tokenizer
+    if cfg.model.gradient_checkpointing:
+        model.enable_input_require_grads()  # the frozen embeddings' output must carry a grad through checkpointed layers
+    model = add_adapters(model, cfg.model.lora, seed=cfg.seed)
+    if adapter:
+        load_adapter_weights(model, source)
+    return model, tokenizer
 
 
 def model_overrides(cfg: Config) -> dict | None:

@@ -1,0 +1,130 @@
+"""LoRA adapters with peft: only the low-rank matrices train, the base weights stay frozen.
+
+    model = add_adapters(base_model, cfg.model.lora)     # a peft PeftModel; model.lora.r > 0
+    with model.disable_adapter():                         # the base model: the KL reference, no copy
+        ...
+    weights = plain_weights(model)                        # W + (alpha / r) B A, base model names
+
+A targeted linear layer computes `W x + (alpha / r) * B A x` (Hu et al. 2021, eq. 3; peft's `lora.Linear`
+with `fan_in_fan_out=False`). An engine that holds plain weights (vLLM) receives the merged weights
+`W + (alpha / r) * B A` under the base model's parameter names after every update, so it samples from
+the trainer's distribution; the merge is computed from a state dict, so it works on the gathered full
+tensors of an FSDP2-sharded model too (tests/test_lora.py checks it against peft's `merge_and_unload`).
+
+On disk an adapter is peft's own format (`adapter_config.json`, `adapter_model.safetensors`): what
+`PeftModel.from_pretrained` and `AutoPeftModelForCausalLM` read.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+__all__ = ["ADAPTER_CONFIG", "add_adapters", "adapter_params", "has_adapter", "is_lora", "load_adapter_weights",
+           "merged_weights", "plain_weights", "unwrap"]
+
+ADAPTER_CONFIG = "adapter_config.json"
+_ADAPTER = "default"  # peft's name of the one adapter a run trains
+_PREFIX = "base_model.model."  # what PeftModel puts before the base model's own names
+
+
+class LoraError(ValueError):
+    pass
+
+
+def add_adapters(model, settings, *, seed: int = 0):
+    """`model` (a Hugging Face causal LM, on the CPU) wrapped in a peft PeftModel with fresh LoRA
+    adapters on `settings.target_modules`; every base parameter is frozen. B starts at zero, so the
+    adapted model is the base model until the first update. A is drawn under `seed` in a private RNG
+    scope: the same A whatever ran before (a freshly built base model, another copy), and the
+    caller's random state is untouched."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
+                        target_modules=list(settings.target_modules), task_type="CAUSAL_LM", bias="none")
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return get_peft_model(model, config)
+    except ValueError as e:  # e.g. "Target modules {...} not found in the base model"
+        names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+        raise LoraError(f"model.lora.target_modules={list(settings.target_modules)}: {str(e).splitlines()[0]}; "
+                        f"the model's linear layers are named {names}") from None
+
+
+def is_lora(model) -> bool:
+    """Whether `model` is a peft PeftModel (FSDP2-sharded or not). A run without adapters never
+    imports peft: until something has, no model can be one."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
+
+
+def unwrap(model):
+    """The Hugging Face model inside a PeftModel (its LoRA layers still in place); `model` otherwise."""
+    return model.get_base_model() if is_lora(model) else model
+
+
+def has_adapter(directory: str | Path) -> bool:
+    """Whether `directory` holds a peft adapter (a LoRA run's checkpoint, final/adapter)."""
+    return (Path(str(directory)) / ADAPTER_CONFIG).is_file()
+
+
+def load_adapter_weights(model, directory: str | Path) -> None:
+    """Load the adapter saved in `directory` (PeftModel.save_pretrained) into `model`'s adapter."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    path = Path(directory) / "adapter_model.safetensors"
+    if not path.is_file():
+        raise LoraError(f"{directory} has {ADAPTER_CONFIG} but no adapter_model.safetensors")
+    result = set_peft_model_state_dict(model, load_file(str(path)))
+    wrong = list(result.unexpected_keys) + [k for k in result.missing_keys if ".lora_" in k]
+    if wrong:
+        raise LoraError(f"the adapter in {directory} does not fit the model (model.lora.target_modules or r "
+                        f"differ from the run that saved it): {wrong[:3]}")
+
+
+def adapter_params(model) -> list[torch.nn.Parameter]:
+    """The parameters that train: the adapters' (every parameter of a model without adapters)."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def merged_weights(state: dict[str, torch.Tensor], *, scaling: float) -> dict[str, torch.Tensor]:
+    """A PeftModel's state dict as the base model's state dict with the adapters merged in.
+
+    state: PeftModel names (`base_model.model.<name>`; adapted layers hold `<layer>.base_layer.weight`
+    [out, in], `<layer>.lora_A.default.weight` [r, in] and `<layer>.lora_B.default.weight` [out, r]).
+    Returns `<name> -> tensor` with `<layer>.weight = W + scaling * B @ A` (in W's dtype, computed in
+    float32) and every other tensor unchanged (the same tensor objects).
+    """
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        if ".lora_" in name:
+            continue
+        name = name.removeprefix(_PREFIX)
+        if ".base_layer." not in name:
+            out[name] = tensor
+            continue
+        layer, kind = name.split(".base_layer.")
+        if kind == "weight":
+            a = state[f"{_PREFIX}{layer}.lora_A.{_ADAPTER}.weight"]
+            b = state[f"{_PREFIX}{layer}.lora_B.{_ADAPTER}.weight"]
+            delta = scaling * (b.detach().float() @ a.detach().float())  # [out, r] @ [r, in]
+            tensor = (tensor.detach().float() + delta).to(tensor.dtype)
+        out[f"{layer}.{kind}"] = tensor
+    return out
+
+
+def plain_weights(model, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The weights an engine without adapters (vLLM) loads to sample from `model`: for a PeftModel the
+    merged weights under the base model's names, else the state dict itself. `state` is `model`'s state
+    dict (default `model.state_dict()`; give the gathered full tensors of a sharded model)."""
+    state = model.state_dict() if state is None else state
+    if not is_lora(model):
+        return dict(state)
+    config = model.peft_config[_ADAPTER]
+    if config.use_rslora or config.rank_pattern or config.alpha_pattern:
+        raise LoraError("merging supports one rank and alpha for every layer (no rslora, rank_pattern, alpha_pattern)")
+    return merged_weights(state, scaling=config.lora_alpha / config.r)
