@@ -17,8 +17,6 @@ import re
 import shlex
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "your_data.md"
 
@@ -31,7 +29,7 @@ SMALL_EVAL = ["--n", "2", "--limit", "4", "reward.num_workers=0"]
 
 def page_commands() -> list[tuple[list[str], int]]:
     """(argv without `mathrl`, expected exit status) of every `mathrl` line in the page's sh blocks."""
-    blocks = re.findall(r"```sh\n(.*?)```", PAGE.read_text(), re.S)
+    blocks = re.findall(r"```sh\n(.*?)```", PAGE.read_text(), re.DOTALL)
     out = []
     for line in (ln for block in blocks for ln in block.splitlines()):
         if not line.startswith("mathrl "):
