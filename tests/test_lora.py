@@ -155,7 +155,7 @@ def test_engines_match_the_trainer_after_three_updates_and_syncs(make_tiny_qwen2
 
 
 def test_vllm_matches_the_trainer_after_three_updates_and_merged_syncs(make_tiny_qwen2, char_tokenizer, tmp_path):
-    pytest.importorskip("vllm", reason="vLLM is not installed (README: Rollouts with vLLM)", exc_type=ImportError)
+    pytest.importorskip("vllm", reason="vLLM is not installed (docs/guide.md: Rollouts with vLLM)", exc_type=ImportError)
     from mathrl.config import VLLMConfig
     from mathrl.rollout.vllm_engine import VLLMEngine
 
@@ -351,7 +351,7 @@ def test_a_vllm_run_samples_the_merged_policy(env, tmp_path):
     # The trainer's own path (Trainer.engine_weights after every update): vLLM's logprobs of what it
     # sampled equal the trainer's scoring pass of the same tokens (rollout/logprob_mismatch) at every
     # step, so every sync gave vLLM the adapted policy, not the base.
-    pytest.importorskip("vllm", reason="vLLM is not installed (README: Rollouts with vLLM)", exc_type=ImportError)
+    pytest.importorskip("vllm", reason="vLLM is not installed (docs/guide.md: Rollouts with vLLM)", exc_type=ImportError)
     from test_dist_train import metrics
 
     run = tmp_path / "vllm"
