@@ -2,7 +2,7 @@
 # The checks that need a GPU, as one script of about 8 minutes on one GPU: the default job and a real
 # architecture trained under torchrun (1 rank, FSDP2, bf16 mixed precision, NCCL) with the torch rollout
 # engine, the engine-vs-trainer logprob mismatch, the update's MFU, a killed run resumed from its
-# checkpoint, rollout throughput, the sampler and the memory of the chunked logprobs.
+# checkpoint, rollout throughput, the sampler, the memory of the chunked logprobs and a LoRA run.
 #
 #     bash scripts/gpu_wheels.sh                       # once, on a machine with a package index
 #     bash scripts/gpu_check.sh [OUT_DIR]              # the GPU machine; OUT_DIR default: $OUT, else ./gpu_check_out
@@ -289,23 +289,11 @@ print(f'P={p}: ' + ', '.join(f'{m} {v:.0f} MiB' for m, v in peak.items()) + '; c
 }
 check entropy_memory 60 python3 benchmarks/entropy_memory.py "${entropy[@]}" --out "$out/entropy_memory.json"
 
-# LoRA: no check until the config has LoRA fields; once it has, this fails until a LoRA check is added
-lora=$(python3 -c "
-import dataclasses, typing
-from mathrl.config import Config
-def walk(cls, prefix=''):
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if 'lora' in f.name.lower():
-            yield prefix + f.name
-        if dataclasses.is_dataclass(hints[f.name]):
-            yield from walk(hints[f.name], prefix + f.name + '.')
-print(' '.join(walk(Config)))" 2>&1) || { report lora FAILED "reading the config failed: $lora" 0; lora=; }
-if [[ -z $lora ]]; then
-  report lora skip "no LoRA fields in src/mathrl/config.py" 0
-else
-  report lora FAILED "the config has LoRA fields ($lora) but this script has no LoRA check: add one" 0
-fi
+# LoRA (peft adapters, model.lora) on the default job under torchrun: FSDP2 at one rank, the reference
+# as the base with the adapters disabled, the torch engine sampling the adapted model
+key_lora() { run_summary "$out/lora/run"; }
+check lora 90 "${torchrun[@]}" --log-dir "$out/lora/ranks" --tee 3 -m mathrl.train "${common[@]}" "${job[@]}" \
+  model.lora.r=16 train.lr=1e-3 algo.kl.use=loss algo.kl.coef=0.001 --run-dir "$out/lora/run"
 
 # vLLM on CUDA: logprobs equal the trainer's after weight syncs, sleep mode frees and restores memory
 key_vllm() { grep -E '[0-9]+ (passed|failed)' "$out/vllm.log" | tail -n 1; }
