@@ -45,6 +45,7 @@ class Collected:
     metrics: dict[str, float]
     rollout_seconds: float
     reward_seconds: float
+    versions: torch.Tensor | None = None  # [N] long: the policy version that sampled each row (set by a generator, train/generator.py)
 
 
 class DynamicSamplingExhausted(RuntimeError):
