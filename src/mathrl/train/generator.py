@@ -184,6 +184,15 @@ def _generate(spec: WorkerSpec, out, announced, closed) -> None:
     from mathrl.train.trainer import model_overrides
 
     cfg = spec.cfg
+    import threading
+
+    import transformers
+    from tqdm import tqdm
+
+    # progress bars (model loading) stay quiet here, and tqdm's lock is a thread lock: its default is a
+    # multiprocessing semaphore, which a generator that is killed would leave behind
+    tqdm.set_lock(threading.RLock())
+    transformers.utils.logging.disable_progress_bar()
     if spec.cores:
         os.sched_setaffinity(0, spec.cores)
     torch.set_num_threads(spec.threads)
@@ -438,11 +447,12 @@ def start_generator(trainer) -> Generator | None:
             os.sched_setaffinity(0, placement.trainer_cores)
     buffer_device = ranks.device if placement.backend == "nccl" else torch.device("cpu")
     try:
-        group = ws.join_group(host, port, rank=0, world_size=workers + 1, backend=placement.backend,
-                              timeout_s=cfg.train.dist.timeout_s)
-    except Exception:
+        group = _join_watching(processes, host, port, world_size=workers + 1, backend=placement.backend,
+                               timeout_s=cfg.train.dist.timeout_s)
+    except BaseException:
         for p in processes:
             p.terminate()
+            p.join(timeout=10)
         raise
     gen = Generator(cfg=cfg, processes=processes, queue=out, announced=announced, closed=closed, group=group,
                     specs=specs, buckets=ws.plan_buckets(specs, bucket_bytes=bucket_bytes), buffer_device=buffer_device,
@@ -457,6 +467,34 @@ def start_generator(trainer) -> Generator | None:
         gen._send(v, gen.kept[v])
     gen.push(start - 1, tensors)
     return gen
+
+
+def _join_watching(processes, host: str, port: int, *, world_size: int, backend: str, timeout_s: float) -> ws.WeightGroup:
+    """The trainer's side of the weight group, formed while the generators load: a generator that dies
+    first (a failed import, a script without an `if __name__ == "__main__":` guard) is reported at once
+    instead of after the timeout."""
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def join() -> None:
+        try:
+            box["group"] = ws.join_group(host, port, rank=0, world_size=world_size, backend=backend, timeout_s=timeout_s)
+        except BaseException as e:  # noqa: BLE001 - raised in the caller's thread below
+            box["error"] = e
+
+    # a daemon thread: one left waiting for a generator that died does not hold the process at its exit
+    thread = threading.Thread(target=join, name="mathrl-weight-group", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(timeout=POLL_S)
+        for i, p in enumerate(processes):
+            if thread.is_alive() and not p.is_alive():
+                raise GeneratorError(f"rollout generator {i} (pid {p.pid}) ended ({_exit_text(p.exitcode)}) "
+                                     "before joining the trainer; its error is printed above")
+    if "error" in box:
+        raise box["error"]
+    return box["group"]
 
 
 def load_versions(checkpoint: Path | None, named, versions: range, console) -> dict[str, torch.Tensor]:
@@ -481,8 +519,10 @@ def load_versions(checkpoint: Path | None, named, versions: range, console) -> d
 def next_batch(trainer, step: int) -> Collected:
     """Step `step`'s batch from the generators (on every trainer rank), with each row's policy version in
     `Collected.versions`; the trainer's problem stream moves to where the generator's is."""
+    t0 = time.time()
     got = trainer.generator.get(step) if trainer.ranks.main else None
     got = tdist.broadcast_object(got)
+    got.collected.metrics["perf/wait_seconds"] = time.time() - t0  # the trainer idle, waiting for the generators
     got.collected.versions = torch.full((len(got.collected.texts),), got.version, dtype=torch.long)
     trainer.train_stream.load_state_dict(got.stream_state)
     return got.collected

@@ -168,9 +168,11 @@ def log_step(trainer: Trainer, step: int, got: Collected, batch: TrainBatch, met
     metrics["data/unencodable_chars"] = float(stream.encoder.unencodable)  # prompt chars lost by the tokenizer
     t_rollout = t0 + got.rollout_seconds
     t_reward = t_rollout + got.reward_seconds
+    if got.versions is not None:  # generated in another process, before t0: the trainer's own time starts at t0
+        t_reward = t0
     metrics.update({
-        "perf/rollout_seconds": t_rollout - t0,
-        "perf/reward_seconds": t_reward - t_rollout,
+        "perf/rollout_seconds": got.rollout_seconds,
+        "perf/reward_seconds": got.reward_seconds,
         "perf/train_seconds": t_train - t_reward,
         "perf/step_seconds": time.time() - t0,
         "perf/rollout_tokens_per_second": float(rollout.response_lengths.float().sum()) / max(t_rollout - t0, 1e-9),
