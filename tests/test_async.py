@@ -290,3 +290,22 @@ def test_a_dead_generator_stops_the_trainer_with_one_line_naming_it(runs):
     assert "rollout generator 0 (pid" in last and "SIGKILL" in last, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert time.time() - t0 < 120 + 60  # within train.dist.timeout_s (120) plus the run's start
+
+
+@pytest.mark.slow
+def test_two_trainer_ranks_with_a_generator_match_one_process(runs):
+    # torchrun ranks: rank 0 takes each batch from the generator and hands it to the other rank; all ranks
+    # gather the full weights that rank 0 sends. Same samples as one process; the update differs only by
+    # the order of FSDP's float reductions
+    tmp, done = runs
+    env = {**os.environ, "MATHRL_CACHE": str(tmp / "cache"), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "mathrl.train",
+           *OVERRIDES, *LAG1, "--run-dir", str(tmp / "lag1_dp2")]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    one, two = rows(done["lag1"]), rows(tmp / "lag1_dp2")
+    assert [r["step"] for r in one] == [r["step"] for r in two]
+    for a, b in zip(one, two):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), (a["step"], k)

@@ -96,29 +96,41 @@ def close_held(trainer: Trainer) -> None:
 
 
 def _run(trainer: Trainer) -> TrainResult:
-    cfg, console = trainer.cfg, trainer.console
     with trainer.verifier:
         trainer.generator = start_generator(trainer)  # None: the engine samples in this process
-        evaluate_start(trainer)
-        with StepProgress(console, total=cfg.train.steps, completed=trainer.start_step - 1) as progress:
-            for step in range(trainer.start_step, cfg.train.steps + 1):
-                metrics = rl_step(trainer, step, next_batch(trainer, step) if cfg.generator_workers else None)
-                trained = metrics["filter/kept_groups"] > 0
-                # an empty step did not move the weights, but a due evaluation and checkpoint still happen:
-                # on the last step they are the run's final scores and the checkpoint a finished run continues from
-                evaluate_if_due(trainer, step, progress)
-                if trained:
-                    trainer.collapse.check(step, metrics, console)
-                trainer.save_if_due(step)
-                if not trained:
-                    progress.advance_empty()
-                    continue
-                trainer.skips.stop_if_over(cfg.train.max_skipped_steps, trainer.run.checkpoints)
-                progress.advance(metrics, trainer.last_eval)
+        try:
+            _steps(trainer)
+        except BaseException:  # the generators go before the verifier (teardown order above)
+            if trainer.generator is not None:
+                with contextlib.suppress(Exception):
+                    trainer.generator.close(finished=False)
+                trainer.generator = None
+            raise
         if trainer.generator is not None:
             trainer.generator.close(finished=True)
             trainer.generator = None
     return finish(trainer)
+
+
+def _steps(trainer: Trainer) -> None:
+    """The starting point's evaluation, then every step with its due evaluation and checkpoint."""
+    cfg, console = trainer.cfg, trainer.console
+    evaluate_start(trainer)
+    with StepProgress(console, total=cfg.train.steps, completed=trainer.start_step - 1) as progress:
+        for step in range(trainer.start_step, cfg.train.steps + 1):
+            metrics = rl_step(trainer, step, next_batch(trainer, step) if cfg.generator_workers else None)
+            trained = metrics["filter/kept_groups"] > 0
+            # an empty step did not move the weights, but a due evaluation and checkpoint still happen:
+            # on the last step they are the run's final scores and the checkpoint a finished run continues from
+            evaluate_if_due(trainer, step, progress)
+            if trained:
+                trainer.collapse.check(step, metrics, console)
+            trainer.save_if_due(step)
+            if not trained:
+                progress.advance_empty()
+                continue
+            trainer.skips.stop_if_over(cfg.train.max_skipped_steps, trainer.run.checkpoints)
+            progress.advance(metrics, trainer.last_eval)
 
 
 def evaluate_start(trainer: Trainer) -> None:
