@@ -6,6 +6,8 @@ ranks, and of a generator process beside the trainer (rollout.max_staleness=1), 
 
 Modes (each a fresh `python -m mathrl.train` process, `--threads` cores in all):
 - sync:  one process, `--threads` torch threads (OMP_NUM_THREADS);
+- sync1: one process, one thread (a reference where other jobs share the cores: there the threads of
+  `sync` wait for each other at every operation);
 - nproc: `--threads` ranks of 1 thread (torchrun, FSDP2; the same as `mathrl train --nproc N`);
 - async: rollout.max_staleness=1 (fixed lag, one step off-policy): one generator process with
   threads/2 threads and the trainer with the rest, each on cores of its own (the default placement).
@@ -44,7 +46,7 @@ def command(mode: str, threads: int, overrides: list[str], out: Path) -> tuple[l
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(threads),
                 "-m", "mathrl.train", *args], env
-    env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+    env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(1 if mode == "sync1" else threads)
     if mode == "async":
         args = ["rollout.max_staleness=1", f"rollout.generator.threads={max(1, threads // 2)}", *args]
     return [sys.executable, "-m", "mathrl.train", *args], env
@@ -79,7 +81,7 @@ def run(mode: str, threads: int, overrides: list[str], out: Path) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--modes", nargs="+", choices=["sync", "nproc", "async"], default=["sync", "nproc", "async"])
+    p.add_argument("--modes", nargs="+", choices=["sync", "sync1", "nproc", "async"], default=["sync", "nproc", "async"])
     p.add_argument("--steps", type=int, default=8, help="RL steps per run (the first is not timed)")
     p.add_argument("--threads", type=int, default=available_cpus(), help="cores of every mode (default: this process's)")
     p.add_argument("--run-root", type=Path, default=None, help="keep the run directories and logs here")

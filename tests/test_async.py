@@ -22,6 +22,7 @@ import torch
 
 from mathrl.config import ConfigError, load_config
 from mathrl.rollout import weight_sync as ws
+from mathrl.run_dir import latest_checkpoint
 from mathrl.train.generator import needed_version, plan_placement
 from mathrl.train.step import staleness_metrics
 
@@ -264,20 +265,29 @@ def test_fixed_lag_one_trains_on_the_version_before_the_trainers(runs):
 
 
 @pytest.mark.slow
-def test_fixed_lag_run_killed_mid_step_resumes_step_for_step(runs):
+@pytest.mark.parametrize("lag, kill_step", [(1, 4), (2, 5)])
+def test_fixed_lag_run_killed_mid_step_resumes_step_for_step(runs, lag, kill_step):
+    # the last checkpoint, of step s, holds versions s-k .. s-1, which steps s+1 .. s+k sample from
     tmp, done = runs
-    run_dir = tmp / "lag1_killed"
-    killed = run(tmp, run_dir, LAG1, "kill_in_step", 4)
+    extra = (f"rollout.max_staleness={lag}",)
+    if lag == 1:
+        expected = rows(done["lag1"])
+    else:
+        full = run(tmp, tmp / f"lag{lag}", extra)
+        assert full.returncode == 0, full.stderr[-3000:]
+        expected = rows(tmp / f"lag{lag}")
+    run_dir = tmp / f"lag{lag}_killed"
+    killed = run(tmp, run_dir, extra, "kill_in_step", kill_step)
     assert killed.returncode == -signal.SIGKILL
-    assert (run_dir / "checkpoints" / "step_000002" / "generator_versions.safetensors").is_file()
+    assert (latest_checkpoint(run_dir / "checkpoints") / "generator_versions.safetensors").is_file()
     pids = [int(x) for x in Path(str(run_dir) + ".versions.jsonl.pids").read_text().split()]
     deadline = time.time() + 30
     while any(alive(p) for p in pids) and time.time() < deadline:  # they die with the trainer
         time.sleep(0.2)
     assert not any(alive(p) for p in pids)
-    resumed = run(tmp, run_dir, LAG1)
+    resumed = run(tmp, run_dir, extra)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert rows(run_dir) == rows(done["lag1"])
+    assert rows(run_dir) == expected
 
 
 @pytest.mark.slow
