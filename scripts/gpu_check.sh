@@ -2,7 +2,8 @@
 # The checks that need a GPU, as one script of about 8 minutes on one GPU: the default job and a real
 # architecture trained under torchrun (1 rank, FSDP2, bf16 mixed precision, NCCL) with the torch rollout
 # engine, the engine-vs-trainer logprob mismatch, the update's MFU, a killed run resumed from its
-# checkpoint, rollout throughput, the sampler, the memory of the chunked logprobs and a LoRA run.
+# checkpoint, rollout throughput, the sampler, the memory of the chunked logprobs, a LoRA run, and
+# generation in a process of its own beside the trainer (rollout.max_staleness=1).
 #
 #     bash scripts/gpu_wheels.sh                       # once, on a machine with a package index
 #     bash scripts/gpu_check.sh [OUT_DIR]              # the GPU machine; OUT_DIR default: $OUT, else ./gpu_check_out
@@ -179,6 +180,29 @@ check base 120 python3 -m mathrl.cli base "${common[@]}"
 key_train() { run_summary "$out/train/run"; }
 check train 90 "${torchrun[@]}" --log-dir "$out/train/ranks" --tee 3 -m mathrl.train "${common[@]}" "${job[@]}" \
   --run-dir "$out/train/run"
+
+# generate while training, disaggregated: the default job with rollout.max_staleness=1, its batches sampled
+# by a generator process (the torch engine) on a device of its own: the GPUs after the trainer's by default
+# (a 2-GPU machine: training on cuda:0, generation on cuda:1, weights over NCCL); on a 1-GPU machine both
+# share cuda:0 and the weights go over gloo (NCCL refuses two ranks on one device); docs/async.md
+key_disagg() {
+  python3 - "$out/disagg/run" <<'EOF'
+import json, statistics, sys
+from pathlib import Path
+rows = [json.loads(line) for line in (Path(sys.argv[1]) / "metrics.jsonl").read_text().splitlines() if line.strip()]
+steps = [r for r in rows if "perf/step_seconds" in r]
+if not steps or any("rollout/staleness_max" not in r for r in steps):
+    sys.exit("no generator-sampled step (rollout/staleness_max missing)")
+if max(r["rollout/staleness_max"] for r in steps) > 1:
+    sys.exit(f"staleness above rollout.max_staleness=1: {[r['rollout/staleness_max'] for r in steps]}")
+timed = steps[1:] or steps
+print(f"{len(steps)} steps, {statistics.mean(r['perf/step_seconds'] + r['perf/wait_seconds'] for r in timed):.2f} s/step "
+      f"(waiting {statistics.mean(r['perf/wait_seconds'] for r in timed):.2f}), staleness max "
+      f"{max(r['rollout/staleness_max'] for r in steps):g}, mismatch KL {statistics.mean(r['rollout/mismatch_kl'] for r in steps):.1e}, "
+      f"{max(r['perf/weight_sync_bytes'] for r in steps) / 2**20:.1f} MiB per weight sync")
+EOF
+}
+check disagg 120 python3 -m mathrl.train "${common[@]}" "${job[@]}" rollout.max_staleness=1 --run-dir "$out/disagg/run"
 
 # the update's tokens/s and MFU on a real architecture (FSDP2, bf16 compute), see benchmarks/update_mfu.py
 key_update_mfu() {

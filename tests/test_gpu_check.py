@@ -28,7 +28,7 @@ def test_dry_run_passes_and_prints_one_line_per_check(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     names = check_names()
     assert {"env", "deps", "base", "train", "update_mfu", "resume", "workload", "rollout_engines", "sampler_speed",
-            "entropy_memory", "lora", "vllm"} <= set(names)
+            "entropy_memory", "lora", "vllm", "disagg"} <= set(names)
     for name in names:
         line = next((x for x in lines if x.split()[:1] == [name]), None)
         assert line is not None, f"no line for check {name}:\n{proc.stdout}"
@@ -37,5 +37,6 @@ def test_dry_run_passes_and_prints_one_line_per_check(tmp_path: Path) -> None:
     assert re.search(r"^train .*logprob mismatch \d", proc.stdout, flags=re.M)
     assert re.search(r"^update_mfu .*tokens/s", proc.stdout, flags=re.M)
     assert re.search(r"^resume .*resumed at step \d", proc.stdout, flags=re.M)
+    assert re.search(r"^disagg .*staleness max 1", proc.stdout, flags=re.M)
     assert (tmp_path / "out" / "train.log").is_file() and list((tmp_path / "out" / "train" / "ranks").rglob("stdout.log"))
     assert lines[-1].startswith("0 failed")

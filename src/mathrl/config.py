@@ -150,6 +150,19 @@ class VLLMConfig:
 
 
 @dataclass
+class GeneratorConfig:
+    """The generator processes that sample while the trainer trains (train/generator.py, docs/async.md): each
+    runs its own engine on its own cores (CPU) or GPU and receives every needed policy version over a
+    torch.distributed group (gloo; NCCL between distinct GPUs), in buckets, never through disk."""
+
+    workers: int | None = None  # generator processes; null: 1 when rollout.max_staleness >= 1, else 0 (the engine samples inside the trainer's process). With max_staleness=0 and workers >= 1 the workers sample the current weights (on-policy, disaggregated, no overlap)
+    threads: int = 0  # torch threads of each generator; 0: the cores this process may use, split evenly between the trainer and the generators (one each on 2 cores)
+    pin_cores: bool = True  # bind the trainer and each generator to cores of their own (os.sched_setaffinity) when there are enough for all
+    devices: list[int] = field(default_factory=list)  # CUDA devices of the generators (worker i takes devices[i % len]); empty: the GPUs after the trainer's ranks when the machine has any left, else the trainer's own GPU (shared)
+    bucket_mb: float = 256.0  # size of one weight-broadcast bucket in MiB (tensors of one dtype flattened together)
+
+
+@dataclass
 class RolloutConfig:
     engine: str = "torch"  # a registered rollout engine (rollout/factory.py): torch (KV cache, any device) or vllm
     prompts_per_step: int = 16  # problems per rollout batch
@@ -159,6 +172,9 @@ class RolloutConfig:
     max_new_tokens: int = 48  # maximum response length in tokens
     batch_size: int = 512  # sequences decoded together by the torch engine; each such shard is seeded on its own, so 1 and N ranks draw the same samples when every rank's share is a multiple of it
     vllm: VLLMConfig = field(default_factory=VLLMConfig)  # settings of the vllm engine
+    max_staleness: int = 0  # generate while training: 0 = the synchronous loop (generate, then train); k >= 1 = generator processes sample ahead and step t trains on samples of a policy at most k versions older than the trainer's (docs/async.md)
+    async_mode: Literal["fixed_lag", "free"] = "fixed_lag"  # with max_staleness k >= 1: fixed_lag = step t trains on samples of version exactly max(0, t-1-k) (reproducible, resumes step for step); free = the freshest version the generator holds when it starts the step, never older than t-1-k (not reproducible)
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)  # the generator processes (placement, threads, weight buckets)
 
 
 @dataclass
@@ -431,6 +447,8 @@ class Config:
         controller needing the scoring pass's entropy. An FSDP-sharded model is judged when it is built."""
         if not ENGINES.get(self.rollout.engine).logprobs_match_trainer:
             return f"rollout.engine={self.rollout.engine}", "its logprobs come from other kernels"
+        if self.rollout.max_staleness > 0:
+            return f"rollout.max_staleness={self.rollout.max_staleness}", "the samples come from older weights than the trainer's"
         if self.model.dtype != "float32":
             return f"model.dtype={self.model.dtype}", "the sampler's cached decoding and the trainer's forward round differently"
         if self.algo.rollout_correction.mode != "none":
@@ -524,6 +542,7 @@ class Config:
         errors += ENGINES.get(self.rollout.engine).check(self)  # the engine's own settings
         errors += self._context_errors()
         errors += self._reward_function_errors()
+        errors += self._async_errors()
         if errors:
             raise ConfigError("\n".join(errors))  # one line per problem
 
@@ -565,6 +584,35 @@ class Config:
                     errors.append(f"{where}: the math checker takes no kwargs; it is set by reward.boxed and reward.checker")
         if maths > 1:
             errors.append("reward.functions: the math checker is listed more than once; keep one math component")
+        return errors
+
+    @property
+    def generator_workers(self) -> int:
+        """Generator processes (rollout.generator.workers; null: 1 with rollout.max_staleness >= 1, else 0)."""
+        workers = self.rollout.generator.workers
+        return workers if workers is not None else (1 if self.rollout.max_staleness > 0 else 0)
+
+    def _async_errors(self) -> list[str]:
+        """rollout.max_staleness and rollout.generator: the settings generation in other processes cannot work with."""
+        r, g, errors = self.rollout, self.rollout.generator, []
+        if r.max_staleness > 0 and self.generator_workers == 0:
+            errors.append(f"rollout.max_staleness={r.max_staleness} samples in generator processes but "
+                          "rollout.generator.workers=0; set workers >= 1 (or leave it null)")
+        if r.async_mode == "free" and r.max_staleness == 0:
+            errors.append("rollout.async_mode=free needs rollout.max_staleness >= 1 (with 0 every step samples the current weights)")
+        if self.generator_workers > 1 and self.data.dynamic_sampling.mode != "none":
+            errors.append(f"rollout.generator.workers={self.generator_workers} with data.dynamic_sampling.mode="
+                          f"{self.data.dynamic_sampling.mode}: the problems of a step depend on the refill rounds of "
+                          "the step before, which another worker generates; use workers=1 or dynamic_sampling.mode=none")
+        if self.generator_workers > 1 and self.data.curriculum.mode == "online":
+            errors.append(f"rollout.generator.workers={self.generator_workers} with data.curriculum.mode=online: the order "
+                          "of a step's problems depends on the pass rates of the step before; use workers=1")
+        if self.generator_workers and self.model.lora.r > 0:
+            errors.append(f"rollout.generator.workers={self.generator_workers} with model.lora.r={self.model.lora.r}: "
+                          "generator processes take whole weights and LoRA sends adapters; train without "
+                          "generator processes (rollout.max_staleness=0, workers=0) or without LoRA")
+        if g.devices and self.train.device == "cpu":
+            errors.append(f"rollout.generator.devices={g.devices} names GPUs but train.device=cpu; clear it or train on cuda")
         return errors
 
     def _model_init_errors(self, check_paths: bool) -> list[str]:

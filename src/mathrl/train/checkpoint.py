@@ -9,6 +9,8 @@ A checkpoint is a directory `checkpoints/step_<N>/`:
     trainer_state.json   step, controller and data-stream state, config, format version
     critic/              the PPO critic, when there is one (algo.adv.estimator: gae); its optimizer and
                          scheduler state are in trainer_state.pt
+    generator_versions.safetensors  with fixed-lag generation (rollout.max_staleness k >= 1): the older
+                         policy versions the next k steps sample from (train/generator.py)
 Written by several ranks (torchrun, FSDP2-sharded models), the optimizer states are instead sharded
 Distributed Checkpoint directories, each rank writing its own shard:
     optimizer/           torch.distributed.checkpoint of the policy's AdamW state (Hugging Face names)
@@ -99,15 +101,18 @@ def save_checkpoint(
     critic_optimizer: torch.optim.Optimizer | None = None,
     critic_scheduler=None,
     ranks: Ranks | None = None,
+    extra_tensors: dict[str, dict[str, torch.Tensor]] | None = None,
 ) -> Path:
     """Write checkpoint `step` atomically and prune old ones. `state` is the JSON-able trainer state.
     A PPO critic goes to critic/ (safetensors), its optimizer and scheduler into trainer_state.pt.
-    With several ranks (sharded models) every rank must call it: see `_save_sharded`."""
+    With several ranks (sharded models) every rank must call it: see `_save_sharded`. `extra_tensors`
+    ({file name: {key: tensor}}, rank 0's) are written as safetensors files into the checkpoint too
+    (e.g. train/generator.py's older policy versions)."""
     if ranks is not None and ranks.distributed:
         return _save_sharded(checkpoints_dir, step, model=model, tokenizer=tokenizer, optimizer=optimizer,
                              scheduler=scheduler, state=state, keep_last=keep_last, keep_every=keep_every,
                              critic=critic, critic_optimizer=critic_optimizer, critic_scheduler=critic_scheduler,
-                             ranks=ranks)
+                             ranks=ranks, extra_tensors=extra_tensors)
     checkpoints_dir = Path(checkpoints_dir)
     checkpoints_dir.mkdir(parents=True, exist_ok=True)
     final = checkpoints_dir / f"step_{step:06d}"
@@ -122,6 +127,7 @@ def save_checkpoint(
             tensors["critic_scheduler"] = critic_scheduler.state_dict()
         torch.save(tensors, tmp / "trainer_state.pt")
         (tmp / "trainer_state.json").write_text(json.dumps({"format": FORMAT_VERSION, "step": step, **state}, indent=2))
+        _write_extra(tmp, extra_tensors)
         _fsync_tree(tmp)
         if final.exists():  # the same step saved again (e.g. after a resume): replace it
             shutil.rmtree(final)
@@ -229,8 +235,15 @@ def save_final_model(model, tokenizer, out: Path, *, ranks: Ranks | None = None)
         model.save_pretrained(out / "adapter", state_dict=state, safe_serialization=True)
 
 
+def _write_extra(directory: Path, extra_tensors: dict[str, dict[str, torch.Tensor]] | None) -> None:
+    from safetensors.torch import save_file
+
+    for name, tensors in (extra_tensors or {}).items():
+        save_file(tensors, str(directory / name))
+
+
 def _save_sharded(checkpoints_dir: Path, step: int, *, model, tokenizer, optimizer, scheduler, state, keep_last,
-                  keep_every, critic, critic_optimizer, critic_scheduler, ranks: Ranks) -> Path:
+                  keep_every, critic, critic_optimizer, critic_scheduler, ranks: Ranks, extra_tensors=None) -> Path:
     """The several-ranks checkpoint: every rank writes its optimizer shards into rank 0's temporary
     directory, rank 0 the gathered weights and trainer state; rank 0 renames it once all are done."""
     import torch.distributed.checkpoint as dcp
@@ -257,6 +270,7 @@ def _save_sharded(checkpoints_dir: Path, step: int, *, model, tokenizer, optimiz
             torch.save(tensors, tmp / "trainer_state.pt")
             (tmp / "trainer_state.json").write_text(json.dumps(
                 {"format": FORMAT_VERSION, "step": step, "world_size": ranks.world_size, **state}, indent=2))
+            _write_extra(tmp, extra_tensors)
         barrier()  # every rank's shards are on disk
         if ranks.main:
             _fsync_tree(tmp)

@@ -47,6 +47,7 @@ class Collected:
     rollout_seconds: float
     reward_seconds: float
     scores: Scores | None = None  # every component's scores of the N samples
+    versions: torch.Tensor | None = None  # [N] long: the policy version that sampled each row (set by a generator, train/generator.py)
 
 
 class DynamicSamplingExhausted(RuntimeError):

@@ -8,12 +8,18 @@ One call of `train(cfg)` runs a whole experiment and writes its run directory (l
 The pieces live next door: trainer.py (build_trainer: everything a run holds), step.py (rl_step:
 collect -> score -> advantages -> update -> sync -> log), collect.py, update.py, critic.py, checkpoint.py.
 
+With rollout.max_staleness >= 1 (or rollout.generator.workers >= 1) generator processes sample the
+steps' batches (train/generator.py): they start before the first evaluation, `rl_step` takes each
+step's batch from them and sends them the new weights after its update.
+
 Teardown, in this order on every rank, whether the run finished or failed:
   1. the progress display (its `with` block),
-  2. the verifier's worker processes (its `with` block),
-  3. the rollout engine (vLLM's shutdown still needs the process group),
-  4. the metric sinks (files flushed and closed, W&B / MLflow runs ended),
-  5. only when the run finished: a barrier, then the process group is destroyed (`close_distributed`).
+  2. the generator processes (a finished run: the last weights taken, a barrier with them, joined;
+     a failed one: terminated),
+  3. the verifier's worker processes (its `with` block),
+  4. the rollout engine (vLLM's shutdown still needs the process group),
+  5. the metric sinks (files flushed and closed, W&B / MLflow runs ended),
+  6. only when the run finished: a barrier, then the process group is destroyed (`close_distributed`).
 A failed rank skips step 5: a peer may be dead or waiting in another collective, which a barrier would
 join for up to train.dist.timeout_s, and torchrun stops the job anyway. Checkpoints leave no thread
 behind (`dcp.save` returns when the shards are written). A torchrun rank then ends its process without
@@ -36,6 +42,7 @@ from mathrl.track.console import StepProgress, summary_table
 from mathrl.train.checkpoint import save_final_model, save_hf_model
 from mathrl.train.critic import pretrain_critic
 from mathrl.train.dist import DistributedError, Ranks, close_distributed, collective_failure, init_distributed
+from mathrl.train.generator import next_batch, start_generator
 from mathrl.train.shared import NonFiniteError, eval_due, evals_from_log, log_evals, run_evals, summary
 from mathrl.train.step import rl_step
 from mathrl.train.trainer import Trainer, build_trainer
@@ -82,32 +89,50 @@ def _train(cfg: Config, *, console: Console, resume: bool, ranks: Ranks) -> Trai
 def close_held(trainer: Trainer) -> None:
     """A failed run's teardown of what it holds, in the order of the module docstring: the engine, then
     the metric sinks (a finished run closes them in `finish`)."""
+    if trainer.generator is not None:
+        trainer.generator.close(finished=False)
     trainer.engine.close()
     trainer.tracker.close()
 
 
 def _run(trainer: Trainer) -> TrainResult:
-    cfg, console = trainer.cfg, trainer.console
     with trainer.verifier:
-        evaluate_start(trainer)
-        with StepProgress(console, total=cfg.train.steps, completed=trainer.start_step - 1) as progress:
-            for step in range(trainer.start_step, cfg.train.steps + 1):
-                metrics = rl_step(trainer, step)
-                trained = metrics["filter/kept_groups"] > 0
-                # an empty step did not move the weights, but a due evaluation and checkpoint still happen:
-                # on the last step they are the run's final scores and the checkpoint a finished run continues from
-                evaluate_if_due(trainer, step, progress)
-                if trained:
-                    trainer.collapse.check(step, metrics, console)
-                trainer.save_if_due(step)
-                trainer.signal.record(step, metrics, n=cfg.rollout.n)
-                trainer.signal.check(step, cfg, console, main=trainer.ranks.main)  # stops a run whose groups have had no signal for a while
-                if not trained:
-                    progress.advance_empty()
-                    continue
-                trainer.skips.stop_if_over(cfg.train.max_skipped_steps, trainer.run.checkpoints)
-                progress.advance(metrics, trainer.last_eval)
+        trainer.generator = start_generator(trainer)  # None: the engine samples in this process
+        try:
+            _steps(trainer)
+        except BaseException:  # the generators go before the verifier (teardown order above)
+            if trainer.generator is not None:
+                with contextlib.suppress(Exception):
+                    trainer.generator.close(finished=False)
+                trainer.generator = None
+            raise
+        if trainer.generator is not None:
+            trainer.generator.close(finished=True)
+            trainer.generator = None
     return finish(trainer)
+
+
+def _steps(trainer: Trainer) -> None:
+    """The starting point's evaluation, then every step with its due evaluation and checkpoint."""
+    cfg, console = trainer.cfg, trainer.console
+    evaluate_start(trainer)
+    with StepProgress(console, total=cfg.train.steps, completed=trainer.start_step - 1) as progress:
+        for step in range(trainer.start_step, cfg.train.steps + 1):
+            metrics = rl_step(trainer, step, next_batch(trainer, step) if cfg.generator_workers else None)
+            trained = metrics["filter/kept_groups"] > 0
+            # an empty step did not move the weights, but a due evaluation and checkpoint still happen:
+            # on the last step they are the run's final scores and the checkpoint a finished run continues from
+            evaluate_if_due(trainer, step, progress)
+            if trained:
+                trainer.collapse.check(step, metrics, console)
+            trainer.save_if_due(step)
+            trainer.signal.record(step, metrics, n=cfg.rollout.n)
+            trainer.signal.check(step, cfg, console, main=trainer.ranks.main)  # stops a run whose groups have had no signal for a while
+            if not trained:
+                progress.advance_empty()
+                continue
+            trainer.skips.stop_if_over(cfg.train.max_skipped_steps, trainer.run.checkpoints)
+            progress.advance(metrics, trainer.last_eval)
 
 
 def evaluate_start(trainer: Trainer) -> None:

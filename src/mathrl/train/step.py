@@ -5,8 +5,8 @@
         metrics = rl_step(trainer, step)
 
 `collect` (problems -> rollout -> reward -> group filter, refilled) is a call of its own whose result
-`rl_step` consumes: a caller that generated the batch elsewhere (ahead of time, in other processes)
-hands it in as `collected` and the rest of the step is unchanged.
+`rl_step` consumes: a caller that generated the batch elsewhere (ahead of time, in other processes:
+train/generator.py) hands it in as `collected` and the rest of the step is unchanged.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from mathrl.train.batching import TrainBatch
 from mathrl.train.collect import Collected, collect_rollouts, filter_samples, new_train_batch, rank_rows, rollout_records
 from mathrl.train.critic import update_critic, value_pass
 from mathrl.train.dist import Ranks
+from mathrl.train.generator import push_weights
 from mathrl.train.trainer import Trainer
 from mathrl.train.update import engine_logprobs_are_old, scoring_pass, update_policy
 
@@ -55,6 +56,8 @@ def rl_step(trainer: Trainer, step: int, collected: Collected | None = None) -> 
 
     # ---- score: old logprobs (training model), reference logprobs and entropy ---------------------
     rollout_entropy = score(trainer, batch, got, rows=rows, metrics=metrics)
+    if got.versions is not None:  # sampled by a generator process: how old its policy was
+        metrics.update(staleness_metrics(step, got.versions, got.rollout.logprobs, batch.old_logprobs, batch.loss_mask))
 
     # ---- advantages: coefficients, KL reward penalty, the estimator -------------------------------
     coefs, mean_entropy = step_coefs(trainer, batch, rollout_entropy, metrics)
@@ -65,14 +68,32 @@ def rl_step(trainer: Trainer, step: int, collected: Collected | None = None) -> 
     # ---- update: mini-batches x epochs of the policy (and the critic) -----------------------------
     update(trainer, batch, step, coefs=coefs, mean_entropy=mean_entropy, rows=rows, metrics=metrics)
 
-    # ---- sync: the engine samples the updated policy from the next generate on (in memory) --------
+    # ---- sync: the engine (and the generators) sample the updated policy from now on (in memory) ---
     t_train = time.time()
     trainer.engine.update_weights(trainer.engine_weights())
+    sent = push_weights(trainer, step) if cfg.generator_workers else {}  # train/generator.py, async
     metrics["perf/weight_sync_seconds"] = time.time() - t_train
+    if sent:
+        metrics["perf/weight_sync_bytes"] = sent["perf/weight_sync_bytes"]
 
     # ---- log ---------------------------------------------------------------------------------------
     log_step(trainer, step, got, batch, metrics, t0=t0, t_train=t_train)
     return metrics
+
+
+def staleness_metrics(step: int, versions: torch.Tensor, behaviour_logprobs: torch.Tensor, old_logprobs: torch.Tensor,
+                      loss_mask: torch.Tensor) -> dict[str, float]:
+    """How far the behaviour policy (the generator's) was from the trainer's at step `step` (from 1, the
+    trainer holding version step-1).
+
+    versions: [N] long, each sample's policy version; behaviour_logprobs, old_logprobs, loss_mask: [N, T]
+    -> rollout/staleness_mean and _max (in versions: (step-1) - version), and rollout/mismatch_kl, the k3
+    estimate of KL(behaviour || trainer) over the sampled tokens in the loss (they were drawn from the
+    behaviour policy, so k3 is unbiased there; kl_penalty's p is the sampling side)."""
+    staleness = (step - 1 - versions).float()  # [N]
+    kl = kl_penalty(behaviour_logprobs, old_logprobs, estimator="k3", clamp=None)  # [N, T]
+    return {"rollout/staleness_mean": float(staleness.mean()), "rollout/staleness_max": float(staleness.max()),
+            "rollout/mismatch_kl": float(masked_mean(kl, loss_mask))}
 
 
 def collect(trainer: Trainer, step: int) -> Collected:
@@ -179,9 +200,11 @@ def log_step(trainer: Trainer, step: int, got: Collected, batch: TrainBatch, met
     metrics["data/unencodable_chars"] = float(stream.encoder.unencodable)  # prompt chars lost by the tokenizer
     t_rollout = t0 + got.rollout_seconds
     t_reward = t_rollout + got.reward_seconds
+    if got.versions is not None:  # generated in another process, before t0: the trainer's own time starts at t0
+        t_reward = t0
     metrics.update({
-        "perf/rollout_seconds": t_rollout - t0,
-        "perf/reward_seconds": t_reward - t_rollout,
+        "perf/rollout_seconds": got.rollout_seconds,
+        "perf/reward_seconds": got.reward_seconds,
         "perf/train_seconds": t_train - t_reward,
         "perf/step_seconds": time.time() - t0,
         "perf/rollout_tokens_per_second": float(rollout.response_lengths.float().sum()) / max(t_rollout - t0, 1e-9),

@@ -75,6 +75,7 @@ class Trainer:
     critic_scheduler: Any = None
     tracker: Any = None
     verifier: Rewarder | None = None
+    generator: Any = None  # train/generator.py:Generator, on rank 0, when generator processes sample (rollout.max_staleness)
     start_step: int = 1
     skips: SkipCount = field(default_factory=SkipCount)
     collapse: CollapseWatch = field(default_factory=CollapseWatch)
@@ -125,7 +126,17 @@ class Trainer:
         if save_due(self.cfg, step, last=self.cfg.train.steps) and not self.skips.in_a_row:
             save_checkpoint(self.run.checkpoints, step, model=self.model, tokenizer=self.tokenizer, state=self.state(),
                             keep_last=self.cfg.train.keep_last, keep_every=self.cfg.keep_every_steps,
-                            critic=self.critic, ranks=self.ranks, **self.optimizers)
+                            critic=self.critic, ranks=self.ranks, **self.optimizers,
+                            extra_tensors=self.generator_versions(step))
+
+    def generator_versions(self, step: int) -> dict[str, dict]:
+        """The older policy versions the generators' next steps sample from, for checkpoint `step`."""
+        if self.generator is None:
+            return {}
+        from mathrl.train.generator import VERSIONS_FILE
+
+        tensors = self.generator.checkpoint_tensors(step)
+        return {VERSIONS_FILE: tensors} if tensors else {}
 
 
 def build_trainer(cfg: Config, ranks: Ranks, *, console: Console, resume: bool = True) -> Trainer:
