@@ -270,6 +270,8 @@ def test_fixed_lag_run_killed_mid_step_resumes_step_for_step(runs, lag, kill_ste
     # the last checkpoint, of step s, holds versions s-k .. s-1, which steps s+1 .. s+k sample from
     tmp, done = runs
     extra = (f"rollout.max_staleness={lag}",)
+    if lag == 2:  # decoupled PPO across the version gap: the proximal policy and the behaviour weight resume too
+        extra += ("algo.off_policy=decoupled", "algo.rollout_correction.lower=0.5")
     if lag == 1:
         expected = rows(done["lag1"])
     else:
@@ -288,6 +290,9 @@ def test_fixed_lag_run_killed_mid_step_resumes_step_for_step(runs, lag, kill_ste
     resumed = run(tmp, run_dir, extra)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert rows(run_dir) == expected
+    if lag == 2:
+        weights = [r["actor/rollout_is_weight"] for r in expected if "actor/pg_loss" in r]
+        assert len(weights) == 6 and all(0 < w < 2 for w in weights), weights
 
 
 @pytest.mark.slow
