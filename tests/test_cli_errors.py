@@ -324,7 +324,7 @@ def test_ctrl_c_before_the_first_step_and_the_rerun_agree(tmp_path, model_dir, m
             "train.mini_batch_size=4", "rollout.max_new_tokens=4", "data.eval_size=2", "eval.n=1",
             "reward.num_workers=0", "data.arith.max_digits=2", "data.dynamic_sampling.mode=none", "--run-dir", str(run)]
 
-    def interrupted(trainer, step):
+    def interrupted(trainer, step, collected=None):
         raise KeyboardInterrupt  # after the start's evaluation was logged at step 0, before step 1 ends
 
     with monkeypatch.context() as m:
