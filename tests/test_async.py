@@ -65,6 +65,20 @@ if __name__ == "__main__":  # spawned generators import this file again: only th
                 self.processes[0].join(timeout=30)
             return real_get(self, step_no)
         generator.Generator.get = kill_then_get
+    elif mode == "stop_generator":  # generator 0 hangs (SIGSTOP) when the trainer asks for step K's batch
+        real_get = generator.Generator.get
+        def stop_then_get(self, step_no):
+            if step_no == kill_step:
+                os.kill(self.processes[0].pid, signal.SIGSTOP)
+            return real_get(self, step_no)
+        generator.Generator.get = stop_then_get
+    elif mode == "ctrl_c":  # Ctrl-C in a terminal: SIGINT to the whole process group, generators included
+        real_rl = loop.rl_step
+        def interrupt_then_step(trainer, step_no, collected=None):
+            if step_no == kill_step:
+                os.killpg(os.getpgid(0), signal.SIGINT)
+            return real_rl(trainer, step_no, collected)
+        loop.rl_step = interrupt_then_step
     from mathrl.cli import main
     sys.exit(main(["train", *overrides]))
 '''
@@ -86,7 +100,8 @@ def run(tmp: Path, run_dir: Path, extra=(), mode: str = "plain", kill_step: int 
     env = {**os.environ, "MATHRL_CACHE": str(tmp / "cache")}
     args = [sys.executable, str(driver), json.dumps([*OVERRIDES, *extra, f"run_dir={run_dir}"]), mode, str(kill_step),
             str(run_dir) + ".versions.jsonl"]
-    return subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+    # its own session: a Ctrl-C it sends to its process group reaches it and its generators, not pytest
+    return subprocess.run(args, env=env, capture_output=True, text=True, timeout=600, start_new_session=True)
 
 
 def rows(run_dir: Path, drop=()) -> list[dict]:
@@ -305,6 +320,63 @@ def test_a_dead_generator_stops_the_trainer_with_one_line_naming_it(runs):
     assert "rollout generator 0 (pid" in last and "SIGKILL" in last, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert time.time() - t0 < 120 + 60  # within train.dist.timeout_s (120) plus the run's start
+
+
+def pids_of(run_dir: Path) -> list[int]:
+    return [int(x) for x in Path(str(run_dir) + ".versions.jsonl.pids").read_text().split()]
+
+
+def all_gone(pids: list[int], within_s: float = 30) -> bool:
+    deadline = time.time() + within_s
+    while any(alive(p) for p in pids) and time.time() < deadline:
+        time.sleep(0.2)
+    return not any(alive(p) for p in pids)
+
+
+@pytest.mark.slow
+def test_a_hung_generator_stops_the_trainer_within_the_timeout_naming_it(runs):
+    # a generator that is alive but sends nothing (stopped): the trainer gives up after train.dist.timeout_s,
+    # names it, and the stopped process does not outlive the run
+    tmp, _ = runs
+    t0 = time.time()
+    result = run(tmp, tmp / "hung", (*LAG1, "train.dist.timeout_s=15"), "stop_generator", 3)
+    elapsed = time.time() - t0
+    assert result.returncode == 1, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert "step 3's batch within train.dist.timeout_s=15s" in last and "rollout generator 0 (pid" in last, last
+    assert "Traceback" not in result.stderr
+    assert elapsed < 15 + 120, elapsed  # the timeout, the run's start and the teardown; never a hang
+    assert all_gone(pids_of(tmp / "hung"))
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_trainer_and_generators_and_the_rerun_resumes_step_for_step(runs):
+    tmp, done = runs
+    run_dir = tmp / "ctrl_c"
+    result = run(tmp, run_dir, LAG1, "ctrl_c", 5)
+    assert result.returncode == 130, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and "KeyboardInterrupt" not in result.stderr, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("mathrl: interrupted at step 5; rerun ") and " to resume from step 4 " in last, last
+    assert all_gone(pids_of(run_dir))
+    resumed = run(tmp, run_dir, LAG1)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert rows(run_dir) == rows(done["lag1"])
+
+
+@pytest.mark.slow
+def test_free_mode_never_trains_on_samples_older_than_the_bound(runs):
+    # free mode: as fresh as the generator has, never older than k; which version a step gets depends on timing
+    tmp, _ = runs
+    result = run(tmp, tmp / "free", ("rollout.max_staleness=2", "rollout.async_mode=free"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    versions = consumed_versions(tmp / "free")
+    assert sorted(versions) == list(range(1, 7))
+    for step, v in versions.items():
+        assert len(set(v)) == 1, step  # a step's samples, refills included, come from one version
+        assert max(0, step - 3) <= v[0] <= step - 1, (step, v)
+    logged = [r for r in rows(tmp / "free") if "rollout/staleness_max" in r]
+    assert len(logged) == 6 and all(0 <= r["rollout/staleness_max"] <= 2 for r in logged)
 
 
 @pytest.mark.slow
