@@ -3,6 +3,13 @@ ranks, and of a generator process beside the trainer (rollout.max_staleness=1), 
 
     python benchmarks/async_overlap.py                      # the default job of dist_scaling.py, 2 cores
     python benchmarks/async_overlap.py --steps 6 --modes sync async
+    python benchmarks/async_overlap.py --workload small --steps 4   # grpo_step_vs_trl.py's small workload
+
+Workloads (`--workload`):
+- default: dist_scaling.py's job, the embedded default's RL step (16 prompts x 8 samples, 48 new tokens);
+- small: grpo_step_vs_trl.py's small workload: a 28M-parameter Qwen2-shaped model with random weights,
+  4 prompts x 4 samples of 256 tokens, mini-batch 8 (generation dominates; the reward is 0, so
+  dynamic sampling is off, as on that benchmark).
 
 Modes (each a fresh `python -m mathrl.train` process, `--threads` cores in all):
 - sync:  one process, `--threads` torch threads (OMP_NUM_THREADS);
@@ -37,6 +44,17 @@ from mathrl.train.launch import available_cpus
 # dist_scaling.py's job: 16 prompts x 8 samples, 2 optimizer steps per RL step, evaluation at the start and end
 DEFAULTS = ["rollout.prompts_per_step=16", "rollout.n=8", "rollout.batch_size=32", "train.mini_batch_size=64",
             "eval.every=1000", "data.eval_size=32", "eval.n=1", "train.save_every=0", "reward.num_workers=0"]
+# grpo_step_vs_trl.py's small workload (its WORKLOADS["small"]); the model path is added when it is built
+SMALL = ["rollout.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=256", "train.mini_batch_size=8",
+         "train.lr=2e-4", "data.dynamic_sampling.mode=none", "data.eval_size=4"]
+
+
+def small_model(root: Path) -> str:
+    """The small workload's random model, built by grpo_step_vs_trl.py's own function."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from grpo_step_vs_trl import build_small_model
+
+    return build_small_model(root / "small-model")
 
 
 def command(mode: str, threads: int, overrides: list[str], out: Path) -> tuple[list[str], dict]:
@@ -81,6 +99,7 @@ def run(mode: str, threads: int, overrides: list[str], out: Path) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workload", choices=["default", "small"], default="default", help="see the module docstring")
     p.add_argument("--modes", nargs="+", choices=["sync", "sync1", "nproc", "async"], default=["sync", "nproc", "async"])
     p.add_argument("--steps", type=int, default=8, help="RL steps per run (the first is not timed)")
     p.add_argument("--threads", type=int, default=available_cpus(), help="cores of every mode (default: this process's)")
@@ -93,11 +112,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="mathrl-async-overlap-") as tmp:
         root = ns.run_root or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
+        if ns.workload == "small":
+            overrides = [*SMALL, f"model.path={small_model(root)}", *overrides]
         for mode in ns.modes:
             results.append(run(mode, ns.threads, overrides, root / mode))
             print(json.dumps(results[-1]), flush=True)
     if ns.out is not None:
-        ns.out.write_text(json.dumps({"threads": ns.threads, "overrides": [*DEFAULTS, *overrides], "results": results},
+        ns.out.write_text(json.dumps({"workload": ns.workload, "threads": ns.threads, "overrides": [*DEFAULTS, *overrides], "results": results},
                                      indent=2))
     base = next((r["step_s"] for r in results if r["mode"] == "sync"), results[0]["step_s"])
     print(f"\n| mode ({ns.threads} cores) | s/step | ratio to sync | trainer waiting s | rollout s | train s "

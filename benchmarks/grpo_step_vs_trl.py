@@ -39,7 +39,10 @@ both. The time of an RL step is: mathrl, `perf/step_seconds` (rollout, reward, s
 optimizer steps, logging; evaluations and checkpoints are outside it); TRL, the wall time from the
 start of the optimizer step that generates to the end of the second one (a `TrainerCallback`). The
 first RL step of every run is warm-up and dropped. ratio = TRL seconds / mathrl seconds per RL step
-(medians over all timed steps): above 1 means mathrl is faster. Each side also prints where its step
+(medians over all timed steps): above 1 means mathrl is faster. The side `mathrl-async` is mathrl with
+`rollout.max_staleness=1`: a generator process samples the next step while the trainer updates, each on
+half of `--threads` cores (docs/async.md); its time per RL step is the trainer's whole cycle,
+perf/step_seconds + perf/wait_seconds (the wait for its batch). Each side also prints where its step
 goes (medians over the timed steps): mathrl its perf/rollout_seconds, perf/reward_seconds and
 perf/train_seconds (everything after the rewards); TRL the time inside its generation call, inside its
 no-grad logprob passes (the old-policy logprobs: TRL computes them whenever one generation feeds
@@ -74,7 +77,9 @@ SMALL_MODEL = {  # a shrunk Qwen2: the architecture of qwen2.5-0.5b with these s
     "hidden_size": 512, "num_hidden_layers": 4, "max_window_layers": 4, "num_attention_heads": 8,
     "num_key_value_heads": 2, "intermediate_size": 1536, "vocab_size": 32000, "max_position_embeddings": 1024,
 }
-SIDES = ("mathrl", "trl", "trl-defaults")  # trl: matched precision; trl-defaults: TRL as shipped
+SIDES = ("mathrl", "mathrl-async", "trl", "trl-defaults")  # trl: matched precision; trl-defaults: TRL as shipped
+# mathrl-async: one step off-policy, a generator process beside the trainer, each on half the threads
+ASYNC = ("rollout.max_staleness=1",)
 
 
 def build_small_model(out_dir: Path) -> str:
@@ -109,7 +114,7 @@ def cpu_description() -> str:
     return f"{name} ({shown})"
 
 
-def run_mathrl(steps: int, model_dir: str, out_dir: Path, w: dict) -> dict:
+def run_mathrl(steps: int, model_dir: str, out_dir: Path, w: dict, extra: tuple[str, ...] = ()) -> dict:
     from rich.console import Console
 
     from mathrl.config import load_config
@@ -122,11 +127,14 @@ def run_mathrl(steps: int, model_dir: str, out_dir: Path, w: dict) -> dict:
         f"train.lr={LR}", "train.save_every=0", "reward.num_workers=0", "data.eval_size=2", "eval.n=1",
         f"eval.every={steps + 1}", "log.rollouts_per_step=0", f"run_dir={out_dir / 'mathrl'}",
         "data.dynamic_sampling.mode=none",  # as TRL: one generation round per step, every group trains
+        *extra,
     ])
     train(cfg, console=Console(quiet=True))
     rows = [r for r in read_metrics(out_dir / "mathrl" / "metrics.jsonl") if "perf/step_seconds" in r]
     phases = {k: [r[f"perf/{k}_seconds"] for r in rows[1:]] for k in ("rollout", "reward", "train")}
-    return {"step_seconds": [r["perf/step_seconds"] for r in rows], "reward": [r["reward/mean"] for r in rows],
+    # the trainer's whole cycle: with a generator beside it, the time it waited for its batch counts too
+    cycle = [r["perf/step_seconds"] + r.get("perf/wait_seconds", 0.0) for r in rows]
+    return {"step_seconds": cycle, "reward": [r["reward/mean"] for r in rows],
             "phases": {k: statistics.median(v) for k, v in phases.items() if v}}
 
 
@@ -205,8 +213,8 @@ def child(side: str, steps: int, threads: int, model_dir: str, workload: str) ->
     torch.set_num_threads(threads)
     w = WORKLOADS[workload]
     with tempfile.TemporaryDirectory() as tmp:
-        if side == "mathrl":
-            result = run_mathrl(steps, model_dir, Path(tmp), w)
+        if side.startswith("mathrl"):
+            result = run_mathrl(steps, model_dir, Path(tmp), w, ASYNC if side == "mathrl-async" else ())
         else:
             result = run_trl(steps, model_dir, Path(tmp), w, matched=side == "trl")
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
@@ -230,7 +238,7 @@ def main() -> None:
     if args.child:
         child(args.child, steps, args.threads, args.model, args.workload)
         return
-    if "mathrl" not in args.sides or len(args.sides) < 2:
+    if "mathrl" not in args.sides or not any(side.startswith("trl") for side in args.sides):
         parser.error("--sides needs mathrl and at least one of trl, trl-defaults")
 
     import torch
@@ -277,12 +285,14 @@ def main() -> None:
     median = {side: statistics.median(s for r in rs for s in r["step_seconds"][1:]) for side, rs in runs.items()}
     rss = {side: max(r["peak_rss_mb"] for r in rs) for side, rs in runs.items()}
     ratio = {side: median[side] / median["mathrl"] for side in args.sides if side != "mathrl"}
-    print(f"\n| workload {args.workload} | seconds per GRPO step (median) | TRL / mathrl | peak RSS (MB) |")
-    print("| --- | --- | --- | --- |")
-    names = {"mathrl": "mathrl", "trl": "TRL matched (fp32, no checkpointing)", "trl-defaults": "TRL as shipped (bf16, checkpointing)"}
+    trl = next(side for side in ("trl", "trl-defaults") if side in args.sides)
+    print(f"\n| workload {args.workload} | seconds per GRPO step (median) | / mathrl | {trl} / this | peak RSS (MB) |")
+    print("| --- | --- | --- | --- | --- |")
+    names = {"mathrl": "mathrl", "mathrl-async": "mathrl async (generator + trainer, 1 step off-policy)",
+             "trl": "TRL matched (fp32, no checkpointing)", "trl-defaults": "TRL as shipped (bf16, checkpointing)"}
     for side in args.sides:
-        print(f"| {names[side]} | {median[side]:.2f} | {ratio[side]:.2f} | {rss[side]:.0f} |" if side != "mathrl"
-              else f"| {names[side]} | {median[side]:.2f} | 1.00 | {rss[side]:.0f} |")
+        print(f"| {names[side]} | {median[side]:.2f} | {median[side] / median['mathrl']:.2f} "
+              f"| {median[trl] / median[side]:.2f} | {rss[side]:.0f} |")
     if args.out:
         args.out.write_text(json.dumps({
             "workload": args.workload, "median_step_seconds": median, "ratio_over_mathrl": ratio, "peak_rss_mb": rss,
