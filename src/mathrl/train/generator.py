@@ -436,7 +436,9 @@ def start_generator(trainer) -> Generator | None:
                           backend=placement.backend, threads=placement.worker_threads, cores=placement.worker_cores[i],
                           device=placement.worker_devices[i], specs=specs, bucket_bytes=bucket_bytes,
                           timeout_s=cfg.train.dist.timeout_s)
-        p = ctx.Process(target=worker_main, args=(spec, out, announced, closed), name=f"mathrl-generator-{i}", daemon=True)
+        # not a daemon: a generator starts processes of its own (the verifier's worker pool), which a daemon
+        # may not; it still dies with the trainer (PR_SET_PDEATHSIG) and is joined or ended by Generator.close
+        p = ctx.Process(target=worker_main, args=(spec, out, announced, closed), name=f"mathrl-generator-{i}", daemon=False)
         p.start()
         processes.append(p)
     restore = (torch.get_num_threads(), os.sched_getaffinity(0)) if not ranks.distributed else None
