@@ -141,8 +141,8 @@ def test_entropy_tokens_reads_the_kept_checkpoints(tiny_all) -> None:
         assert row[0] == "both"
         cells = [c for c in row[3:] if c != "—"]
         assert cells and all(re.fullmatch(r"\d+\.\d{3} \(\d+\)", c) for c in cells)
-    # every step's checkpoint was sampled: step 0 from the run's base model, then checkpoints/step_1, step_2
-    assert got.stderr.count("step 0 (") == 2 and "checkpoints/step_1" in got.stderr
+    # every step's checkpoint was sampled: step 0 from the run's base model, then checkpoints/step_000001, _000002
+    assert got.stderr.count("step 0 (") == 2 and "checkpoints/step_000001" in got.stderr
 
     missing = findings("entropy-tokens", runs[0], "--steps", "0", "5", "--out", str(root / "x.md"), cache=root / "cache")
     assert missing.returncode == 2
