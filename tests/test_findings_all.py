@@ -69,8 +69,8 @@ def test_dry_run_lists_every_run_and_analysis(tmp_path: Path) -> None:
 def test_only_restricts_and_brings_the_runs_an_analysis_reads(tmp_path: Path) -> None:
     jobs = build_jobs(FINDINGS, out=tmp_path, fig_dir=tmp_path, only=["ppo"], validate=False)
     ppo = load_grid(REPO / "recipes" / "findings" / "ppo.yaml")[1]
-    assert [j.name for j in jobs] == [v.name for v in ppo] + ["curves_ppo"]
-    assert jobs[-1].after == {v.name for v in ppo}
+    assert [j.name for j in jobs] == [v.name for v in ppo] + ["curves_ppo", "positions_ppo"]
+    assert jobs[-2].after == jobs[-1].after == {v.name for v in ppo}  # a grid file's analyses read all its runs
     # finding 6's curves read the R1-Zero runs of the entropy grid: they come along, its other runs do not
     jobs = {j.name: j for j in build_jobs(FINDINGS, out=tmp_path, fig_dir=tmp_path, only=["r1_path"], validate=False)}
     assert "grpo_seed4" in jobs and "clip_symmetric" not in jobs

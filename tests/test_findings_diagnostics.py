@@ -98,3 +98,13 @@ def test_ppo_run_writes_value_and_advantage_by_position(tmp_path, monkeypatch):
         assert r["count"][0] == 16  # every one of the 4 x 4 responses has a first token
         assert r["count"] == sorted(r["count"], reverse=True)  # responses are right-padded
         assert all(isinstance(v, float) for v in r["value"] + r["advantage"])
+    # scripts/findings positions reads them: one table row per step, a cell per bucket
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from findings.positions import run_positions
+
+    table = run_positions([tmp_path / "run"], fig_path=tmp_path / "pos.png", steps=[1, 2], edges=[0, 4, 16])
+    assert [line.split(" | ")[1:2] for line in table.splitlines()[2:]] == [["1"], ["2"]]
+    assert "(n=1)" in table and (tmp_path / "pos.png").is_file()

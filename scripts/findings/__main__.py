@@ -43,6 +43,14 @@ def parser() -> argparse.ArgumentParser:
         if name == "passk":
             s.add_argument("--n", type=int, default=64, help="samples per problem (default 64)")
 
+    o = sub.add_parser("positions", help="critic value and advantage by response position (PPO runs)")
+    o.add_argument("sources", nargs="+", type=Path, help="a grid file (with --out), or run directories")
+    o.add_argument("--out", type=Path, help="the directory ablate.py wrote the grid's runs to")
+    o.add_argument("--fig", type=Path, required=True, help="the PNG to write (the table goes next to it as .md)")
+    o.add_argument("--steps", nargs="+", type=int, default=[1], help="steps of positions.jsonl (default 1)")
+    o.add_argument("--edges", nargs="+", type=int, help="position bucket edges (default 0 2 4 8 16 32 64)")
+    o.add_argument("--group", nargs="+", help="the variant of each run, in order (default: the name without _seed<N>)")
+
     e = sub.add_parser("entropy-tokens", help="the highest-entropy tokens of runs' kept checkpoints, step by step")
     e.add_argument("runs", nargs="+", type=Path, help="finished run directories (a variant's seeds are pooled)")
     e.add_argument("--steps", nargs="+", type=int, required=True,
@@ -127,6 +135,14 @@ def main(argv: list[str] | None = None) -> int:
                                           limit=args.limit, labels=args.group, seed=args.seed, device=args.device)
             print(table, end="")
             print(f"table written to {args.out}")
+            return 0
+        if args.command == "positions":
+            from findings.positions import DEFAULT_EDGES, run_positions
+
+            table = run_positions(args.sources, fig_path=args.fig, out=args.out, steps=args.steps,
+                                  edges=args.edges or DEFAULT_EDGES, labels=args.group)
+            print(table, end="")
+            print(f"figure written to {args.fig}, table to {args.fig.with_suffix('.md')}")
             return 0
         if args.command == "curves":
             from findings.curves import run_curves

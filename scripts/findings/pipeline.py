@@ -120,7 +120,11 @@ FINDINGS: tuple[Finding, ...] = (
                                     "--fig", "{fig}/r1_path.png"), "{fig}/r1_path.png", needs=("entropy", "r1_path")),
     )),
     Finding("updates", "updates", analyses=(curves("updates"),)),
-    Finding("ppo", "ppo", analyses=(curves("ppo"),)),
+    Finding("ppo", "ppo", analyses=(
+        curves("ppo"),
+        Analysis("positions_ppo", (*FINDINGS_CMD, "positions", "recipes/findings/ppo.yaml", "--out", "{out}",
+                                   "--steps", "1", "50", "--fig", "{fig}/ppo_positions.png"), "{fig}/ppo_positions.png"),
+    )),
     Finding("kl_drag", "kl_drag", analyses=(curves("kl_drag"),)),
     Finding("clip_binds", "clip_binds", analyses=(curves("clip_binds"),)),
     Finding("entropy_long", "entropy_long", analyses=(
