@@ -89,6 +89,29 @@ def test_a_typo_in_a_grid_fails_before_anything_runs(tmp_path: Path) -> None:
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_failed_run_skips_what_needs_it_and_the_rest_goes_on(tmp_path: Path) -> None:
+    import io
+
+    from findings.pipeline import Job, run_jobs
+    from rich.console import Console
+
+    def job(name: str, code: str, kind: str = "run", after: tuple[str, ...] = ()) -> Job:
+        return Job(name, [sys.executable, "-c", code], kind, tmp_path / f"{name}.log", set(after),
+                   marker=tmp_path / f"{name}.done")
+
+    (tmp_path / "kept.done").write_text("")  # finished earlier: not run again
+    jobs = [job("kept", "raise SystemExit(3)"), job("ok", "print('ran ok')"), job("bad", "raise SystemExit(3)"),
+            job("needs_bad", "print('never')", "analysis", ("ok", "bad")), job("needs_ok", "print('x')", "analysis", ("ok",))]
+    out = io.StringIO()
+    failed = run_jobs(jobs, parallel=2, console=Console(file=out, width=200), env=dict(os.environ), poll_s=0.05)
+    assert failed == ["bad", "needs_bad"]
+    text = out.getvalue()
+    assert "run bad: exit 3" in text and "analysis needs_bad: skipped, it needs ['bad']" in text
+    assert "analysis needs_ok: done in" in text and "kept" not in text
+    assert (tmp_path / "ok.log").read_text() == "ran ok\n" and not (tmp_path / "needs_bad.log").exists()
+    assert text.splitlines()[-1].startswith("findings 5/5 | ")  # every job counted: kept, done, failed, skipped
+
+
 @pytest.fixture(scope="module")
 def tiny_all(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """`all` on a grid of 2 runs of 2 steps (checkpoints kept at every step), 2 at once."""
