@@ -69,6 +69,29 @@ def load_grid(path: Path) -> tuple[str | None, list[Variant], list[str]]:
     return grid.get("recipe"), variants, [str(c) for c in grid.get("columns") or COLUMNS]
 
 
+def train_command(recipe: str | None, variant: Variant, run_dir: Path) -> list[str]:
+    """The `mathrl train` command line of one variant (this interpreter, `-m mathrl.cli`)."""
+    return [sys.executable, "-m", "mathrl.cli", "train", *([str(recipe)] if recipe else []), *variant.overrides,
+            "--run-dir", str(run_dir)]
+
+
+def validate(recipe: str | None, variants: list[Variant]) -> None:
+    """Build every variant's config; raises ConfigError naming the first variant that does not validate."""
+    for v in variants:
+        try:
+            load_config(recipe, v.overrides)
+        except ConfigError as e:
+            raise ConfigError(f"variant {v.name!r}: {e}") from None
+
+
+def thread_env(jobs: int) -> dict[str, str]:
+    """The environment of a run when `jobs` run at once: cores/jobs torch threads each (OMP_NUM_THREADS)."""
+    env = dict(os.environ)
+    if jobs > 1:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs))
+    return env
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("grid", type=Path)
@@ -90,19 +113,16 @@ def main() -> int:
             print(f"error: --only names no variant of {args.grid}: {sorted(missing)}", file=sys.stderr)
             return 2
         variants = [v for v in variants if v.name in args.only]
-    for v in variants:  # all configs are checked before anything runs
-        try:
-            load_config(recipe, v.overrides)
-        except ConfigError as e:
-            print(f"error: variant {v.name!r}: {e}", file=sys.stderr)
-            return 2
+    try:  # all configs are checked before anything runs
+        validate(recipe, variants)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
     if args.jobs < 1:
         print("error: --jobs must be >= 1", file=sys.stderr)
         return 2
-    env = dict(os.environ)
-    if args.jobs > 1:
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // args.jobs))
+    env = thread_env(args.jobs)
     running: list[tuple[Variant, subprocess.Popen, float]] = []
     failed = 0
 
@@ -122,8 +142,7 @@ def main() -> int:
 
     for i, v in enumerate(variants, start=1):
         run_dir = args.out / v.name
-        command = [sys.executable, "-m", "mathrl.cli", "train", *([str(recipe)] if recipe else []), *v.overrides,
-                   "--run-dir", str(run_dir)]
+        command = train_command(recipe, v, run_dir)
         if args.dry_run:
             print("mathrl " + shlex.join(command[3:]))
             continue

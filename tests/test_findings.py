@@ -262,3 +262,35 @@ def test_overconfidence_shapes(tiny_runs, tmp_path: Path) -> None:
     rows = table.splitlines()[2:]
     assert [r.split(" | ")[1] for r in rows] == ["RL model", "base model"]  # one variant, two response sources
     assert fig.is_file()
+
+
+# ---- positions ----------------------------------------------------------------------------------------
+
+
+def test_positions_buckets_by_hand(tmp_path: Path, capsys) -> None:
+    from findings.positions import run_positions
+
+    rows = {  # seed -> positions.jsonl row of step 1 (step 2 is there too, to be ignored)
+        "ppo": {"value": [0.1, 0.3, 0.5, 0.7], "advantage": [2.0, 1.0, 0.0, -1.0], "count": [4, 4, 2, 1]},
+        "ppo_seed1": {"value": [0.3, 0.3, 0.3], "advantage": [1.0, 1.0, 1.0], "count": [4, 4, 4]},
+    }
+    for name, row in rows.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "positions.jsonl").write_text(
+            json.dumps({"step": 1, **row}) + "\n" + json.dumps({"step": 2, **row, "value": [9.0] * len(row["value"])}) + "\n")
+    (tmp_path / "grpo").mkdir()  # no critic: no positions.jsonl
+    fig = tmp_path / "pos.png"
+    table = run_positions([tmp_path / "grpo", tmp_path / "ppo", tmp_path / "ppo_seed1"], fig_path=fig, steps=[1],
+                          edges=[0, 2, 4])
+    assert "grpo has no positions.jsonl" in capsys.readouterr().err
+    header, _, row = table.splitlines()
+    assert header == "| variant | step | value [0,2) | value [2,4) | advantage [0,2) | advantage [2,4) |"
+    # count-weighted per seed: value [0,2): (0.1*4 + 0.3*4) / 8 = 0.2 and 0.3; [2,4): (0.5*2 + 0.7*1) / 3 and 0.3
+    # advantage [0,2): (2*4 + 1*4) / 8 = 1.5 and 1.0; [2,4): (0*2 - 1*1) / 3 and 1.0
+    assert row.strip("| ").split(" | ") == ["ppo", "1", ci_cell([0.2, 0.3]), ci_cell([1.7 / 3, 0.3]),
+                                            ci_cell([1.5, 1.0]), ci_cell([-1 / 3, 1.0])]
+    assert fig.is_file() and fig.with_suffix(".md").read_text() == table
+    with pytest.raises(ValueError, match="no row for step 7"):
+        run_positions([tmp_path / "ppo"], fig_path=fig, steps=[7])
+    with pytest.raises(ValueError, match="no run has positions.jsonl"):
+        run_positions([tmp_path / "grpo"], fig_path=fig)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mathrl.analysis.tokens import TokenScores, entropy_by_token
+from mathrl.analysis.tokens import TokenScores, entropy_by_token, top_entropy_tokens
 from mathrl.evaluation.metrics import answer_forms
 from mathrl.reward.numeric import answer_form
 
@@ -48,6 +48,31 @@ def test_entropy_by_token_by_hand():
     assert entropy_by_token(responses, k=10, min_count=3) == []  # no pair is seen 3 times
 
 
+def test_top_entropy_tokens_over_steps_by_hand():
+    by_step = {
+        100: [_scores(["wait", ",", "7"], [0.1, 0.2, 0.3]), _scores(["wait", ",", "7"], [0.3, 0.4, 0.1])],
+        0: [_scores(["wait", ",", "7"], [0.5, 0.02, 0.6]), _scores(["7", "+"], [0.4, 0.0])],
+        200: [_scores(["wait", ",", "7"], [0.1, 1.5, 0.1]), _scores(["wait", ",", "8"], [0.1, 2.5, 0.2])],
+    }
+    got = top_entropy_tokens(by_step, k=1, min_count=1)
+    assert got.steps == [0, 100, 200]  # ascending whatever the mapping's order
+    # step 0: ("", "wait") 0.5 vs (",", "7") 0.6 vs ("", "7") 0.4 -> (",", "7"); step 100: (wait, ",") (0.2 + 0.4) / 2 = 0.3
+    # ties (",", "7") at 0.2 by count -> (wait, ","); step 200: (wait, ",") (1.5 + 2.5) / 2 = 2.0
+    assert [(r.previous, r.token, r.count) for s in got.steps for r in got.top[s]] == [
+        (",", "7", 1), ("wait", ",", 2), ("wait", ",", 2)]
+    assert [r.entropy for s in got.steps for r in got.top[s]] == pytest.approx([0.6, 0.3, 2.0])
+    # the comma after "wait" through every step, first in the order: highest at the last step
+    assert list(got.tracked) == [("wait", ","), (",", "7")]
+    comma = got.tracked[("wait", ",")]
+    assert {s: (round(r.entropy, 6), r.count) for s, r in comma.items()} == {0: (0.02, 1), 100: (0.3, 2), 200: (2.0, 2)}
+    seven = got.tracked[(",", "7")]
+    assert {s: (round(r.entropy, 6), r.count) for s, r in seven.items()} == {0: (0.6, 1), 100: (0.2, 2), 200: (0.1, 1)}
+    # min_count applies to the top of each step, not to tracking: step 0's comma (seen once) is still shown
+    got = top_entropy_tokens(by_step, k=1, min_count=2)
+    assert got.top[0] == [] and list(got.tracked) == [("wait", ",")] and 0 in got.tracked[("wait", ",")]
+    assert top_entropy_tokens({}, k=3).tracked == {}
+
+
 def test_ppo_run_writes_value_and_advantage_by_position(tmp_path, monkeypatch):
     import io
     import json
@@ -73,3 +98,13 @@ def test_ppo_run_writes_value_and_advantage_by_position(tmp_path, monkeypatch):
         assert r["count"][0] == 16  # every one of the 4 x 4 responses has a first token
         assert r["count"] == sorted(r["count"], reverse=True)  # responses are right-padded
         assert all(isinstance(v, float) for v in r["value"] + r["advantage"])
+    # scripts/findings positions reads them: one table row per step, a cell per bucket
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from findings.positions import run_positions
+
+    table = run_positions([tmp_path / "run"], fig_path=tmp_path / "pos.png", steps=[1, 2], edges=[0, 4, 16])
+    assert [line.split(" | ")[1:2] for line in table.splitlines()[2:]] == [["1"], ["2"]]
+    assert "(n=1)" in table and (tmp_path / "pos.png").is_file()

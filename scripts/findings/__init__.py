@@ -4,6 +4,9 @@
     python scripts/findings curves runs/x/a runs/x/a_seed1 --fig x.png --x tokens   # run directories
     python scripts/findings passk --base tiny-arith runs/x/a runs/x/a_seed1 --n 64 --limit 100 --fig passk.png
     python scripts/findings overconfidence --base tiny-arith runs/x/a runs/x/a_seed1 --limit 100 --fig oc.png
+    python scripts/findings entropy-tokens runs/x/a runs/x/a_seed1 --steps 0 100 200 300 --out tokens.md
+    python scripts/findings positions recipes/findings/ppo.yaml --out runs/x --steps 1 50 --fig positions.png
+    python scripts/findings all [--dry-run] [--only entropy ppo] [--jobs 2]   # every findings run and analysis
 
 Each command writes the figure, a Markdown table next to it (same stem, .md; also printed) and, for
 the two sampling commands, the per-run numbers as JSON (same stem, .json).
@@ -14,6 +17,12 @@ the two sampling commands, the per-run numbers as JSON (same stem, .json).
   model, sampled here on the runs' held-out set at their eval temperature.
 * `overconfidence` (sampling.py): how RL moved the probability of the tokens of a response: base vs
   RL probability of every token, on responses sampled from the RL model and from the base.
+* `entropy-tokens` (entropy_tokens.py): the highest-entropy (previous token, token) pairs of responses
+  sampled from a run's kept checkpoints, per step (`analysis.tokens.top_entropy_tokens`), as Markdown.
+* `positions` (positions.py): PPO runs' critic value and advantage by response position
+  (positions.jsonl), bucketed, mean ± CI over seeds, at the given steps.
+* `all` (pipeline.py): the runs of every grid in recipes/findings (and finding 6's), then every
+  analysis of docs/findings.md, from the registry `FINDINGS`; resumable, one progress bar.
 
 Runs group into variants by name: ablate.py names seed N of variant `a` `a_seedN` (seed 0 keeps `a`),
 so `a`, `a_seed1`, `a_seed2` are one variant; `--group` names the variant of each run explicitly.

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -38,9 +38,11 @@ __all__ = [
     "ClassSummary",
     "Comparison",
     "EntropyPosition",
+    "EntropyTokensOverSteps",
     "ExplorationRow",
     "InspectReport",
     "NextTokenDistribution",
+    "TokenEntropy",
     "TokenScores",
     "TokenizerMismatchError",
     "check_same_tokenizer",
@@ -49,12 +51,14 @@ __all__ = [
     "context_before",
     "context_text",
     "encode",
+    "entropy_by_token",
     "exploration_table",
     "next_token_distribution",
     "probe_checkpoint",
     "token_probs",
     "token_texts",
     "top_entropy_positions",
+    "top_entropy_tokens",
 ]
 
 # Defaults shared by the library, the command line and the docs.
@@ -396,24 +400,67 @@ class TokenEntropy:
     count: int
 
 
+def _entropy_sums(responses: Sequence[TokenScores]) -> dict[tuple[str, str], list[float]]:
+    """(previous token, token) -> [sum of next-token entropy, occurrences] over `responses`."""
+    sums: dict[tuple[str, str], list[float]] = {}
+    for scores in responses:
+        for i, token in enumerate(scores.tokens):
+            acc = sums.setdefault((scores.tokens[i - 1] if i else "", token), [0.0, 0])
+            acc[0] += float(scores.entropy[i])
+            acc[1] += 1
+    return sums
+
+
 def entropy_by_token(responses: Sequence[TokenScores], k: int = 10, *, min_count: int = 5) -> list[TokenEntropy]:
     """The k (previous token, token) pairs with the highest mean entropy over `responses`, highest
     first (ties: more occurrences first, then the text), among pairs seen at least `min_count` times.
 
     The field report's table of an entropy bonus gone wrong reads this way: the comma after "wait",
     near-deterministic in the base model, climbs to a high entropy over a long run. Tracking the
-    same table over checkpoints (`mathrl inspect` of each) shows which tokens a bonus acts on."""
-    sums: dict[tuple[str, str], list[float]] = {}
-    for scores in responses:
-        for i, token in enumerate(scores.tokens):
-            key = (scores.tokens[i - 1] if i else "", token)
-            acc = sums.setdefault(key, [0.0, 0])
-            acc[0] += float(scores.entropy[i])
-            acc[1] += 1
+    same table over checkpoints (`top_entropy_tokens`) shows which tokens a bonus acts on."""
     rows = [TokenEntropy(token=t, previous=p, entropy=total / n, count=int(n))
-            for (p, t), (total, n) in sums.items() if n >= min_count]
+            for (p, t), (total, n) in _entropy_sums(responses).items() if n >= min_count]
     rows.sort(key=lambda r: (-r.entropy, -r.count, r.previous, r.token))
     return rows[:k]
+
+
+@dataclass
+class EntropyTokensOverSteps:
+    """The highest-entropy tokens of several checkpoints of one run (or one variant's runs).
+
+    `top[step]` is `entropy_by_token` of that step's responses. `tracked` follows every pair that is in
+    any step's top through all the steps: pair -> step -> its mean entropy and count there (a step
+    where the pair never occurs is absent), so a token that climbs into the top late shows where it
+    started."""
+
+    steps: list[int]  # ascending
+    top: dict[int, list[TokenEntropy]]
+    tracked: dict[tuple[str, str], dict[int, TokenEntropy]]  # (previous, token) -> step -> row
+
+
+def top_entropy_tokens(
+    by_step: Mapping[int, Sequence[TokenScores]], k: int = 10, *, min_count: int = 5,
+) -> EntropyTokensOverSteps:
+    """Per step, the k (previous token, token) pairs of highest mean entropy (`entropy_by_token`, pairs
+    seen at least `min_count` times), and those pairs' mean entropy and count at every step.
+
+    `by_step`: step -> the responses sampled from that step's checkpoint, scored by it (TokenScores:
+    per-token entropy and token text). Tracked pairs are ordered by their entropy at the last step
+    (absent there: after the others), then by their first appearance in a top."""
+    steps = sorted(by_step)
+    sums = {step: _entropy_sums(by_step[step]) for step in steps}
+    top = {step: entropy_by_token(by_step[step], k, min_count=min_count) for step in steps}
+    pairs = list(dict.fromkeys((r.previous, r.token) for step in steps for r in top[step]))
+    tracked = {
+        pair: {step: TokenEntropy(token=pair[1], previous=pair[0], entropy=sums[step][pair][0] / sums[step][pair][1],
+                                  count=int(sums[step][pair][1]))
+               for step in steps if pair in sums[step]}
+        for pair in pairs
+    }
+    last = steps[-1] if steps else None
+    order = sorted(range(len(pairs)), key=lambda i: (
+        last not in tracked[pairs[i]], -tracked[pairs[i]][last].entropy if last in tracked[pairs[i]] else 0.0, i))
+    return EntropyTokensOverSteps(steps=steps, top=top, tracked={pairs[i]: tracked[pairs[i]] for i in order})
 
 
 @dataclass
