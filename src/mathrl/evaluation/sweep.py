@@ -288,6 +288,8 @@ def _seed_record(seed: int, result, texts: list[str], repetitive: list[bool], ga
     record["truncated_rate"] = result.truncated_rate
     record["response_length"] = result.mean_response_length
     record["reflection_rate"] = result.reflection_rate
+    if result.integer_answer_rate is not None:  # a set whose gold answers are not all integers
+        record["integer_answer_rate"] = result.integer_answer_rate
     record["repetitive_rate"] = sum(repetitive) / len(texts)
     record["garbled_rate"] = sum(garbled) / len(texts)
     record.update({f"reward/{k}": v for k, v in (result.rewards or {}).items()})  # reward.functions' components
