@@ -279,8 +279,9 @@ def test_invalid_task_arguments(kwargs, match):
 @pytest.mark.parametrize("overrides, match", [
     (["data.arith.decimal_share=1.5"], r"data.arith.decimal_share=1.5: must be in \[0, 1\]"),
     (["base.decimal_share=-0.1"], r"base.decimal_share=-0.1: must be in \[0, 1\]"),
-    (["data.arith.min_carries=4"], "data.arith.min_carries=4: a column addition of 3-digit operands"),
-    (["data.arith.max_digits=2", "data.arith.hard_min_carries=3"], "data.arith.hard_min_carries=3"),
+    (["data.arith.min_carries=4"], "data.arith.min_carries=4: operands of at most 3 digits"),
+    (["data.arith.max_digits=2", "data.arith.hard_min_carries=3", "data.eval=[arith,arith_hard]"],
+     "data.arith.hard_min_carries=3"),
     (["data.transform=integer_answer"], "answers are integers already"),  # no decimal problems: nothing to drop
     (["data.eval=[arith,arith_decimals]"], "give arith, arith_decimal, arith_hard"),
     (["data.train=arith_decimal"], "data.train: 'arith_decimal' is not a data source"),
@@ -294,3 +295,5 @@ def test_valid_variant_configs_load():
     load_config(None, ["data.arith.decimal_share=0.3", "data.transform=integer_answer",
                        "data.eval=[arith,arith_decimal,arith_hard]"], check_paths=False)
     load_config(None, ["data.arith.min_carries=3", "data.arith.hard_min_carries=3"], check_paths=False)
+    # hard_min_carries is checked only where arith_hard is evaluated: 1-digit tasks keep the default 2
+    load_config(None, ["data.arith.max_digits=1", "data.arith.min_digits=1"], check_paths=False)

@@ -532,11 +532,12 @@ class Config:
         if self.data.transform != "none" and self.data.train == "arith" and self.data.arith.decimal_share == 0:
             errors.append("data.transform rewrites dataset answers; the arithmetic task's answers are integers already "
                           "(set data.arith.decimal_share > 0 for decimal problems, which the transform drops)")
-        for key in ("min_carries", "hard_min_carries"):
+        carry_keys = ["min_carries"] + (["hard_min_carries"] if "arith_hard" in self.data.eval else [])
+        for key in carry_keys:  # hard_min_carries only matters (and is only checked) when arith_hard is evaluated
             value, digits = getattr(self.data.arith, key), self.data.arith.max_digits
             if value > digits:
-                errors.append(f"data.arith.{key}={value}: a column addition of {digits}-digit operands "
-                              f"(data.arith.max_digits) carries at most {digits} times; lower it or raise max_digits")
+                errors.append(f"data.arith.{key}={value}: operands of at most {digits} digits (data.arith.max_digits) "
+                              f"give at most {digits} carries; lower it or raise max_digits")
         if self.model.path == "tiny-arith" and self.data.arith.heldout_permille > 50:
             errors.append(
                 "data.arith.heldout_permille > 50 would hold out problems the tiny base model was pretrained on "

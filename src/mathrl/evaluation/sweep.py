@@ -83,7 +83,7 @@ class SweepSettings:
     max_new_tokens: int | None = None  # default: eval.max_new_tokens, else rollout.max_new_tokens of the config
     limit: int | None = None  # problems per dataset; default: all rows of a file, data.eval_size arithmetic problems
     template: str | None = None  # default: data.template of the config
-    data: list[str] | None = None  # "arith", .jsonl/.parquet files, hf:<name>[:<config>][@<split>]; default: data.eval
+    data: list[str] | None = None  # "arith" (arith_decimal, arith_hard), .jsonl/.parquet files, hf:<name>[:<config>][@<split>]; default: data.eval
     device: str = "auto"  # auto = cuda when available, else cpu
     step: int | None = None  # neighbourhood averaging around this training step
     neighbours: int = 1  # checkpoints on each side of `step` that join its average
