@@ -297,3 +297,31 @@ def test_valid_variant_configs_load():
     load_config(None, ["data.arith.min_carries=3", "data.arith.hard_min_carries=3"], check_paths=False)
     # hard_min_carries is checked only where arith_hard is evaluated: 1-digit tasks keep the default 2
     load_config(None, ["data.arith.max_digits=1", "data.arith.min_digits=1"], check_paths=False)
+
+
+# --------------------------------------------------------------------------------------------------
+# the findings grids
+# --------------------------------------------------------------------------------------------------
+def test_findings_grids_validate_and_share_run_names_only_for_the_same_run():
+    # scripts/ablate.py skips a variant whose run directory holds a finished run, and every grid writes
+    # under the same --out: a name that two grids give to different configs would silently reuse the
+    # other grid's run (an earlier draft named both grids' control arm "mixed").
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "scripts"))
+    from ablate import load_grid
+
+    seen: dict[str, tuple] = {}
+    for grid in sorted((root / "recipes" / "findings").glob("*.yaml")):
+        recipe, variants, _ = load_grid(grid)
+        for v in variants:
+            key = (recipe, sorted(v.overrides))
+            assert seen.setdefault(v.name, key) == key, f"{grid.name}: run name {v.name!r} names another run too"
+            if grid.stem in ("integer_hack", "difficulty"):
+                load_config(str(root / recipe), v.overrides, check_paths=False)
+    recipe, variants, columns = load_grid(root / "recipes" / "findings" / "integer_hack.yaml")
+    assert {v.name for v in variants} >= {"decimal_mixed", "decimal_integer_answer_seed4"}
+    assert "eval/arith_decimal_heldout/integer_answer_rate" in columns
+    recipe, variants, columns = load_grid(root / "recipes" / "findings" / "difficulty.yaml")
+    assert {v.name for v in variants} >= {"difficulty_mixed", "difficulty_hard_only_seed4"}
