@@ -5,8 +5,8 @@
 
 For each run: held-out pass@1 at the first and last evaluation and at every evaluation (curve),
 and the mean over the last `--last` training steps of each metric column (default: the loss-term
-metrics: entropy, clip fractions, entropy coefficient and clip fraction, KL), "–" where the run did
-not log it. `scripts/ablate.py` runs a whole grid and writes this table for it.
+metrics: entropy, clip fractions, entropy coefficient and clip fraction, KL; an `eval/...` column: its
+value at the last evaluation), "–" where the run did not log it. `scripts/ablate.py` runs a whole grid and writes this table for it.
 """
 
 from __future__ import annotations
@@ -34,6 +34,10 @@ def summarise(run_dir: Path, last: int, columns: list[str]) -> dict[str, float |
         "pass@1 curve": " → ".join(f"{r[key]:.2f}" for r in evals),
     }
     for col in columns:
+        if col.startswith("eval/"):  # an evaluation metric: its value at the last evaluation that logged it
+            logged = [r[col] for r in evals if isinstance(r.get(col), (int, float))]
+            out[col] = logged[-1] if logged else "–"
+            continue
         values = [r[col] for r in train if isinstance(r.get(col), (int, float))]
         out[col] = sum(values) / len(values) if values else "–"
     return out

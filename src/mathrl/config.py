@@ -29,7 +29,7 @@ from typing import Any, Literal
 import yaml
 
 from mathrl.config_schema import check_domains, model_path_problem
-from mathrl.registry import ADVANTAGE_ESTIMATORS, ARCHITECTURES, ENGINES, REWARD_FUNCTIONS, load_callable
+from mathrl.registry import ADVANTAGE_ESTIMATORS, ARCHITECTURES, ARITH_SOURCES, ENGINES, REWARD_FUNCTIONS, load_callable
 
 DATA_FILE_SUFFIXES = (".jsonl", ".parquet")  # the local data file formats tasks.loading reads
 CONFIG_PREFIX = "config:"  # model.path=config:<name> names an architecture (model/init.py) with random weights
@@ -62,6 +62,7 @@ class BaseModelConfig:
     warmup_steps: int = 30  # linear warm-up steps of the pretraining
     slip_prob: float = 0.3  # per-column chance of a deliberate slip in the pretraining text
     check_prob: float = 0.0  # per-column chance of a self-check ("?" and the column recomputed) in the pretraining text
+    decimal_share: float = 0.0  # share of pretraining problems with one-decimal-place operands (2.5+13.7); part of the cache key only when > 0
 
 
 @dataclass
@@ -91,6 +92,9 @@ class ArithConfig:
     min_digits: int = 1  # operand sizes of the arithmetic problems
     max_digits: int = 3  # (min_digits <= max_digits)
     heldout_permille: int = 50  # share of the problem space reserved for evaluation (1/1000)
+    decimal_share: float = 0.0  # share of problems with one-decimal-place operands (2.5+13.7=...\boxed{16.2}), in the training stream and the arith eval set; the base model learns them with base.decimal_share
+    min_carries: int = 0  # training stream: only problems whose column addition carries at least this often (0: every problem; at most max_digits)
+    hard_min_carries: int = 2  # the eval source arith_hard: held-out problems with at least this many carries (at most max_digits)
 
 
 @dataclass
@@ -114,7 +118,7 @@ class CurriculumConfig:
 @dataclass
 class DataConfig:
     train: str = "arith"  # "arith" (generated), a .jsonl or .parquet file, or hf:<name>[:<config>][@<split>] (split default train)
-    eval: list[str] = field(default_factory=lambda: ["arith"])  # "arith" (held-out split) and/or files / hf: datasets (split default test)
+    eval: list[str] = field(default_factory=lambda: ["arith"])  # "arith" (held-out split; arith_decimal: its decimal problems only, arith_hard: those with >= data.arith.hard_min_carries carries) and/or files / hf: datasets (split default test)
     question_field: str = "problem"  # field mapping for data files (a known file or hf: dataset uses its preset)
     answer_field: str | None = "answer"  # field holding the gold answer (null with answer_from_solution)
     answer_from_solution: str | None = None  # take the gold answer from the last \boxed{} of this field
@@ -124,7 +128,7 @@ class DataConfig:
     max_prompt_tokens: int = 512  # longer prompts are dropped (counted), never truncated
     eval_size: int = 200  # problems per eval set (held-out arithmetic problems, or the first N rows)
     on_error: Literal["raise", "skip"] = "raise"  # a malformed jsonl row: stop naming file:line, or skip and count it
-    transform: Literal["none", "integer_answer"] = "none"  # DAPO integer-answer rewrite of the training problems
+    transform: Literal["none", "integer_answer"] = "none"  # DAPO integer-answer rewrite of the training problems (data.train=arith: with data.arith.decimal_share > 0, decimal answers are dropped and redrawn)
     sample_filter: list[str] = field(default_factory=list)  # drop samples that are: repetitive, garbled, no_answer
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)  # the order of the training problems
@@ -525,8 +529,15 @@ class Config:
                           "set one of them (off_policy reads cap, lower and rejected from algo.rollout_correction)")
         if self.data.curriculum.mode != "none" and self.data.train == "arith":
             errors.append("data.curriculum orders a fixed problem set: use it with a dataset as data.train")
-        if self.data.transform != "none" and self.data.train == "arith":
-            errors.append("data.transform rewrites dataset answers; the arithmetic task's answers are integers already")
+        if self.data.transform != "none" and self.data.train == "arith" and self.data.arith.decimal_share == 0:
+            errors.append("data.transform rewrites dataset answers; the arithmetic task's answers are integers already "
+                          "(set data.arith.decimal_share > 0 for decimal problems, which the transform drops)")
+        carry_keys = ["min_carries"] + (["hard_min_carries"] if "arith_hard" in self.data.eval else [])
+        for key in carry_keys:  # hard_min_carries only matters (and is only checked) when arith_hard is evaluated
+            value, digits = getattr(self.data.arith, key), self.data.arith.max_digits
+            if value > digits:
+                errors.append(f"data.arith.{key}={value}: operands of at most {digits} digits (data.arith.max_digits) "
+                              f"give at most {digits} carries; lower it or raise max_digits")
         if self.model.path == "tiny-arith" and self.data.arith.heldout_permille > 50:
             errors.append(
                 "data.arith.heldout_permille > 50 would hold out problems the tiny base model was pretrained on "
@@ -534,7 +545,8 @@ class Config:
             )
         for where, source in self._data_files():
             if Path(source).suffix not in DATA_FILE_SUFFIXES:
-                errors.append(f"{where}: {source!r} is not a data source (give arith, a .jsonl or .parquet file, "
+                builtin = "arith" if where == "data.train" else ", ".join(ARITH_SOURCES.names())
+                errors.append(f"{where}: {source!r} is not a data source (give {builtin}, a .jsonl or .parquet file, "
                               "or hf:<name>[:<config>][@<split>])")
         if check_paths:
             errors += self._missing_paths()
@@ -680,7 +692,8 @@ class Config:
     def _data_files(self) -> list[tuple[str, str]]:
         """(config key, source) of every data.train / data.eval source that names a local file."""
         sources = [("data.train", self.data.train), *(("data.eval", s) for s in self.data.eval)]
-        return [(where, s) for where, s in sources if s != "arith" and not s.startswith("hf:")]
+        builtin = {"data.train": ["arith"], "data.eval": ARITH_SOURCES.names()}
+        return [(where, s) for where, s in sources if s not in builtin[where] and not s.startswith("hf:")]
 
 
 def _reward_function_problem(fn: str, kwargs: dict[str, Any]) -> tuple[str | None, bool]:

@@ -1,6 +1,7 @@
 """Named extension points: the advantage estimators (algo/estimators.py), the rollout engines
 (rollout/factory.py), the prompt templates (tasks/prompts.py), the shipped model architectures
-(model/init.py) and the built-in reward functions (reward/functions.py). Each implementation registers itself under the name a config field chooses it by;
+(model/init.py), the built-in reward functions (reward/functions.py) and the built-in arithmetic eval
+sets (tasks/sources.py). Each implementation registers itself under the name a config field chooses it by;
 the config accepts exactly the registered names, and an unknown one is an error that names the field
 and the choices.
 
@@ -66,6 +67,7 @@ ENGINES = Registry("rollout engine", field="rollout.engine", home="mathrl.rollou
 PROMPT_TEMPLATES = Registry("prompt template", field="data.template", home="mathrl.tasks.prompts")
 ARCHITECTURES = Registry("architecture", field="model.path", home="mathrl.model.init")  # model/configs/*.json
 REWARD_FUNCTIONS = Registry("reward function", field="reward.functions[].fn", home="mathrl.reward.functions")
+ARITH_SOURCES = Registry("built-in arithmetic eval set", field="data.eval", home="mathrl.tasks.sources")  # arith, arith_decimal, arith_hard
 
 
 def load_callable(ref: str) -> Any:

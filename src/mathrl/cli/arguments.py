@@ -44,7 +44,7 @@ def base(p: argparse.ArgumentParser) -> None:
 def eval(p: argparse.ArgumentParser) -> None:
     p.add_argument("args", nargs="+", metavar="TARGET|key.path=value",
                    help="model directories, run directories (every checkpoint), or tiny-arith; and config overrides")
-    p.add_argument("--data", nargs="+", help="arith, .jsonl or .parquet files, hf:<name>[:<config>][@<split>] datasets "
+    p.add_argument("--data", nargs="+", help="arith (arith_decimal, arith_hard), .jsonl or .parquet files, hf:<name>[:<config>][@<split>] datasets "
                    "(default: data.eval of the config, i.e. arith)")
     p.add_argument("--n", type=int, default=8, help="samples per problem (default 8)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="sampling seeds (default 0 1 2)")

@@ -3,7 +3,8 @@
 Uses the same rollout engine and verifier as training, so a training-time eval and `mathrl eval`
 measure the same thing. With reward components beyond the math checker (`reward.functions`; a
 `reward.functions.Rewarder` as the verifier) every component scores every sample too, reported as
-`eval/<set>/reward/<name>/mean`; pass@1 stays the math checker's verdict.
+`eval/<set>/reward/<name>/mean`; pass@1 stays the math checker's verdict. On a set whose gold answers
+are not all integers, `eval/<set>/integer_answer_rate` is the share of samples that box an integer.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mathrl.evaluation.metrics import avg_at_n, default_ks, maj_at_k, pass_at_k_table
+from mathrl.evaluation.metrics import answer_forms, avg_at_n, default_ks, maj_at_k, pass_at_k_table
+from mathrl.reward.numeric import answer_form
 from mathrl.reward.reflection import reflection_stats
 from mathrl.reward.functions import Scores, component_metrics, failure_counts, score_rows
 from mathrl.reward.verify import Verifier
@@ -31,6 +33,7 @@ class EvalResult:
     truncated_rate: float  # share of samples that hit the length limit
     mean_response_length: float  # tokens
     reflection_rate: float = 0.0  # share of samples with a reflection marker (log.reflection_words)
+    integer_answer_rate: float | None = None  # share of samples whose boxed answer is written as an integer (None: every gold answer is one)
     rewards: dict[str, float] | None = None  # each reward component's <name>/mean, /errors, /timeouts (None: the math checker alone)
     samples: list[dict] = field(default_factory=list, repr=False)
 
@@ -41,6 +44,8 @@ class EvalResult:
         out[f"{prefix}/truncated_rate"] = self.truncated_rate
         out[f"{prefix}/response_length"] = self.mean_response_length
         out[f"{prefix}/reflection_rate"] = self.reflection_rate
+        if self.integer_answer_rate is not None:
+            out[f"{prefix}/integer_answer_rate"] = self.integer_answer_rate
         out.update({f"{prefix}/reward/{k}": v for k, v in (self.rewards or {}).items()})
         return out
 
@@ -131,10 +136,21 @@ def evaluate(
         truncated_rate=sum(truncated) / len(truncated),
         mean_response_length=sum(lengths) / len(lengths),
         reflection_rate=reflection_stats(texts, reflection_words)["reflection_rate"],
+        integer_answer_rate=integer_answer_rate(texts, [p.answer for p in problems]),
         rewards={**{k.removeprefix("reward/"): v for k, v in component_metrics(scores).items()},
                  **{k.removeprefix("reward/"): v for k, v in failure_counts(scores).items()}} if scores else None,
         samples=samples,
     )
+
+
+def integer_answer_rate(completions: Sequence[str], golds: Sequence[str]) -> float | None:
+    """Share of `completions` whose final boxed answer is written as an integer (`answer_forms`), or None
+    when every gold answer is written as one (then the share says nothing: integer answers are right).
+    On decimal golds (data.eval arith_decimal) it shows the integer-answer transform's hack: the model
+    boxing `16` where its columns give 16.2."""
+    if all(answer_form(g) == "integer" for g in golds):
+        return None
+    return answer_forms(completions)["integer"]
 
 
 def _vote_key(answer: str | None) -> str | None:

@@ -83,7 +83,7 @@ class SweepSettings:
     max_new_tokens: int | None = None  # default: eval.max_new_tokens, else rollout.max_new_tokens of the config
     limit: int | None = None  # problems per dataset; default: all rows of a file, data.eval_size arithmetic problems
     template: str | None = None  # default: data.template of the config
-    data: list[str] | None = None  # "arith", .jsonl/.parquet files, hf:<name>[:<config>][@<split>]; default: data.eval
+    data: list[str] | None = None  # "arith" (arith_decimal, arith_hard), .jsonl/.parquet files, hf:<name>[:<config>][@<split>]; default: data.eval
     device: str = "auto"  # auto = cuda when available, else cpu
     step: int | None = None  # neighbourhood averaging around this training step
     neighbours: int = 1  # checkpoints on each side of `step` that join its average
@@ -288,6 +288,8 @@ def _seed_record(seed: int, result, texts: list[str], repetitive: list[bool], ga
     record["truncated_rate"] = result.truncated_rate
     record["response_length"] = result.mean_response_length
     record["reflection_rate"] = result.reflection_rate
+    if result.integer_answer_rate is not None:  # a set whose gold answers are not all integers
+        record["integer_answer_rate"] = result.integer_answer_rate
     record["repetitive_rate"] = sum(repetitive) / len(texts)
     record["garbled_rate"] = sum(garbled) / len(texts)
     record.update({f"reward/{k}": v for k, v in (result.rewards or {}).items()})  # reward.functions' components

@@ -13,7 +13,8 @@ model learns the solution and EOS. The arithmetic text contains deliberate slips
 sampled at temperature 1 the model makes them too, so it is only partly competent — the starting
 point an RL run needs to show that reward sharpens a policy. With `check_prob` > 0 some columns are
 followed by a self-check that repairs a slip, so the model also knows an optional, longer and more
-reliable way to answer (recipes/arith_check_grpo.yaml).
+reliable way to answer (recipes/arith_check_grpo.yaml). With `decimal_share` > 0 that share of the
+problems has one-decimal-place operands (`2.5+13.7`, boxed `16.2`; recipes/findings/integer_hack.yaml).
 
     mathrl base            # build (or find) the cached base model and print its path
 """
@@ -85,8 +86,9 @@ def _default_cache_root() -> Path:
 
 def recipe_hash(cfg) -> str:
     fields = dataclasses.asdict(cfg)
-    if not fields.get("check_prob"):  # added later: left out at 0 so the models built before it keep their hash
-        fields.pop("check_prob", None)
+    for key in ("check_prob", "decimal_share"):  # added later: left out at 0 so the models built before them keep their hash
+        if not fields.get(key):
+            fields.pop(key, None)
     payload = json.dumps({"version": BASE_FORMAT_VERSION, **fields}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:12]
 

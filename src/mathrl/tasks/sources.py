@@ -2,23 +2,52 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from mathrl.config import Config
+from mathrl.registry import ARITH_SOURCES
 from mathrl.seeds import derive_seed
 from mathrl.tasks.arithmetic import ArithmeticTask
 from mathrl.tasks.base import Problem
 from mathrl.tasks.curriculum import Curriculum
 from mathrl.tasks.loading import FieldMap, load_problems, preset_for, source_name
 from mathrl.tasks.prompts import PromptEncoder, template_hint
-from mathrl.tasks.transforms import integer_answer_transform
+from mathrl.tasks.transforms import integer_answer_transform, parse_integer_answer
 
 
 def arithmetic_task(cfg: Config) -> ArithmeticTask:
+    """The training stream's task (data.arith: operand sizes, decimal share, minimum carries)."""
     a = cfg.data.arith
-    return ArithmeticTask(min_digits=a.min_digits, max_digits=a.max_digits, heldout_permille=a.heldout_permille)
+    return ArithmeticTask(min_digits=a.min_digits, max_digits=a.max_digits, heldout_permille=a.heldout_permille,
+                          decimal_share=a.decimal_share, min_carries=a.min_carries)
+
+
+@dataclass(frozen=True)
+class ArithSource:
+    """A built-in eval set (a `data.eval` name): held-out problems of the task `task(cfg)` returns, logged
+    as eval/<set_name>/... ."""
+
+    set_name: str
+    task: Callable[[Config], ArithmeticTask]
+
+
+# The held-out split is the same for all three (a keyed hash of each problem's text), so none of them
+# holds a problem that the training stream or the base model's pretraining text can draw.
+ARITH_SOURCES.register("arith", ArithSource(  # the task's own mix (data.arith.decimal_share), every difficulty
+    "arith_heldout", lambda cfg: dataclasses.replace(arithmetic_task(cfg), min_carries=0)))
+ARITH_SOURCES.register("arith_decimal", ArithSource(  # decimal problems only
+    "arith_decimal_heldout", lambda cfg: dataclasses.replace(arithmetic_task(cfg), decimal_share=1.0, min_carries=0)))
+ARITH_SOURCES.register("arith_hard", ArithSource(  # at least data.arith.hard_min_carries carries
+    "arith_hard_heldout", lambda cfg: dataclasses.replace(arithmetic_task(cfg), min_carries=cfg.data.arith.hard_min_carries)))
+
+
+def integer_answer_kept(problem: Problem) -> bool:
+    """Whether the DAPO integer-answer transform keeps a problem (its answer is an integer, or becomes one)."""
+    return parse_integer_answer(problem.answer)[0] is not None
 
 
 def field_map(cfg: Config, path: str) -> FieldMap:
@@ -59,9 +88,14 @@ class ProblemStream:
         self.draws = 0
         self.notes: list[str] = []  # what loading did, for the console
         self.curriculum: Curriculum | None = None
+        self.keep: Callable[[Problem], bool] | None = None  # arithmetic problems the stream draws again
         if cfg.data.train == "arith":
             self.task: ArithmeticTask | None = arithmetic_task(cfg)
             self.pool: list[Problem] = []
+            if cfg.data.transform == "integer_answer":  # config validation: only with decimal problems
+                self.keep = integer_answer_kept
+                self.notes.append("integer-answer transform: problems with a decimal answer are dropped and redrawn "
+                                  "(whole-number sums such as 4.0 are kept, answer 4)")
         else:
             self.task = None
             loaded = load_problems(cfg.data.train, field_map(cfg, cfg.data.train), on_error=cfg.data.on_error)
@@ -85,7 +119,8 @@ class ProblemStream:
 
     def _take(self, count: int) -> list[Problem]:
         if self.task is not None:
-            return self.task.train_problems(count, seed=derive_seed(self.seed, self.draws))
+            problems = self.task.train_problems(count, seed=derive_seed(self.seed, self.draws), keep=self.keep)
+            return integer_answer_transform(problems).problems if self.keep is not None else problems
         out = []
         while len(out) < count:
             if not self._order:
@@ -144,16 +179,18 @@ def build_train_stream(cfg: Config, tokenizer) -> ProblemStream:
 
 
 def build_eval_sets(cfg: Config, tokenizer, *, limit: int | None) -> list[EvalSet]:
-    """One EvalSet per source in cfg.data.eval: the arithmetic held-out split (`limit` problems, or
-    data.eval_size when None) or a dataset's first `limit` rows (all of them when None). Prompts over
+    """One EvalSet per source in cfg.data.eval: a built-in arithmetic held-out set (`ARITH_SOURCES`: arith,
+    arith_decimal, arith_hard; `limit` problems, or data.eval_size when None) or a dataset's first `limit`
+    rows (all of them when None). Prompts over
     data.max_prompt_tokens are dropped and counted in `dropped_too_long`; a set left empty is an error.
     Training passes limit=data.eval_size; `mathrl eval` passes --limit, so a benchmark is scored whole."""
     encoder = prompt_encoder(cfg, tokenizer, max_new_tokens=cfg.eval_max_new_tokens)
     sets = []
     for source in cfg.data.eval:
-        if source == "arith":
-            problems = arithmetic_task(cfg).heldout_problems(limit or cfg.data.eval_size)
-            name = "arith_heldout"
+        if source in ARITH_SOURCES.names():
+            builtin = ARITH_SOURCES.get(source)
+            problems = builtin.task(cfg).heldout_problems(limit or cfg.data.eval_size)
+            name = builtin.set_name
         else:
             problems = load_problems(source, field_map(cfg, source), limit=limit, default_split="test").problems
             name = source_name(source, default_split="test")
@@ -188,7 +225,8 @@ class PretrainText:
         self.task: ArithmeticTask | None = None
         source = cfg.algo.ptx.data
         if source == "arith":
-            self.task = ArithmeticTask(min_digits=cfg.base.min_digits, max_digits=cfg.base.max_digits)
+            self.task = ArithmeticTask(min_digits=cfg.base.min_digits, max_digits=cfg.base.max_digits,
+                                       decimal_share=cfg.base.decimal_share)
         else:
             self.docs = _read_texts(Path(source))
 
@@ -203,9 +241,8 @@ class PretrainText:
     def _doc(self) -> str:
         if self.task is not None:
             (problem,) = self.task.train_problems(1, seed=self.rng.randrange(2**62))
-            a, b = self.task.operands(problem)
-            return problem.question + "=" + self.task.worked_solution(a, b, rng=self.rng, slip_prob=self.slip_prob,
-                                                                         check_prob=self.check_prob)
+            return problem.question + "=" + self.task.solution(problem, rng=self.rng, slip_prob=self.slip_prob,
+                                                               check_prob=self.check_prob)
         return self.docs[self.rng.randrange(len(self.docs))]
 
     def next_batch(self, batch_size: int) -> tuple["torch.Tensor", "torch.Tensor"]:

@@ -321,8 +321,7 @@ def write_arith_sft_jsonl(path: str | Path, *, rows: int, min_digits: int = 1, m
     path = Path(path)
     with path.open("w") as f:
         for problem in task.train_problems(rows, seed=seed):
-            a, b = task.operands(problem)
-            response = task.worked_solution(a, b, rng=rng, slip_prob=slip_prob, check_prob=check_prob)
+            response = task.solution(problem, rng=rng, slip_prob=slip_prob, check_prob=check_prob)
             f.write(json.dumps({"problem": problem.question, "answer": problem.answer, "response": response}) + "\n")
     return path
 
