@@ -126,6 +126,8 @@ FINDINGS: tuple[Finding, ...] = (
                                    "--steps", "1", "50", "--fig", "{fig}/ppo_positions.png"), "{fig}/ppo_positions.png"),
     )),
     Finding("kl_drag", "kl_drag", analyses=(curves("kl_drag"),)),
+    Finding("integer_hack", "integer_hack", analyses=(curves("integer_hack"),)),
+    Finding("difficulty", "difficulty", analyses=(curves("difficulty"),)),
     Finding("clip_binds", "clip_binds", analyses=(curves("clip_binds"),)),
     Finding("entropy_long", "entropy_long", analyses=(
         curves("entropy_long"),
