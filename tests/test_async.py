@@ -100,8 +100,10 @@ def run(tmp: Path, run_dir: Path, extra=(), mode: str = "plain", kill_step: int 
     env = {**os.environ, "MATHRL_CACHE": str(tmp / "cache")}
     args = [sys.executable, str(driver), json.dumps([*OVERRIDES, *extra, f"run_dir={run_dir}"]), mode, str(kill_step),
             str(run_dir) + ".versions.jsonl"]
-    # its own session: a Ctrl-C it sends to its process group reaches it and its generators, not pytest
-    return subprocess.run(args, env=env, capture_output=True, text=True, timeout=600, start_new_session=True)
+    # its own session: a Ctrl-C it sends to its process group reaches it and its generators, not pytest; and
+    # SIGINT at its default even when pytest itself runs with it ignored (started in the background by a script)
+    return subprocess.run(args, env=env, capture_output=True, text=True, timeout=600, start_new_session=True,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def rows(run_dir: Path, drop=()) -> list[dict]:

@@ -289,7 +289,10 @@ def test_ctrl_c_says_where_to_resume_and_piped_output_has_progress_lines(tmp_pat
             "--run-dir", str(run)]
     env = {**os.environ, "PYTHONUNBUFFERED": "0"}  # block-buffered stdout, as under nohup: lines must be flushed
     child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                             start_new_session=True)  # its own process group, which Ctrl-C signals as a whole
+                             start_new_session=True,  # its own process group, which Ctrl-C signals as a whole
+                             # SIGINT at its default even when pytest runs with it ignored (a background job of a
+                             # script): Python then leaves it ignored in the child, and Ctrl-C would do nothing
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 240
         while not any((run / "checkpoints").glob("step_*/trainer_state.json")) or _steps_logged(run) < 3:
