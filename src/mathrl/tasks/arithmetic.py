@@ -114,15 +114,16 @@ class ArithmeticTask:
         if keep is None:
             return [self._problem(*self._draw(rng, heldout=False)) for _ in range(n)]
         out: list[Problem] = []
-        for _ in range(1000 * n + 10_000):  # bounded: `keep` may reject every problem
+        draws = 1000 * n + 10_000  # bounded: `keep` may reject every problem
+        for _ in range(draws):
             if len(out) == n:
-                return out
+                break
             problem = self._problem(*self._draw(rng, heldout=False))
             if keep(problem):
                 out.append(problem)
-        if len(out) == n:
-            return out
-        raise ValueError(f"only {len(out)} of {n} training problems were kept after {1000 * n + 10_000} draws")
+        if len(out) < n:
+            raise ValueError(f"only {len(out)} of {n} training problems were kept after {draws} draws")
+        return out
 
     def heldout_problems(self, n: int, *, seed: int = 0) -> list[Problem]:
         """`n` distinct held-out problems. The default seed keeps the evaluation set fixed across runs."""
