@@ -123,7 +123,7 @@ FINDINGS: tuple[Finding, ...] = (
     Finding("ppo", "ppo", analyses=(
         curves("ppo"),
         Analysis("positions_ppo", (*FINDINGS_CMD, "positions", "recipes/findings/ppo.yaml", "--out", "{out}",
-                                   "--steps", "1", "50", "--fig", "{fig}/ppo_positions.png"), "{fig}/ppo_positions.png"),
+                                   "--steps", "1", "3", "50", "--fig", "{fig}/ppo_positions.png"), "{fig}/ppo_positions.png"),
     )),
     Finding("kl_drag", "kl_drag", analyses=(curves("kl_drag"),)),
     Finding("integer_hack", "integer_hack", analyses=(curves("integer_hack"),)),
