@@ -51,6 +51,7 @@ import torch
 
 from mathrl.config import Config
 from mathrl.rollout import weight_sync as ws
+from mathrl.rollout.placement import child_cuda_env, generator_gpus, weight_backend
 from mathrl.train import dist as tdist
 from mathrl.train.collect import Collected
 
@@ -99,11 +100,9 @@ def plan_placement(cfg: Config, *, cpus: list[int], gpus: int, trainer_gpus: lis
                     for i in range(workers)]
     if not trainer_gpus:
         return Placement(trainer_threads, trainer_cores, threads, worker_cores, ["cpu"] * workers, "gloo")
-    devices = list(g.devices) or [d for d in range(gpus) if d not in trainer_gpus] or [trainer_gpus[0]]
-    chosen = [devices[i % len(devices)] for i in range(workers)]
-    own = len(set(chosen)) == len(chosen) and not set(chosen) & set(trainer_gpus)
+    chosen = generator_gpus(list(g.devices), workers=workers, gpus=gpus, trainer_gpus=trainer_gpus)
     return Placement(trainer_threads, None, threads, [None] * workers, [f"cuda:{d}" for d in chosen],
-                     "nccl" if own else "gloo")
+                     weight_backend(chosen, trainer_gpus))
 
 
 # ---- what crosses the queue ----------------------------------------------------------------------------
