@@ -10,7 +10,14 @@ import torch
 from mathrl.cli import main
 from mathrl.config import load_config
 from mathrl.model.init import CONFIG_DIR, build_random_model
-from mathrl.model.plan import GIB, activation_bytes_per_token, architecture_of, estimate_memory
+from mathrl.model.plan import (
+    GIB,
+    activation_bytes_per_token,
+    architecture_of,
+    estimate_memory,
+    format_plan,
+    generator_layout_error,
+)
 
 
 def test_tiny_model_by_hand():
@@ -181,3 +188,143 @@ def test_ppo_critic_by_hand():
     assert critic == 801_409 * 4 + 4 * 6_040 * 8192  # its gradients and the backbone's activations
     resident = sum(plan.components[k] for k in ("params", "optimizer", "critic", "runtime"))
     assert plan.update_peak == resident + max(policy, critic)  # the two updates run one after the other
+
+
+# ---- generator processes (rollout.max_staleness >= 1) ------------------------------------------------------
+# The tiny model on a GPU (float32 master weights, bfloat16 compute, one trainer rank, no reference model):
+# its resident states are params 801,280 x 4 = 3,205,120 B + AdamW 2 x 3,205,120 + 4 x 50 = 6,410,440 B
+# + the 1 GiB runtime allowance. Its state dict holds 801,280 + 99 x 128 (the tied head again) = 813,952
+# numbers, so a kept version is 3,255,808 B and, all float32 and under 256 MiB, one weight bucket.
+TINY_RESIDENT = 3_205_120 + 6_410_440 + GIB
+TINY_VERSION = 813_952 * 4
+
+
+def _tiny_buckets(bucket_mb: float = 256.0):
+    """The weight buckets train/generator.py cuts the tiny model's state dict into (built on the meta device)."""
+    from transformers import AutoModelForCausalLM
+
+    from mathrl.model.plan import _hf_config
+    from mathrl.rollout import weight_sync as ws
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(_hf_config(load_config(None, [])))
+    return ws.plan_buckets(ws.tensor_specs(model.state_dict().items()), bucket_bytes=int(bucket_mb * 2**20))
+
+
+def test_a_vllm_generator_on_a_gpu_of_its_own():
+    cfg = load_config(None, ["rollout.max_staleness=1", "rollout.engine=vllm", "rollout.vllm.gpu_memory_utilization=0.4"])
+    plan = estimate_memory(cfg, gpus=2, gpu_mem_gib=80, trainer_gpus=[0])
+    (gen,) = plan.generators
+    assert (gen.gpu, gen.engine, gen.bytes, gen.share) == (1, "vLLM", 32 * GIB, 0.4)  # 0.4 x 80 GiB, from the config
+    assert plan.backend == "nccl"  # a GPU of its own: weights over NCCL through one staging bucket on GPU 0
+    buckets = _tiny_buckets()
+    assert plan.staging == max(b.nbytes for b in buckets) == TINY_VERSION
+    assert plan.host == {"kept policy versions": 2 * TINY_VERSION} and sum(b.nbytes for b in buckets) == TINY_VERSION
+    # the trainer's own vLLM engine only evaluates: 32 GiB then, nothing while it updates
+    assert plan.generation_peak == 0 and plan.evaluation_peak == TINY_RESIDENT + 32 * GIB
+    assert plan.update_peak == TINY_RESIDENT + sum(plan.components[k] for k in ("grads", "activations", "gathered weights", "head gradients"))
+    gpu0, gpu1, host = plan.loads
+    assert gpu0.parts == (("trainer", TINY_RESIDENT + 32 * GIB), ("weight staging bucket", TINY_VERSION))
+    assert gpu1.parts == (("generator 0 vLLM", 32 * GIB),) and gpu1.describe() == "GPU 1: generator 0 vLLM 32.00 GiB of 80 GiB (40%)"
+    assert host.parts == (("kept policy versions", 2 * TINY_VERSION),) and host.capacity is None
+    assert plan.fits and generator_layout_error(cfg, trainer_gpus=[0], gpus=2, gpu_mem_gib=80) is None
+
+
+def test_a_vllm_generator_sharing_the_trainers_gpu():
+    cfg = load_config(None, ["rollout.max_staleness=1", "rollout.engine=vllm"])  # gpu_memory_utilization 0.5
+    plan = estimate_memory(cfg, gpus=1, gpu_mem_gib=80)
+    assert plan.backend == "gloo" and plan.staging == 0  # NCCL refuses two ranks on one device
+    (gpu0, _host) = plan.loads
+    # trainer: its states + its evaluation engine's 40 GiB; the generator's 40 GiB beside them
+    assert gpu0.parts == (("trainer", TINY_RESIDENT + 40 * GIB), ("generator 0 vLLM", 40 * GIB))
+    assert gpu0.over == TINY_RESIDENT and not plan.fits  # 9,615,560 B + 1 GiB = 1.009 GiB too much
+    line = "GPU 0: trainer 41.01 GiB + generator 0 vLLM 40.00 GiB = 81.01 GiB > 80 GiB (over by 1.01 GiB)"
+    assert gpu0.describe() == line
+    error = generator_layout_error(cfg, trainer_gpus=[0], gpus=1, gpu_mem_gib=80)
+    assert error is not None and line in error and "\n" not in error and "rollout.vllm.gpu_memory_utilization" in error
+    # 0.3 each: 24 + 24 GiB beside 1.01 GiB of states
+    low = load_config(None, ["rollout.max_staleness=1", "rollout.engine=vllm", "rollout.vllm.gpu_memory_utilization=0.3"])
+    assert generator_layout_error(low, trainer_gpus=[0], gpus=1, gpu_mem_gib=80) is None
+    # 0.6 each: the two vLLM shares of GPU 0 alone exceed it
+    high = load_config(None, ["rollout.max_staleness=1", "rollout.engine=vllm", "rollout.vllm.gpu_memory_utilization=0.6"])
+    error = generator_layout_error(high, trainer_gpus=[0], gpus=1, gpu_mem_gib=80)
+    assert "GPU 0: vLLM shares the trainer's evaluation engine 0.6 + generator 0 0.6 = 1.2 > 1" in error
+
+
+def test_two_vllm_generators_on_own_gpus_and_on_one():
+    base = ["rollout.max_staleness=1", "rollout.engine=vllm", "rollout.vllm.gpu_memory_utilization=0.6",
+            "rollout.generator.workers=2", "data.dynamic_sampling.mode=none"]
+    cfg = load_config(None, base)
+    plan = estimate_memory(cfg, gpus=4, gpu_mem_gib=80, trainer_gpus=[0, 1])
+    assert [(g.gpu, g.bytes) for g in plan.generators] == [(2, 48 * GIB), (3, 48 * GIB)]  # 0.6 x 80 GiB each
+    assert plan.backend == "nccl" and plan.fits
+    assert generator_layout_error(cfg, trainer_gpus=[0, 1], gpus=4, gpu_mem_gib=80) is None
+    shared = load_config(None, [*base, "rollout.generator.devices=[2]"])
+    plan = estimate_memory(shared, gpus=4, gpu_mem_gib=80, trainer_gpus=[0, 1])
+    assert plan.backend == "gloo" and [g.gpu for g in plan.generators] == [2, 2]
+    gpu2 = next(load for load in plan.loads if load.name == "GPU 2")
+    assert gpu2.total == 96 * GIB and gpu2.over == 16 * GIB
+    error = generator_layout_error(shared, trainer_gpus=[0, 1], gpus=4, gpu_mem_gib=80)
+    assert "GPU 2: vLLM shares generator 0 0.6 + generator 1 0.6 = 1.2 > 1" in error
+    assert "GPU 0" not in error and "GPU 1" not in error  # the trainer's GPUs hold no generator
+
+
+def test_a_torch_engine_generator():
+    # its own float32 copy 3,205,120 B; a KV cache of min(rollout.batch_size 512, 128 rows) x (512 + 48)
+    # tokens x 512 (K and V: 2 x 4 layers x 2 kv heads x 32) x 4 B = 146,800,640 B; the 1 GiB runtime
+    cfg = load_config(None, ["rollout.max_staleness=1"])
+    plan = estimate_memory(cfg, gpus=2, gpu_mem_gib=80, trainer_gpus=[0])
+    (gen,) = plan.generators
+    assert (gen.gpu, gen.engine, gen.share) == (1, "torch", None)
+    assert gen.bytes == 3_205_120 + 146_800_640 + GIB
+    # the trainer's torch engine evaluates from its own module: its bf16 KV cache 128 x 560 x 512 x 2 B
+    assert plan.evaluation_peak == TINY_RESIDENT + 73_400_320
+    # sharing a 1 GiB GPU: over, and the fix named is the torch engine's
+    error = generator_layout_error(cfg, trainer_gpus=[0], gpus=1, gpu_mem_gib=1)
+    assert error.startswith("rollout.generator: the generators do not fit: GPU 0: trainer ") and "rollout.batch_size" in error
+
+
+def test_a_cpu_run_puts_everything_in_host_memory():
+    cfg = load_config(None, ["rollout.max_staleness=1", "train.device=cpu"])
+    plan = estimate_memory(cfg, gpus=0, gpu_mem_gib=80, host_mem_gib=0.1)
+    assert "runtime" not in plan.components and "gathered weights" not in plan.components  # float32 compute
+    (gen,) = plan.generators
+    assert (gen.gpu, gen.bytes) == (None, 3_205_120 + 146_800_640)  # no CUDA context on a CPU
+    assert plan.evaluation_peak == 3_205_120 + 6_410_440 + 146_800_640  # the trainer's float32 KV cache
+    (host,) = plan.loads
+    assert host.parts == (("trainer", plan.total), ("generator 0 torch", gen.bytes), ("kept policy versions", 2 * TINY_VERSION))
+    assert host.capacity == int(0.1 * GIB) and not plan.fits
+    assert "DOES NOT FIT: host: trainer" in format_plan(plan)
+    unchecked = estimate_memory(cfg, gpus=0, gpu_mem_gib=80)
+    assert unchecked.fits and "give --host-mem" in format_plan(unchecked)
+    assert generator_layout_error(cfg, trainer_gpus=[], gpus=0, gpu_mem_gib=80) is None
+
+
+def test_dapo_7b_with_one_generator_on_8_gpus():
+    cfg = load_config("recipes/real/dapo_qwen2.5_math_7b.yaml", ["rollout.max_staleness=1"], check_paths=False)
+    plan = estimate_memory(cfg, gpus=8, gpu_mem_gib=80)  # the trainer on all 8: the generator shares GPU 0
+    gpu0 = plan.loads[0]
+    assert gpu0.parts == (("trainer", plan.total), ("generator 0 vLLM", 64 * GIB))  # 0.8 x 80 GiB
+    assert gpu0.over == plan.total - 16 * GIB > 0 and plan.loads[1].fits
+    text = format_plan(plan)
+    assert f"DOES NOT FIT: {gpu0.describe()}" in text and "--trainer-gpus 7" in text
+    assert f"GPU 1-7: trainer {plan.total / GIB:.2f} GiB of 80 GiB" in text  # the seven alike in one row
+    error = generator_layout_error(cfg, trainer_gpus=list(range(8)), gpus=8, gpu_mem_gib=80, arch=plan.arch)
+    assert "GPU 0: vLLM shares the trainer's evaluation engine 0.8 + generator 0 0.8 = 1.6 > 1" in error
+    # seven trainer ranks: the generator has GPU 7; weights over NCCL through a staging bucket the size of
+    # the largest tensor (the embeddings, 152,064 x 3,584 x 4 B > 256 MiB); two float32 versions on the host
+    own = estimate_memory(cfg, gpus=8, gpu_mem_gib=80, trainer_gpus=list(range(7)), arch=plan.arch)
+    assert own.fits and own.backend == "nccl" and own.generators[0].gpu == 7
+    assert own.staging == 152_064 * 3_584 * 4
+    assert own.host["kept policy versions"] == 2 * 7_615_616_512 * 4
+    assert own.loads[0].parts[1] == ("weight staging bucket", 152_064 * 3_584 * 4)
+    assert generator_layout_error(cfg, trainer_gpus=list(range(7)), gpus=8, gpu_mem_gib=80, arch=plan.arch) is None
+
+
+def test_cli_plans_the_generators(capsys):
+    argv = ["plan", "model.path=config:qwen2.5-0.5b", "model.init=random", "rollout.max_staleness=1", "--gpus", "2"]
+    assert main([*argv, "--trainer-gpus", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "generator 0 torch" in out and "GPU 1: generator 0 torch" in out and "kept policy versions" in out
+    assert main([*argv, "--trainer-gpus", "3"]) != 0
+    assert "--trainer-gpus must be between 1 and --gpus (2)" in capsys.readouterr().err

@@ -8,7 +8,8 @@
     mathrl inspect --base PATH --model PATH (--run DIR --step S --index I | --prompt T --response T)
                                                       token-level views of what RL changed (docs/inspect.md)
     mathrl report RUN_DIR... [--out report.html]      one HTML page comparing runs (docs/report.md)
-    mathrl plan  RECIPE.yaml [key.path=value ...] --gpus N --gpu-mem 80   memory per GPU; exit 1 if it does not fit
+    mathrl plan  RECIPE.yaml [key.path=value ...] --gpus N --gpu-mem 80 [--trainer-gpus M]
+                                                      memory per device, generators included; exit 1 if it does not fit
 
 key.path=value overrides may stand anywhere after the verb, before or after options. Errors a user
 can fix (config, data, paths, models) are printed as one line each on stderr, with no traceback
@@ -54,7 +55,7 @@ VERBS: dict[str, Verb] = {
                 arguments.inspect, commands.inspect),
     "report": ("one self-contained HTML page comparing runs: curves, eval tables, config differences",
                arguments.report, commands.report),
-    "plan": ("memory per GPU of a recipe (params, grads, optimizer, activations, KV cache) and whether it fits",
+    "plan": ("memory per device of a recipe (params, grads, optimizer, activations, KV cache, generators) and whether it fits",
              arguments.plan, commands.plan),
 }
 _EXTRA_POSITIONALS = {"train": "args", "sft": "args", "config": "args", "base": "args", "eval": "args", "report": "run_dirs", "plan": "args"}

@@ -93,8 +93,15 @@ def inspect(p: argparse.ArgumentParser) -> None:
 
 def plan(p: argparse.ArgumentParser) -> None:
     p.add_argument("args", nargs="*", help="a recipe .yaml, then key.path=value overrides")
-    p.add_argument("--gpus", type=int, default=1, help="GPUs the training is sharded over (FSDP) [1]")
+    p.add_argument("--gpus", type=int, default=1,
+                   help="GPUs of the machine; the training is sharded over them (FSDP) unless --trainer-gpus; "
+                        "0 (or train.device=cpu): a CPU run [1]")
     p.add_argument("--gpu-mem", type=float, default=80.0, help="memory of one GPU in GiB [80]")
+    p.add_argument("--trainer-gpus", type=int, default=None,
+                   help="the trainer's ranks on the first N GPUs (torchrun --nproc-per-node N); generator processes "
+                        "(rollout.max_staleness >= 1) take the GPUs after them [all --gpus]")
+    p.add_argument("--host-mem", type=float, default=None,
+                   help="host memory in GiB to check the kept policy versions (and a CPU run) against [not checked]")
 
 
 def report(p: argparse.ArgumentParser) -> None:

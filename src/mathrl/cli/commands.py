@@ -183,7 +183,9 @@ def plan(ns: argparse.Namespace, console: Console) -> int:
     recipe, overrides = _split_recipe(ns.args)
     cfg = load_config(recipe, overrides, check_paths=False)  # planning needs the architecture, not the data
     _quiet_libraries()
-    plan = estimate_memory(cfg, gpus=ns.gpus, gpu_mem_gib=ns.gpu_mem)
+    gpus = 0 if cfg.train.device == "cpu" else ns.gpus
+    trainer_gpus = list(range(ns.trainer_gpus)) if ns.trainer_gpus is not None and gpus else None
+    plan = estimate_memory(cfg, gpus=gpus, gpu_mem_gib=ns.gpu_mem, trainer_gpus=trainer_gpus, host_mem_gib=ns.host_mem)
     print(format_plan(plan, cfg.model.path), flush=True)
     return 0 if plan.fits else EXIT_ERROR
 
