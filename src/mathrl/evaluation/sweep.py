@@ -55,6 +55,7 @@ __all__ = [
     "sweep",
     "resolve_targets",
     "run_checkpoints",
+    "model_device",
     "neighbourhood_average",
     "results_markdown",
     "results_table",
@@ -271,6 +272,16 @@ def _device(name: str) -> str:
     return name
 
 
+def model_device(engine: str, device: str) -> str:
+    """Where the checkpoint's Hugging Face model loads for rollout.engine=`engine` evaluating on `device`:
+    there when the engine samples from it (torch), else on the CPU: vLLM loads its own weights on the GPU
+    and takes later checkpoints' weights from this copy, which on the GPU would be memory (a 7B model in
+    float32: 28 GiB) that vLLM's start-up check counts as taken."""
+    from mathrl.rollout.factory import engine_samples_from_module
+
+    return device if engine_samples_from_module(engine) else "cpu"
+
+
 def _summary(values: Sequence[float]) -> dict[str, float | None]:
     mean, std, half = mean_std_ci95(values)
     return {"mean": mean, "std": std, "ci95": None if math.isnan(half) else half}
@@ -325,7 +336,8 @@ def _evaluate_checkpoint(ckpt: Checkpoint, settings: SweepSettings, *, verifier,
 
     cfg = ckpt.cfg
     max_new_tokens = settings.max_new_tokens or cfg.eval_max_new_tokens
-    model, tokenizer = load_model_and_tokenizer(ckpt.path, dtype=cfg.model.dtype, device=device)
+    model, tokenizer = load_model_and_tokenizer(ckpt.path, dtype=cfg.model.dtype,
+                                                device=model_device(cfg.rollout.engine, device))
     model.eval()
     engine = _RecordingEngine(_checkpoint_engine(ckpt, model, tokenizer, {} if engines is None else engines))
     rows = []
