@@ -4,12 +4,18 @@
     with model.disable_adapter():                         # the base model: the KL reference, no copy
         ...
     weights = plain_weights(model)                        # W + (alpha / r) B A, base model names
+    engine.update_weights(stream_plain_weights(model))   # the same, one tensor at a time (sharded too)
 
 A targeted linear layer computes `W x + (alpha / r) * B A x` (Hu et al. 2021, eq. 3; peft's `lora.Linear`
 with `fan_in_fan_out=False`). An engine that holds plain weights (vLLM) receives the merged weights
 `W + (alpha / r) * B A` under the base model's parameter names after every update, so it samples from
 the trainer's distribution; the merge is computed from a state dict, so it works on the gathered full
 tensors of an FSDP2-sharded model too (tests/test_lora.py checks it against peft's `merge_and_unload`).
+
+`stream_plain_weights` yields the same tensors one at a time: each sharded tensor is gathered when the
+consumer pulls it, merged with its adapter, and released before the next, so an engine that loads as it
+reads (vLLM's `update_weights`, one engine per torchrun rank) needs one module's full tensors at a time
+instead of the whole model on every rank (tests/test_lora_stream.py).
 
 On disk an adapter is peft's own format (`adapter_config.json`, `adapter_model.safetensors`): what
 `PeftModel.from_pretrained` and `AutoPeftModelForCausalLM` read.
@@ -18,12 +24,15 @@ On disk an adapter is peft's own format (`adapter_config.json`, `adapter_model.s
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
+from mathrl.rollout.base import full_tensor
+
 __all__ = ["ADAPTER_CONFIG", "add_adapters", "adapter_params", "has_adapter", "is_lora", "load_adapter_weights",
-           "merged_weights", "plain_weights", "unwrap"]
+           "merge_lora", "merged_weights", "plain_weights", "stream_plain_weights", "unwrap"]
 
 ADAPTER_CONFIG = "adapter_config.json"
 _ADAPTER = "default"  # peft's name of the one adapter a run trains
@@ -91,29 +100,32 @@ def adapter_params(model) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
+def merge_lora(w: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, scaling: float) -> torch.Tensor:
+    """One adapted layer's plain weight: W + scaling * B @ A, computed in float32, returned in W's dtype.
+
+    w: [out, in] (the base layer's weight), a: [r, in] (lora_A), b: [out, r] (lora_B) -> [out, in].
+    """
+    delta = scaling * (b.detach().float() @ a.detach().float())  # [out, r] @ [r, in]
+    return (w.detach().float() + delta).to(w.dtype)
+
+
 def merged_weights(state: dict[str, torch.Tensor], *, scaling: float) -> dict[str, torch.Tensor]:
     """A PeftModel's state dict as the base model's state dict with the adapters merged in.
 
     state: PeftModel names (`base_model.model.<name>`; adapted layers hold `<layer>.base_layer.weight`
     [out, in], `<layer>.lora_A.default.weight` [r, in] and `<layer>.lora_B.default.weight` [out, r]).
-    Returns `<name> -> tensor` with `<layer>.weight = W + scaling * B @ A` (in W's dtype, computed in
-    float32) and every other tensor unchanged (the same tensor objects).
+    Returns `<name> -> tensor` with `<layer>.weight = W + scaling * B @ A` (`merge_lora`) and every
+    other tensor unchanged (the same tensor objects).
     """
     out: dict[str, torch.Tensor] = {}
     for name, tensor in state.items():
         if ".lora_" in name:
             continue
-        name = name.removeprefix(_PREFIX)
-        if ".base_layer." not in name:
-            out[name] = tensor
-            continue
-        layer, kind = name.split(".base_layer.")
-        if kind == "weight":
-            a = state[f"{_PREFIX}{layer}.lora_A.{_ADAPTER}.weight"]
-            b = state[f"{_PREFIX}{layer}.lora_B.{_ADAPTER}.weight"]
-            delta = scaling * (b.detach().float() @ a.detach().float())  # [out, r] @ [r, in]
-            tensor = (tensor.detach().float() + delta).to(tensor.dtype)
-        out[f"{layer}.{kind}"] = tensor
+        plain, adapted = _plain_name(name)
+        if adapted:
+            a, b = _adapter_names(plain)
+            tensor = merge_lora(tensor, state[a], state[b], scaling=scaling)
+        out[plain] = tensor
     return out
 
 
@@ -124,7 +136,62 @@ def plain_weights(model, state: dict[str, torch.Tensor] | None = None) -> dict[s
     state = model.state_dict() if state is None else state
     if not is_lora(model):
         return dict(state)
+    return merged_weights(state, scaling=lora_scaling(model))
+
+
+def stream_plain_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
+    """`plain_weights(model, <its whole state dict>)`, one (name, tensor) at a time, in state dict order.
+
+    Each tensor is made whole when the consumer pulls it: a DTensor (an FSDP2 shard) is gathered with
+    `full_tensor()`, a collective, so every rank must pull the whole stream, as every rank's engine does;
+    all ranks gather the same tensors in the same order. An adapted layer's weight gathers W [out, in],
+    A [r, in] and B [out, r] and yields `merge_lora(W, A, B)`, bit for bit what `plain_weights` gives for
+    the gathered state dict; the adapters themselves are not yielded. The stream keeps nothing it has
+    yielded, so the extra memory is one module's whole tensors, not the model's. The gathered tensors
+    stay on the shards' device. A model without adapters streams its own state dict (made whole).
+
+    Checks (an unsupported adapter config) run at the call, before anything is pulled.
+    """
+    state = model.state_dict()  # the parameters themselves (a sharded model: its DTensor shards, no copy)
+    scaling = lora_scaling(model) if is_lora(model) else None
+    return _stream(state, scaling)
+
+
+def _stream(state: dict[str, torch.Tensor], scaling: float | None) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, tensor in state.items():
+        if scaling is None:  # no adapters: the state dict itself
+            plain, adapted = name, False
+        elif ".lora_" in name:  # an adapter matrix: gathered with its layer's weight
+            continue
+        else:
+            plain, adapted = _plain_name(name)
+        whole = full_tensor(tensor)
+        if adapted:
+            a, b = _adapter_names(plain)
+            whole = merge_lora(whole, full_tensor(state[a]), full_tensor(state[b]), scaling=scaling)
+        yield plain, whole
+        del whole  # released before the next tensor is gathered (the consumer may still hold it)
+
+
+def lora_scaling(model) -> float:
+    """alpha / r of `model`'s adapter; raises LoraError for configs the merge does not cover."""
     config = model.peft_config[_ADAPTER]
     if config.use_rslora or config.rank_pattern or config.alpha_pattern:
         raise LoraError("merging supports one rank and alpha for every layer (no rslora, rank_pattern, alpha_pattern)")
-    return merged_weights(state, scaling=config.lora_alpha / config.r)
+    return config.lora_alpha / config.r
+
+
+def _plain_name(name: str) -> tuple[str, bool]:
+    """(the base model's name, whether it is an adapted layer's weight) of a PeftModel state dict entry
+    that is not an adapter matrix: `base_model.model.<layer>.base_layer.<kind>` -> `<layer>.<kind>`."""
+    name = name.removeprefix(_PREFIX)
+    if ".base_layer." not in name:
+        return name, False
+    layer, kind = name.split(".base_layer.")
+    return f"{layer}.{kind}", kind == "weight"
+
+
+def _adapter_names(plain: str) -> tuple[str, str]:
+    """The state dict names of A and B of adapted layer weight `plain` (`<layer>.weight`)."""
+    layer = plain.removesuffix(".weight")
+    return f"{_PREFIX}{layer}.lora_A.{_ADAPTER}.weight", f"{_PREFIX}{layer}.lora_B.{_ADAPTER}.weight"
