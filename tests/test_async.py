@@ -72,6 +72,16 @@ if __name__ == "__main__":  # spawned generators import this file again: only th
                 os.kill(self.processes[0].pid, signal.SIGSTOP)
             return real_get(self, step_no)
         generator.Generator.get = stop_then_get
+    elif mode == "empty_step":  # step K's batch keeps no group (as when dynamic sampling drops them all)
+        real_rl = loop.rl_step
+        def empty_then_step(trainer, step_no, collected=None):
+            if step_no == kill_step:
+                collected.problems = []
+                for k in ("all_wrong", "all_correct", "out_of_band"):
+                    collected.metrics.setdefault(f"filter/dropped_{k}", 0.0)
+                collected.metrics["filter/kept_groups"] = 0.0
+            return real_rl(trainer, step_no, collected)
+        loop.rl_step = empty_then_step
     elif mode == "ctrl_c":  # Ctrl-C in a terminal: SIGINT to the whole process group, generators included
         real_rl = loop.rl_step
         def interrupt_then_step(trainer, step_no, collected=None):
@@ -212,8 +222,8 @@ def test_staleness_metrics_by_hand():
 
 def _receive(port, buckets, specs, out):
     group = ws.join_group("127.0.0.1", port, rank=1, world_size=2, backend="gloo", timeout_s=60)
-    out.put({n: t.clone() for n, t in ws.unpack(buckets, specs, ws.receive_buckets(group, buckets))})
-    ws.barrier(group)
+    out.put({n: t.clone() for n, t in ws.unpack(buckets, specs, ws.receive_buckets(group, buckets, timeout_s=60))})
+    ws.barrier(group, 60)
 
 
 def test_weights_reach_another_process_over_gloo_in_buckets():
@@ -235,7 +245,7 @@ def test_weights_reach_another_process_over_gloo_in_buckets():
     for work in ws.broadcast_buckets(group, ws.pack(buckets, list(tensors.values()))):
         work.wait()
     got = out.get(timeout=60)
-    ws.barrier(group)
+    ws.barrier(group, 60)
     p.join(timeout=60)
     assert p.exitcode == 0
     for name, t in tensors.items():
@@ -362,6 +372,22 @@ def test_ctrl_c_stops_trainer_and_generators_and_the_rerun_resumes_step_for_step
     resumed = run(tmp, run_dir, LAG1)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert rows(run_dir) == rows(done["lag1"])
+
+
+@pytest.mark.slow
+def test_a_step_that_keeps_no_group_still_sends_its_version(runs):
+    # the generators count versions by sends: an empty step sends the unchanged weights as its version, so the
+    # later steps sample the versions fixed lag says, and step 4's checkpoint holds version 3
+    tmp, _ = runs
+    result = run(tmp, tmp / "empty", LAG1, "empty_step", 3)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "step 3: dynamic sampling kept no group" in result.stdout
+    versions = consumed_versions(tmp / "empty")
+    assert sorted(versions) == list(range(1, 7))
+    for step, v in versions.items():
+        assert set(v) == {max(0, step - 2)}, step
+    assert (tmp / "empty" / "final" / "model.safetensors").is_file()
+    assert (tmp / "empty" / "checkpoints" / "step_000004" / "generator_versions.safetensors").is_file()
 
 
 @pytest.mark.slow

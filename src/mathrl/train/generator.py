@@ -122,7 +122,7 @@ class WorkerSpec:
     backend: str
     threads: int
     cores: list[int] | None
-    device: str
+    device: str  # as the child sees it: "cpu", or "cuda:0" with CUDA_VISIBLE_DEVICES naming its one GPU
     specs: list[ws.TensorSpec]
     bucket_bytes: int
     timeout_s: float
@@ -177,7 +177,7 @@ def _die_with_parent() -> None:
 def _generate(spec: WorkerSpec, out, announced, closed) -> None:
     from mathrl.model.io import load_model_and_tokenizer
     from mathrl.reward.functions import build_rewarder
-    from mathrl.rollout.factory import build_engine
+    from mathrl.rollout.factory import build_engine, engine_samples_from_module
     from mathrl.tasks.sources import build_train_stream
     from mathrl.train.collect import collect_rollouts
     from mathrl.train.trainer import model_overrides
@@ -199,10 +199,15 @@ def _generate(spec: WorkerSpec, out, announced, closed) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     group = ws.join_group(spec.host, spec.port, rank=spec.index + 1, world_size=spec.workers + 1,
-                          backend=spec.backend, timeout_s=spec.timeout_s)
+                          backend=spec.backend, timeout_s=spec.timeout_s, device=device)
     buckets = ws.plan_buckets(spec.specs, bucket_bytes=spec.bucket_bytes)
+    # NCCL: each bucket lands in one GPU staging buffer and is copied to host memory, so that a whole version
+    # never sits on the generator's GPU beside its engine
+    staging = ws.staging_buffer(buckets, device) if spec.backend == "nccl" else None
     model, tokenizer = load_model_and_tokenizer(spec.source, dtype=cfg.model.dtype, overrides=model_overrides(cfg))
-    model.to(device).eval()
+    # the torch engine samples from this module; vLLM holds its own weights, so the copy stays on the CPU
+    # (on the GPU it would take memory that vLLM's start check counts as used)
+    model.to(device if engine_samples_from_module(cfg.rollout.engine) else "cpu").eval()
     engine = build_engine(cfg, model=model, tokenizer=tokenizer, model_path=spec.source)
     stream = build_train_stream(cfg, tokenizer)
     if spec.stream_state is not None:
@@ -212,7 +217,7 @@ def _generate(spec: WorkerSpec, out, announced, closed) -> None:
     def receive_through(version: int) -> int:
         got = have
         while got < version:
-            flats = ws.receive_buckets(group, buckets, device=device if spec.backend == "nccl" else "cpu")
+            flats = ws.receive_buckets(group, buckets, staging=staging, timeout_s=spec.timeout_s)
             engine.update_weights((name, t.to(device)) for name, t in ws.unpack(buckets, spec.specs, flats))
             got += 1
         return got
@@ -231,8 +236,8 @@ def _generate(spec: WorkerSpec, out, announced, closed) -> None:
             have = receive_through(target)
             got = collect_rollouts(cfg, step, train_stream=stream, engine=engine, tokenizer=tokenizer, verifier=verifier)
             out.put(pickle.dumps(Generated(step, spec.index, have, got, stream.state_dict())))
-    engine.close()
-    # the trainer may still send versions (free mode) until it closes: take them, then meet it at the barrier
+    # the trainer may still send versions (free mode, several workers) until it closes: take them (into the
+    # engine, which is still open), then meet it at the barrier, then close the engine
     deadline = time.time() + spec.timeout_s
     while not closed.value:
         if announced.value > have:
@@ -242,7 +247,8 @@ def _generate(spec: WorkerSpec, out, announced, closed) -> None:
             raise GeneratorError(f"the trainer sent nothing and did not finish within train.dist.timeout_s={spec.timeout_s:g}s")
         time.sleep(POLL_S)
     have = receive_through(announced.value)
-    ws.barrier(group)
+    ws.barrier(group, spec.timeout_s)
+    engine.close()
 
 
 # ---- the trainer's side ------------------------------------------------------------------------------------
@@ -258,9 +264,9 @@ class Generator:
     group: ws.WeightGroup
     specs: list[ws.TensorSpec]
     buckets: list[ws.Bucket]
-    buffer_device: torch.device
     last_step: int
-    kept: dict[int, list[torch.Tensor]] = field(default_factory=dict)  # version -> its packed buckets
+    sender: ws.StagedSender | None = None  # NCCL: sends through one GPU staging bucket; gloo: None (host buffers)
+    kept: dict[int, list[torch.Tensor]] = field(default_factory=dict)  # version -> its packed buckets, in host memory
     pending: list[tuple[int, list]] = field(default_factory=list)  # (version, works) not yet received by all
     waiting: dict[int, Generated] = field(default_factory=dict)  # batches that arrived before their turn
     restore: tuple[int, set[int]] | None = None  # the trainer's threads and cores before the placement
@@ -301,13 +307,13 @@ class Generator:
         """Send policy `version` to the generators if a later step may sample from it; returns the
         perf/ metrics of the send. Does not wait for the generators to take it."""
         t0 = time.time()
-        flats = ws.pack(self.buckets, tensors, device=self.buffer_device)
+        flats = ws.pack(self.buckets, tensors)  # host memory (pinned on a CUDA machine)
         self.kept[version] = flats
         for old in [v for v in self.kept if v < version - self.lag]:  # a checkpoint needs the last k only
             del self.kept[old]
         sent = 0
         if self.useful(version):
-            self._send(version, flats)
+            self.send(version, flats)
             sent = sum(b.nbytes for b in self.buckets)
         return {"perf/weight_sync_seconds": time.time() - t0, "perf/weight_sync_bytes": float(sent)}
 
@@ -317,17 +323,18 @@ class Generator:
             return version <= self.last_step - 1
         return version <= needed_version(self.last_step, self.lag)
 
-    def _send(self, version: int, flats: list[torch.Tensor]) -> None:
+    def send(self, version: int, flats: list[torch.Tensor]) -> None:
+        """Broadcast `version` (its packed host buckets, unchanged until received) without waiting for it."""
         while len(self.pending) > self.lag:  # at most k + 1 versions in flight
             self._wait_oldest()
         self.announced.value = version
-        self.pending.append((version, ws.broadcast_buckets(self.group, flats)))
+        works = [self.sender.send(flats)] if self.sender is not None else ws.broadcast_buckets(self.group, flats)
+        self.pending.append((version, works))
 
     def _wait_oldest(self) -> None:
         version, works = self.pending.pop(0)
         try:
-            for w in works:
-                w.wait()
+            ws.wait_all(works, self.cfg.train.dist.timeout_s)
         except Exception as e:
             dead = [self.describe(i) + f" ({_exit_text(p.exitcode)})" for i, p in enumerate(self.processes) if not p.is_alive()]
             who = ", ".join(dead) if dead else "a rollout generator"
@@ -355,10 +362,12 @@ class Generator:
                 self.closed.value = 1  # nothing more will be sent: the generators take what is in flight
                 while self.pending:
                     self._wait_oldest()
-                ws.barrier(self.group)
+                ws.barrier(self.group, self.cfg.train.dist.timeout_s)
                 for p in self.processes:
                     p.join(timeout=self.cfg.train.dist.timeout_s)
         finally:
+            if self.sender is not None:
+                self.sender.close()
             for p in self.processes:
                 if p.is_alive():
                     p.terminate()
@@ -419,8 +428,9 @@ def start_generator(trainer) -> Generator | None:
     trainer_gpus = [ranks.device.index or 0] if ranks.device.type == "cuda" else []
     if ranks.device.type == "cuda" and ranks.distributed:
         trainer_gpus = list(range(int(os.environ.get("LOCAL_WORLD_SIZE", ranks.world_size))))
-    placement = plan_placement(cfg, cpus=sorted(os.sched_getaffinity(0)),
-                               gpus=torch.cuda.device_count() if trainer_gpus else 0, trainer_gpus=trainer_gpus)
+    gpus = torch.cuda.device_count() if trainer_gpus else 0
+    check_layout(cfg, trainer_gpus=trainer_gpus, gpus=gpus)
+    placement = plan_placement(cfg, cpus=sorted(os.sched_getaffinity(0)), gpus=gpus, trainer_gpus=trainer_gpus)
     specs = ws.tensor_specs(named)
     bucket_bytes = int(cfg.rollout.generator.bucket_mb * 2**20)
     host, port = "127.0.0.1", _free_port()
@@ -430,46 +440,86 @@ def start_generator(trainer) -> Generator | None:
     stream_state = trainer.train_stream.state_dict()
     processes = []
     for i in range(workers):
+        visible, device = child_cuda_env(placement.worker_devices[i], os.environ.get("CUDA_VISIBLE_DEVICES"))
         spec = WorkerSpec(index=i, workers=workers, cfg=cfg, source=str(trainer.checkpoint or trainer.parent or trainer.model_path),
                           start_step=start, first_version=first, stream_state=stream_state, host=host, port=port,
                           backend=placement.backend, threads=placement.worker_threads, cores=placement.worker_cores[i],
-                          device=placement.worker_devices[i], specs=specs, bucket_bytes=bucket_bytes,
-                          timeout_s=cfg.train.dist.timeout_s)
+                          device=device, specs=specs, bucket_bytes=bucket_bytes, timeout_s=cfg.train.dist.timeout_s)
         # not a daemon: a generator starts processes of its own (the verifier's worker pool), which a daemon
         # may not; it still dies with the trainer (PR_SET_PDEATHSIG) and is joined or ended by Generator.close
         p = ctx.Process(target=worker_main, args=(spec, out, announced, closed), name=f"mathrl-generator-{i}", daemon=False)
-        p.start()
+        spawn_with_env(p, {"CUDA_VISIBLE_DEVICES": visible})
         processes.append(p)
     restore = (torch.get_num_threads(), os.sched_getaffinity(0)) if not ranks.distributed else None
     if restore is not None:
         torch.set_num_threads(placement.trainer_threads)
         if placement.trainer_cores:
             os.sched_setaffinity(0, placement.trainer_cores)
-    buffer_device = ranks.device if placement.backend == "nccl" else torch.device("cpu")
+    nccl_device = ranks.device if placement.backend == "nccl" else None
     try:
         group = _join_watching(processes, host, port, world_size=workers + 1, backend=placement.backend,
-                               timeout_s=cfg.train.dist.timeout_s)
+                               timeout_s=cfg.train.dist.timeout_s, device=nccl_device)
     except BaseException:
         for p in processes:
             p.terminate()
             p.join(timeout=10)
         raise
+    buckets = ws.plan_buckets(specs, bucket_bytes=bucket_bytes)
+    sender = (ws.StagedSender(group, buckets, staging_device=nccl_device, timeout_s=cfg.train.dist.timeout_s)
+              if nccl_device is not None else None)
     gen = Generator(cfg=cfg, processes=processes, queue=out, announced=announced, closed=closed, group=group,
-                    specs=specs, buckets=ws.plan_buckets(specs, bucket_bytes=bucket_bytes), buffer_device=buffer_device,
-                    last_step=cfg.train.steps, restore=restore)
+                    specs=specs, buckets=buckets, last_step=cfg.train.steps, sender=sender, restore=restore)
     where = ", ".join(f"{d}" + (f" cores {c}" if c else "") for d, c in zip(placement.worker_devices, placement.worker_cores))
     trainer.console.print(f"generating while training: {workers} generator(s) ({where}; {placement.worker_threads} "
                           f"thread(s) each), trainer {placement.trainer_threads} thread(s); rollout.max_staleness={lag} "
                           f"{cfg.rollout.async_mode}")
     tensors = [t for _, t in named]
     for v in range(first, start - 1):
-        gen.kept[v] = ws.pack(gen.buckets, [older[f"{v}:{s.name}"] for s in specs], device=buffer_device)
-        gen._send(v, gen.kept[v])
+        gen.kept[v] = ws.pack(gen.buckets, [older[f"{v}:{s.name}"] for s in specs])
+        gen.send(v, gen.kept[v])
     gen.push(start - 1, tensors)
     return gen
 
 
-def _join_watching(processes, host: str, port: int, *, world_size: int, backend: str, timeout_s: float) -> ws.WeightGroup:
+def check_layout(cfg: Config, *, trainer_gpus: list[int], gpus: int) -> None:
+    """On GPUs: a layout whose generators cannot fit beside the trainer (model/plan.py's estimate, vLLM's
+    shares of one GPU) stops here, in one line naming the GPUs, before any generator starts."""
+    if not trainer_gpus:
+        return
+    from mathrl.config import ConfigError
+    from mathrl.model.plan import generator_layout_error
+
+    gib = torch.cuda.get_device_properties(trainer_gpus[0]).total_memory / 2**30
+    try:
+        error = generator_layout_error(cfg, trainer_gpus=trainer_gpus, gpus=gpus, gpu_mem_gib=gib)
+    except ValueError:  # an architecture the plan cannot read without a download: vLLM's own start check decides
+        return
+    if error:
+        raise ConfigError(error)
+
+
+def spawn_with_env(process, env: dict[str, str | None]) -> None:
+    """Start `process` (a spawn-context Process) with `env` in its environment: spawn copies this process's
+    environment when it starts the child, so each variable is set for the start only, then restored
+    (None: unset). How a generator gets its one GPU (`placement.child_cuda_env`)."""
+    saved = {k: os.environ.get(k) for k in env}
+    try:
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        process.start()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _join_watching(processes, host: str, port: int, *, world_size: int, backend: str, timeout_s: float,
+                   device: torch.device | None) -> ws.WeightGroup:
     """The trainer's side of the weight group, formed while the generators load: a generator that dies
     first (a failed import, a script without an `if __name__ == "__main__":` guard) is reported at once
     instead of after the timeout."""
@@ -479,7 +529,10 @@ def _join_watching(processes, host: str, port: int, *, world_size: int, backend:
 
     def join() -> None:
         try:
-            box["group"] = ws.join_group(host, port, rank=0, world_size=world_size, backend=backend, timeout_s=timeout_s)
+            if device is not None and device.type == "cuda":  # this thread's current device is cuda:0 otherwise
+                torch.cuda.set_device(device)
+            box["group"] = ws.join_group(host, port, rank=0, world_size=world_size, backend=backend, timeout_s=timeout_s,
+                                         device=device)
         except BaseException as e:  # noqa: BLE001 - raised in the caller's thread below
             box["error"] = e
 

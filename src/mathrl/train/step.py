@@ -46,6 +46,8 @@ def rl_step(trainer: Trainer, step: int, collected: Collected | None = None) -> 
         why = ", ".join(f"{int(m[f'filter/dropped_{k}'])} {k.replace('_', ' ')}" for k in ("all_wrong", "all_correct", "out_of_band")
                         if m[f"filter/dropped_{k}"])
         trainer.console.print(f"[yellow]warning:[/yellow] step {step}: dynamic sampling kept no group ({why}); update skipped")
+        if cfg.generator_workers:  # version `step` is the unchanged weights: the generators count versions by sends
+            push_weights(trainer, step)
         trainer.tracker.log(step, got.metrics)
         return got.metrics
     trainer.engine.sleep()  # rollout.vllm.enable_sleep_mode: its KV cache is freed until the next generate

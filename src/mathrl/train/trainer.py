@@ -40,6 +40,7 @@ from mathrl.registry import ADVANTAGE_ESTIMATORS
 from mathrl.tasks.arithmetic import base_pretraining_text
 from mathrl.reward.functions import Rewarder, build_rewarder
 from mathrl.rollout.factory import build_engine, engine_samples_from_module
+from mathrl.rollout.on_demand import OnDemandEngine
 from mathrl.run_dir import RunDir, open_run_dir
 from mathrl.tasks.sources import EvalSet, PretrainText, ProblemStream, build_eval_sets, build_train_stream
 from mathrl.train.checkpoint import load_trainer_state, save_checkpoint, set_rng_state
@@ -168,7 +169,14 @@ def build_trainer(cfg: Config, ranks: Ranks, *, console: Console, resume: bool =
         engine_model = load_policy(cfg, source, model_path=model_path, overrides=overrides)[0]
         engine_model.to(ranks.device).eval()
     model = shard(model, cfg, ranks)  # one process: moved to train.device
-    engine = build_engine(cfg, model=engine_model, tokenizer=tokenizer, model_path=weights_source)
+    def new_engine():
+        return build_engine(cfg, model=engine_model, tokenizer=tokenizer, model_path=weights_source)
+
+    if cfg.generator_workers and not engine_samples_from_module(cfg.rollout.engine):
+        # generator processes do the sampling: this engine only evaluates, and exists only while it does
+        engine = OnDemandEngine(new_engine, weights=lambda: trainer.engine_weights(), release=evaluation_engine_release(cfg, ranks))
+    else:
+        engine = new_engine()
     # model.lora: only the adapters train (adapter_params is every parameter without them)
     optimizer, scheduler = build_optimizer(adapter_params(model), cfg, lr=cfg.train.lr, warmup_steps=cfg.train.warmup_steps)
     trainer = Trainer(cfg=cfg, ranks=ranks, console=console, run=run, checkpoint=checkpoint, parent=parent,
@@ -194,6 +202,15 @@ def build_trainer(cfg: Config, ranks: Ranks, *, console: Console, resume: bool =
     _print_data_notes(trainer)
     trainer.verifier = rewarder
     return trainer
+
+
+def evaluation_engine_release(cfg: Config, ranks: Ranks) -> str:
+    """How the trainer's evaluation-only engine (generators sample) gives its memory back between
+    evaluations: on a GPU vLLM's sleep mode when it is on (rollout.vllm.enable_sleep_mode), else closed
+    and rebuilt at the next evaluation; on a CPU kept (host memory, and a start costs more than it frees)."""
+    if ranks.device.type != "cuda":
+        return "keep"
+    return "sleep" if cfg.rollout.vllm.enable_sleep_mode else "close"
 
 
 def _open_run(cfg: Config, ranks: Ranks, *, console: Console, resume: bool) -> tuple[RunDir, Path | None]:
