@@ -228,8 +228,10 @@ class VLLMEngine:
         for name, tensor in named_tensors:
             tensor = full_tensor(tensor).detach()
             seen_head = seen_head or name == "lm_head.weight"
-            if name.endswith("embed_tokens.weight"):
+            if name.endswith("embed_tokens.weight") and not seen_head:
                 embedding = tensor
+            if seen_head:  # the head came: no tied copy to add, nothing to hold
+                embedding = None
             yield name, tensor
         if not seen_head and embedding is not None and self._tied():
             yield "lm_head.weight", embedding

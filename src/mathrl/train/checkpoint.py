@@ -208,7 +208,7 @@ def save_hf_model(model, tokenizer, out: Path, *, ranks: Ranks | None = None) ->
     sharded model is gathered first (a collective: every rank calls this) and rank 0 writes it."""
     out = Path(out)
     main = ranks is None or ranks.main
-    weights = full_state_dict(model, all_ranks=False) if is_sharded(model) else None
+    weights = full_state_dict(model) if is_sharded(model) else None
     if weights and getattr(model.config, "tie_word_embeddings", False):  # the head is the embedding: save it once
         head = model.get_output_embeddings()
         weights.pop(next((f"{n}.weight" for n, m in model.named_modules() if m is head and n), ""), None)
@@ -226,7 +226,7 @@ def save_final_model(model, tokenizer, out: Path, *, ranks: Ranks | None = None)
     if not is_lora(model):
         save_hf_model(model, tokenizer, out, ranks=ranks)
         return
-    state = full_state_dict(model, all_ranks=False) if is_sharded(model) else model.state_dict()
+    state = full_state_dict(model) if is_sharded(model) else model.state_dict()
     if ranks is None or ranks.main:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)

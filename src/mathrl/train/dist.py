@@ -259,19 +259,14 @@ def is_sharded(model) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def full_state_dict(model, *, all_ranks: bool) -> dict[str, torch.Tensor]:
-    """The model's whole (unsharded) state dict on CPU, Hugging Face names: on every rank with
-    all_ranks, else on rank 0 only (other ranks get {}). A collective when the model is sharded.
-
-    all_ranks holds the whole model on every rank at once; an engine on every rank (vLLM under
-    torchrun) loads `model.lora.stream_plain_weights` instead, which gathers one tensor at a time."""
+def full_state_dict(model) -> dict[str, torch.Tensor]:
+    """The model's whole (unsharded) state dict on CPU, Hugging Face names, on rank 0 only (other ranks
+    get {}); a collective when the model is sharded. An engine on every rank (vLLM under torchrun) loads
+    `model.lora.stream_plain_weights` instead, which gathers one tensor at a time."""
     if not is_sharded(model):
         return {k: v.detach().cpu() for k, v in model.state_dict().items()}
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    if all_ranks:
-        sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-        return {k: v.detach().cpu() for k, v in sd.items()}
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 

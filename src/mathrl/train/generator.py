@@ -406,7 +406,7 @@ def model_tensors(trainer) -> list[tuple[str, torch.Tensor]]:
     """The policy's full weights (Hugging Face names): gathered on rank 0 when sharded (a collective:
     every rank calls it), the model's own tensors in one process."""
     if tdist.is_sharded(trainer.model):
-        return list(tdist.full_state_dict(trainer.model, all_ranks=False).items())
+        return list(tdist.full_state_dict(trainer.model).items())
     return list(trainer.model.state_dict().items())
 
 

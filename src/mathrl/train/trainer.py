@@ -33,7 +33,7 @@ from mathrl.algo.controllers import (
 from mathrl.config import Config, dump_yaml
 from mathrl.evaluation.evaluate import EvalResult
 from mathrl.model.io import load_model_and_tokenizer
-from mathrl.model.lora import adapter_params, add_adapters, has_adapter, is_lora, load_adapter_weights, plain_weights
+from mathrl.model.lora import adapter_params, add_adapters, has_adapter, is_lora, load_adapter_weights, stream_plain_weights
 from mathrl.model.paths import resolve_model_path
 from mathrl.model.value import load_critic
 from mathrl.registry import ADVANTAGE_ESTIMATORS
@@ -45,7 +45,7 @@ from mathrl.run_dir import RunDir, open_run_dir
 from mathrl.tasks.sources import EvalSet, PretrainText, ProblemStream, build_eval_sets, build_train_stream
 from mathrl.train.checkpoint import load_trainer_state, save_checkpoint, set_rng_state
 from mathrl.train.collect import CollapseWatch, SignalWatch
-from mathrl.train.dist import Ranks, broadcast_object, full_state_dict, is_sharded, shard_model
+from mathrl.train.dist import Ranks, broadcast_object, shard_model
 from mathrl.train.shared import SkipCount, build_optimizer, build_tracker, save_due, seed_everything
 
 
@@ -119,8 +119,7 @@ class Trainer:
         engine that holds plain weights (vLLM), the merged weights under the base model's names."""
         if not is_lora(self.model) or engine_samples_from_module(self.cfg.rollout.engine):
             return self.model.state_dict().items()
-        state = full_state_dict(self.model, all_ranks=True) if is_sharded(self.model) else None
-        return plain_weights(self.model, state).items()
+        return stream_plain_weights(self.model)  # gathered and merged one tensor at a time, as the engine reads them
 
     def save_if_due(self, step: int) -> None:
         # no checkpoint while updates are being skipped: the last one stays the last good one
