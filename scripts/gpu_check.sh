@@ -23,7 +23,7 @@
 # first lines and the last line say where).
 #
 # Time: it prints one line per check (name, ok / FAILED / skip, its key number, seconds) and exits 1 if
-# any check failed. Every check has a time limit; the limits sum to 415 s, under the budget that all
+# any check failed. Every check has a time limit; the limits sum to 435 s, under the budget that all
 # checks share (--budget, default 450 s on the GPU: with the summary, under 8 minutes). A check may run
 # past its own limit into the budget's slack (what the earlier checks left unused, less what the later
 # ones reserve), so a slow check borrows from fast ones and never from the checks after it. A check the
@@ -46,9 +46,9 @@ py=${PYTHON:-python3}
 device_call='command="bash scripts/gpu_check.sh --report \"$OUT\"" carry=[".gpu_wheels"] timeout_s=480'
 # each check's own time limit (s), in the order they run; vllm (only where vLLM imports) gets what is left
 order=(env deps base train disagg update_mfu resume workload memory_plan rollout_engines sampler_speed
-       entropy_memory lora)
+       entropy_memory weight_sync lora)
 declare -A limit=([env]=20 [deps]=20 [base]=15 [train]=40 [disagg]=45 [update_mfu]=40 [resume]=45 [workload]=60
-                  [memory_plan]=15 [rollout_engines]=40 [sampler_speed]=15 [entropy_memory]=20 [lora]=40 [vllm]=0)
+                  [memory_plan]=15 [rollout_engines]=40 [sampler_speed]=15 [entropy_memory]=20 [weight_sync]=20 [lora]=40 [vllm]=0)
 declare -A needs=([train]=base [disagg]=base [resume]=base [lora]=base [memory_plan]=workload)
 limit_sum=0
 for name in "${order[@]}"; do limit_sum=$((limit_sum + limit[$name])); done
@@ -121,6 +121,7 @@ if (( dry )); then
   engines=(--device cpu --batch 8 --max-new-tokens 8 --repeats 1 --runners torch hf)
   sampler=(--device cpu --rows 4 --vocab 32000 --threads 1)
   entropy=(--device cpu --positions 64 --vocab 4096 --hidden 64 --chunk-size 32 --threads 1)
+  wsync=(--device cpu --mb 16 --repeats 2)
 else
   device=cuda
   common=(train.device=cuda)  # every run: never the CPU by accident
@@ -137,6 +138,7 @@ else
   engines=(--device cuda --dtype bfloat16 --arch qwen2.5-0.5b --batch 128 --max-new-tokens 64 --repeats 2)
   sampler=(--device cuda --rows 256)
   entropy=(--device cuda --positions 1024 4096)
+  wsync=(--device cuda --mb 1024 --repeats 3)  # a generator sharing the trainer's one GPU: gloo through host memory
 fi
 
 # ---- running a check ---------------------------------------------------------------------------------
@@ -473,6 +475,11 @@ print(f'P={p}: ' + ', '.join(f'{m} {v:.0f} MiB' for m, v in peak.items()) + '; c
     "$out/entropy_memory.json"
 }
 check entropy_memory "$py" benchmarks/entropy_memory.py "${entropy[@]}" --out "$out/entropy_memory.json"
+
+# one policy version from the trainer's device to a generator process: gloo through host memory (the one-GPU
+# path), and through one staging bucket on the device
+key_weight_sync() { grep -E '^(host|staged) ' "$out/weight_sync.log" | sed 's/ to a generator process on [a-z]*//' | paste -sd ';' -; }
+check weight_sync "$py" benchmarks/weight_sync.py "${wsync[@]}" --json "$out/weight_sync.json"
 
 # LoRA (peft adapters, model.lora) on the default job under torchrun: FSDP2 at one rank, the reference
 # as the base with the adapters disabled, the torch engine sampling the adapted model
