@@ -21,15 +21,10 @@ pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e '.[vll
                     exc_type=ImportError)
 
 from test_async import DRIVER, consumed_versions  # noqa: E402
+from test_vllm_resume import OVERRIDES as VLLM_RUN  # noqa: E402  (the vLLM engine, head_dim 32, tiny sizes)
 
-OVERRIDES = [
-    "rollout.engine=vllm",
-    "base.steps=200", "base.max_digits=1", "data.arith.max_digits=1", "base.hidden_size=64",
-    "base.intermediate_size=128", "base.num_layers=2", "base.num_heads=2", "base.num_kv_heads=1",
-    "train.steps=5", "train.save_every=2", "rollout.prompts_per_step=4", "rollout.n=4",
-    "train.mini_batch_size=8", "data.eval_size=4", "eval.n=2", "eval.every=5", "reward.num_workers=0",
-    "data.dynamic_sampling.mode=none", "train.dist.timeout_s=300",
-]
+OVERRIDES = [*(o for o in VLLM_RUN if not o.startswith(("algo.entropy.", "train.steps=", "eval.every="))),
+             "train.steps=5", "eval.every=5", "data.dynamic_sampling.mode=none", "train.dist.timeout_s=300"]
 
 
 @pytest.mark.slow

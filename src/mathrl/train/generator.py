@@ -502,20 +502,22 @@ def spawn_with_env(process, env: dict[str, str | None]) -> None:
     """Start `process` (a spawn-context Process) with `env` in its environment: spawn copies this process's
     environment when it starts the child, so each variable is set for the start only, then restored
     (None: unset). How a generator gets its one GPU (`placement.child_cuda_env`)."""
-    saved = {k: os.environ.get(k) for k in env}
+    saved = _set_env(env)
     try:
-        for k, v in env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         process.start()
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _set_env(saved)
+
+
+def _set_env(env: dict[str, str | None]) -> dict[str, str | None]:
+    """Set (None: unset) each variable of `env`; returns what they were, in the same form."""
+    before = {k: os.environ.get(k) for k in env}
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    return before
 
 
 def _join_watching(processes, host: str, port: int, *, world_size: int, backend: str, timeout_s: float,
