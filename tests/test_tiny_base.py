@@ -10,6 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -174,26 +179,68 @@ def test_ensure_base_model_uses_the_cache(built, monkeypatch):
 
 
 def test_ensure_base_model_rebuilds_an_incomplete_directory(tmp_path, monkeypatch):
-    # A directory without model.safetensors (e.g. a crash in an old version) is not a cached model.
+    # A directory without model.safetensors (e.g. a crash in an old version) is not a cached model: it
+    # is replaced by a model built in a temporary directory beside it.
     calls = []
-    monkeypatch.setattr(tiny, "build_base_model", lambda cfg, out, pretraining_text, progress=None: calls.append(out) or out)
+
+    def build(cfg, out, pretraining_text, progress=None):
+        calls.append(out)
+        (out / "model.safetensors").write_text("new")
+        return out
+
+    monkeypatch.setattr(tiny, "build_base_model", build)
     out = base_model_dir(TINY, tmp_path)
     out.mkdir(parents=True)
     (out / "config.json").write_text("{}")
     assert ensure_base_model(TINY, pretraining_text=TEXT, cache_root=tmp_path) == out
-    assert calls == [out]
-
-
-def test_concurrent_build_keeps_the_first(built, tmp_path):
-    # Two processes building the same recipe: the one finishing second must keep the first one's
-    # model (which a run may already be loading) and clean up its own temporary directory.
-    _, path, _ = built
-    out = tmp_path / "base" / path.name
-    out.mkdir(parents=True)
-    (out / "marker").write_text("first")
-    tiny.build_base_model(dataclasses.replace(TINY, steps=1), out, pretraining_text=TEXT)
-    assert (out / "marker").read_text() == "first" and not (out / "model.safetensors").exists()
+    assert len(calls) == 1 and calls[0].name.startswith(out.name + ".tmp-")
+    assert (out / "model.safetensors").read_text() == "new" and not (out / "config.json").exists()
     assert list(out.parent.iterdir()) == [out]
+
+
+RACER = """
+import hashlib, json, sys, time
+from pathlib import Path
+
+from transformers import Qwen2ForCausalLM  # loaded before the start line, so that the builds overlap
+
+from mathrl.config import BaseModelConfig
+from mathrl.model.tiny import ensure_base_model
+from mathrl.tasks.arithmetic import base_pretraining_text
+
+cfg = BaseModelConfig(steps=5, batch_size=4, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
+                      num_kv_heads=1)
+Path(sys.argv[1]).touch()  # ready
+while not Path(sys.argv[2]).exists():  # the start line
+    time.sleep(0.01)
+events = []
+path = ensure_base_model(cfg, pretraining_text=base_pretraining_text(cfg), on_build_start=lambda p: events.append("built"),
+                         on_wait=lambda line: events.append("waited"))
+sha = hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
+print(json.dumps({"path": str(path), "sha": sha, "events": events}))
+"""
+
+
+def test_processes_racing_for_one_base_model_build_it_once(tmp_path):
+    # Bug story: two processes building the same base model into an empty cache (ablate.py --jobs 2)
+    # both trained it; the second died with "[Errno 39] Directory not empty" on the final rename.
+    n, cache, go = 3, tmp_path / "cache", tmp_path / "go"
+    env = {**os.environ, "MATHRL_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", RACER, str(tmp_path / f"ready{i}"), str(go)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(n)]
+    deadline = time.time() + 240
+    while not all((tmp_path / f"ready{i}").exists() for i in range(n)) and time.time() < deadline:
+        assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+        time.sleep(0.05)
+    go.touch()
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert [p.returncode for p in procs] == [0] * n, [err[-2000:] for _, err in outs]
+    results = [json.loads(out.splitlines()[-1]) for out, _ in outs]
+    assert len({r["path"] for r in results}) == 1 and len({r["sha"] for r in results}) == 1
+    events = sorted(e for r in results for e in r["events"])
+    assert events.count("built") == 1, events  # one process built it; the others waited for it (or found it)
+    model = Path(results[0]["path"])
+    assert list(model.parent.iterdir()) == [model]  # no temporary directory, no lock file left
 
 
 def test_progress_is_reported_every_step(tmp_path):

@@ -14,10 +14,17 @@
 
     run = RunDir("runs/x")
     run.metrics(), run.evals(), run.summary(), run.rollouts(step=3)
+
+One process writes a run directory: `open_run_dir` takes an exclusive lock on `<run_dir>/.lock` (rank 0
+under torchrun) and keeps it for the life of the process, or until the run ends; a second writer stops
+before it writes anything, naming the holder's PID. The kernel drops the lock of a process that dies,
+however it dies. Readers (`report`, `eval`, `inspect`) take no lock: they read a run being written.
+Default names (`new_run_dir`) are the local time, with `-2`, `-3`, ... for runs started in the same second.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -27,11 +34,78 @@ from typing import Any, Iterator
 
 from rich.console import Console
 
+from mathrl.cache import FileLock, holder_pid, locks_unsupported
+
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 class RunComplete(Exception):
     """The run directory already holds a finished run."""
+
+
+class RunDirBusy(RuntimeError):
+    """Another process is writing the run directory."""
+
+
+LOCK_NAME = ".lock"
+RUNS_ROOT = Path("runs")  # where runs go without --run-dir
+_HELD: dict[Path, FileLock] = {}  # run directories this process writes, by absolute path
+
+
+def lock_run_dir(path: str | Path) -> FileLock | None:
+    """Take the writer's lock of the run directory `path` (created if missing) for this process; one
+    this process holds already is returned as it is. Raises RunDirBusy, naming the holder's PID, when
+    another process holds it; None when its file system has no file locks. Kept until
+    `release_run_dir` or the end of the process."""
+    key = Path(path).absolute()
+    if key in _HELD:
+        return _HELD[key]
+    lock = FileLock(key / LOCK_NAME)
+    try:
+        if not lock.acquire(block=False):
+            raise RunDirBusy(busy_message(Path(path), holder_pid(lock.path)))
+    except OSError as e:
+        if not locks_unsupported(e):
+            raise
+        return None
+    _HELD[key] = lock
+    return lock
+
+
+def release_run_dir(path: str | Path) -> None:
+    """Drop this process's writer lock of `path` (nothing when it holds none)."""
+    lock = _HELD.pop(Path(path).absolute(), None)
+    if lock is not None:
+        lock.release()
+
+
+def busy_message(path: Path, pid: int | None) -> str:
+    """The one line of a second writer of the run directory `path` (`pid`: the holder's, when known)."""
+    who = f"another mathrl process (pid {pid})" if pid else "another mathrl process"
+    return f"run directory {path} is in use by {who}; wait for it or choose another --run-dir"
+
+
+def run_dir_name(now: time.struct_time, n: int = 1) -> str:
+    """The default name of a run started at local time `now`: `20250131-142501`; the `n`-th run
+    started in the same second gets `-<n>` (`20250131-142501-2`), which sorts after it."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", now)
+    return stamp if n == 1 else f"{stamp}-{n}"
+
+
+def new_run_dir(root: str | Path = RUNS_ROOT, *, now: time.struct_time | None = None) -> Path:
+    """A new, empty run directory under `root`, named by `run_dir_name`: created here (mkdir fails for
+    a name that exists), so two runs started in the same second never share one."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    now = now or time.localtime()
+    for n in itertools.count(1):
+        path = root / run_dir_name(now, n)
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise AssertionError("unreachable")
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -210,12 +284,28 @@ def open_run_dir(path: str | Path | None, *, config_text: str, resume: bool, con
     """(run directory, checkpoint to resume from or None) for a training run. Never overwrites a run
     silently: an existing run is resumed from its last complete checkpoint; with resume=False
     (`--no-resume`) its files are moved aside to `<run_dir>.replaced-<timestamp>` and a new run starts.
-    `config_text` (the resolved config as YAML) is written to config.yaml."""
-    run = RunDir(path or Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
+    `config_text` (the resolved config as YAML) is written to config.yaml. The directory is locked for
+    this process first (`lock_run_dir`): a second writer stops here, before anything is written."""
+    run = RunDir(path or new_run_dir())
+    if lock_run_dir(run.path) is None:
+        console.print(f"[yellow]warning:[/yellow] the file system of {run.path} has no file locks: nothing stops "
+                      "another process from writing this run directory at the same time")
+    try:
+        return _open_locked(run, config_text=config_text, resume=resume, console=console)
+    except BaseException:
+        release_run_dir(run.path)
+        raise
+
+
+def _open_locked(run: RunDir, *, config_text: str, resume: bool, console: Console) -> tuple[RunDir, Path | None]:
+    """open_run_dir once this process holds the run directory's lock."""
     has_run = run.metrics_path.exists()
     if has_run and not resume:
         aside = run.path.with_name(f"{run.path.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
-        run.path.rename(aside)
+        run.path.rename(aside)  # the lock moves with it: drop it, then lock the new directory
+        (aside / LOCK_NAME).unlink(missing_ok=True)
+        release_run_dir(run.path)
+        lock_run_dir(run.path)
         console.print(f"--no-resume: the previous run was moved to {aside}")
         has_run = False
     checkpoint = None

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from pathlib import Path
 
 from rich.console import Console
 
 from mathrl.cli.arguments import EXIT_ERROR, UsageError
 from mathrl.config import Config, ConfigError, load_config
+from mathrl.run_dir import RUNS_ROOT, new_run_dir
 
 
 def _split_recipe(args: list[str]) -> tuple[str | None, list[str]]:
@@ -67,12 +67,12 @@ def train(ns: argparse.Namespace, console: Console) -> int:
     cfg = load_config(recipe, overrides)
     if ns.run_dir:
         cfg.run_dir = ns.run_dir  # a path, never re-read as YAML (--run-dir 2024-05-01 stays a string)
-    cfg.run_dir = cfg.run_dir or str(Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
-    ns.run_dir_used = cfg.run_dir  # for the Ctrl-C message
-    check_writable_dir(Path(cfg.run_dir), "--run-dir")
+    check_writable_dir(Path(cfg.run_dir or RUNS_ROOT), "--run-dir")
     check_data_files(cfg)
     if ns.nproc < 1:
         raise UsageError(f"--nproc must be >= 1, got {ns.nproc}")
+    cfg.run_dir = cfg.run_dir or str(new_run_dir(RUNS_ROOT))  # made once, here: every rank gets it
+    ns.run_dir_used = cfg.run_dir  # for the Ctrl-C message
     if ns.nproc > 1:  # one torchrun job; every rank runs this command without --nproc, on the same run dir
         from mathrl.train.launch import launch
 
@@ -98,13 +98,14 @@ def _run(run, cfg, ns: argparse.Namespace, console: Console) -> int:
 def sft(ns: argparse.Namespace, console: Console) -> int:
     recipe, overrides = _split_recipe(ns.args)
     cfg = load_config(recipe, overrides)
-    cfg.run_dir = ns.run_dir or cfg.run_dir or str(Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
-    ns.run_dir_used = cfg.run_dir  # for the Ctrl-C message
-    check_writable_dir(Path(cfg.run_dir), "--run-dir")
+    cfg.run_dir = ns.run_dir or cfg.run_dir
+    check_writable_dir(Path(cfg.run_dir or RUNS_ROOT), "--run-dir")
     from mathrl.train.sft import check_sft_config, sft
 
     check_sft_config(cfg)
     check_data_files(cfg)
+    cfg.run_dir = cfg.run_dir or str(new_run_dir(RUNS_ROOT))
+    ns.run_dir_used = cfg.run_dir  # for the Ctrl-C message
     _quiet_libraries()
     return _run(sft, cfg, ns, console)
 

@@ -3,8 +3,9 @@
 `mathrl train` with no arguments starts from this model so that a complete RL experiment runs on a CPU
 in minutes with nothing downloaded. It is an ordinary Hugging Face model directory (config.json,
 model.safetensors, tokenizer.json) that `AutoModelForCausalLM.from_pretrained` and
-`AutoTokenizer.from_pretrained` load, cached under the user cache directory and keyed by a hash of
-its recipe, so changing any field of `BaseModelConfig` builds a new one.
+`AutoTokenizer.from_pretrained` load, cached under the user cache directory ($MATHRL_CACHE) and keyed
+by a hash of its recipe, so changing any field of `BaseModelConfig` builds a new one. Several processes
+may ask for the same model at once: one builds it, the others wait for it (`mathrl.cache.build_once`).
 
 The pretraining text comes from a `pretraining_text(count, rng)` callable that the caller passes in
 (`tasks/arithmetic.py:base_pretraining_text(cfg.base)`): a list of (prompt, solution) text pairs; the
@@ -25,16 +26,16 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
 import random
-import shutil
 import string
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from mathrl.cache import build_once
+from mathrl.cache import cache_root as default_cache_root
 
 BASE_FORMAT_VERSION = 2  # bump when the build code changes what a given recipe produces
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
@@ -76,14 +77,6 @@ def _byte_level_symbols() -> dict[int, str]:
     return table
 
 
-def _default_cache_root() -> Path:
-    if os.environ.get("MATHRL_CACHE"):
-        return Path(os.environ["MATHRL_CACHE"])
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("mathrl"))
-
-
 def recipe_hash(cfg) -> str:
     fields = dataclasses.asdict(cfg)
     for key in ("check_prob", "decimal_share"):  # added later: left out at 0 so the models built before them keep their hash
@@ -94,7 +87,7 @@ def recipe_hash(cfg) -> str:
 
 
 def base_model_dir(cfg, cache_root: Path | None = None) -> Path:
-    return (cache_root or _default_cache_root()) / "base" / f"tiny-arith-{recipe_hash(cfg)}"
+    return (cache_root or default_cache_root()) / "base" / f"tiny-arith-{recipe_hash(cfg)}"
 
 
 def _encode_batch(tokenizer, pretraining_text: PretrainingText, rng: random.Random, batch_size: int):
@@ -119,11 +112,9 @@ def build_base_model(
     progress: Callable[[int, int, float], None] | None = None,
 ) -> Path:
     """Pretrain the tiny model described by `cfg` (a `BaseModelConfig`) on `pretraining_text` and
-    save it to `out_dir`. The text must follow `cfg` (`base_pretraining_text(cfg)`): the cache key
-    is the recipe's hash.
-
-    Written to a temporary directory first and renamed at the end, so an interrupted build never
-    leaves a half-written model that a later run would pick up.
+    save it into `out_dir`. The text must follow `cfg` (`base_pretraining_text(cfg)`): the cache key
+    is the recipe's hash. `ensure_base_model` passes a temporary directory that it renames into the
+    cache once the model is complete.
     """
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -166,29 +157,33 @@ def build_base_model(
             progress(step + 1, cfg.steps, loss.item())
 
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".tmp-", dir=out_dir.parent))
+    out_dir.mkdir(parents=True, exist_ok=True)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "mathrl_base.json").write_text(
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    (out_dir / "mathrl_base.json").write_text(
         json.dumps({"recipe": dataclasses.asdict(cfg), "version": BASE_FORMAT_VERSION, "built_at": time.time()}, indent=2)
     )
-    if out_dir.exists():  # a concurrent build finished first; keep theirs
-        shutil.rmtree(tmp)
-    else:
-        os.replace(tmp, out_dir)
     return out_dir
 
 
+def is_built(path: Path) -> bool:
+    """True when `path` holds a finished base model (its weights are written last, then it is renamed in)."""
+    return (Path(path) / "model.safetensors").exists()
+
+
 def ensure_base_model(cfg, *, pretraining_text: PretrainingText, cache_root: Path | None = None, progress=None,
-                      on_build_start=None) -> Path:
+                      on_build_start=None, on_wait=None) -> Path:
     """Path of the cached base model for `cfg`, building it first (from `pretraining_text`) if it is
-    not cached yet."""
+    not cached yet. Safe with several processes at once (`cache.build_once`): one builds, calling
+    `on_build_start(path)` first; the others pass one line to `on_wait` (default: stderr), wait for it
+    and use its model."""
     out = base_model_dir(cfg, cache_root)
-    if (out / "model.safetensors").exists():
-        return out
-    if on_build_start is not None:
-        on_build_start(out)
-    return build_base_model(cfg, out, pretraining_text=pretraining_text, progress=progress)
+
+    def build(tmp: Path) -> None:
+        if on_build_start is not None:
+            on_build_start(out)
+        build_base_model(cfg, tmp, pretraining_text=pretraining_text, progress=progress)
+
+    return build_once(out, build, is_complete=is_built, on_wait=on_wait)

@@ -38,6 +38,7 @@ from rich.console import Console
 
 from mathrl.config import Config
 from mathrl.evaluation.evaluate import EvalResult
+from mathrl.run_dir import release_run_dir
 from mathrl.track.console import StepProgress, summary_table
 from mathrl.train.checkpoint import save_final_model, save_hf_model
 from mathrl.train.critic import pretrain_critic
@@ -79,11 +80,13 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
 def _train(cfg: Config, *, console: Console, resume: bool, ranks: Ranks) -> TrainResult:
     trainer = build_trainer(cfg, ranks, console=console, resume=resume)
     try:
-        return _run(trainer)
+        result = _run(trainer)
     except BaseException:
         with contextlib.suppress(Exception):  # the run's own error is the one to report
             close_held(trainer)
         raise
+    release_run_dir(trainer.run.path)  # finished: the writer's lock goes before the process does
+    return result
 
 
 def close_held(trainer: Trainer) -> None:

@@ -35,7 +35,7 @@ from mathrl.model.scoring import response_logprobs
 from mathrl.reward.verify import Verifier
 from mathrl.tasks.arithmetic import base_pretraining_text
 from mathrl.rollout.factory import build_engine
-from mathrl.run_dir import RunDir, open_run_dir
+from mathrl.run_dir import RunDir, open_run_dir, release_run_dir
 from mathrl.tasks.loading import load_problems
 from mathrl.tasks.sources import build_eval_sets, field_map, prompt_encoder
 from mathrl.train.batching import TrainBatch, micro_batches
@@ -289,6 +289,7 @@ def sft(cfg: Config, *, console: Console | None = None, resume: bool = True) -> 
                                 keep_last=cfg.train.keep_last, keep_every=cfg.keep_every_steps)
             s.skips.stop_if_over(cfg.train.max_skipped_steps, s.run.checkpoints)
     finish_sft(s, base=base, last=last, wall_seconds=time.time() - t_start)
+    release_run_dir(s.run.path)  # finished: the writer's lock goes before the process does
     return s.run.path
 
 
