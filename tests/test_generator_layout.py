@@ -242,3 +242,19 @@ def test_a_trainer_whose_generators_use_vllm_builds_no_vllm_of_its_own(tmp_path,
     finally:
         trainer.engine.close()
         trainer.tracker.close()
+
+
+def test_a_layout_that_cannot_fit_stops_before_any_generator_starts(monkeypatch):
+    # one 80 GiB GPU shared by the 7B trainer, its evaluation engine and a vLLM generator, each vLLM holding 0.8
+    # of it: a config error naming GPU 0
+    from types import SimpleNamespace
+
+    from mathrl.config import ConfigError
+    from mathrl.train.generator import check_layout
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=80 * 2**30))
+    cfg = load_config("recipes/real/dapo_qwen2.5_math_7b.yaml", ["rollout.max_staleness=1"])
+    with pytest.raises(ConfigError, match=r"GPU 0: vLLM shares .* = 1.6 > 1"):
+        check_layout(cfg, trainer_gpus=[0], gpus=1)
+    check_layout(cfg, trainer_gpus=[], gpus=0)  # a CPU run: nothing to check
+    check_layout(cfg, trainer_gpus=[0, 1, 2, 3, 4, 5, 6], gpus=8)  # a GPU of its own: fits
