@@ -24,6 +24,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -106,12 +107,19 @@ def locks_unsupported(error: OSError) -> bool:
     return error.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
 
 
-def holder_pid(path: str | Path) -> int | None:
-    """The PID written into the lock file `path` by its holder (None: no file, or not written yet)."""
-    try:
-        return int(Path(path).read_text().strip())
-    except (OSError, ValueError):
-        return None
+def holder_pid(path: str | Path, *, wait_s: float = 2.0) -> int | None:
+    """The PID written into the lock file `path` by its holder, which writes it just after it took the
+    lock: read again for up to wait_s while the file is still empty (None: no file, or nothing written)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return int(Path(path).read_text().strip())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.02)
 
 
 def lock_path(entry: Path) -> Path:
