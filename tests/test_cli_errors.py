@@ -172,6 +172,34 @@ def test_bad_data_rows_fail_before_the_model_loads(tmp_path, capsys, no_training
         assert main(["train", f"data.train={data}", "data.template=plain", "data.on_error=skip", "--run-dir", str(run)]) == 0
 
 
+@pytest.mark.parametrize(
+    ("row", "override", "expect"),
+    [
+        ({"problem": "1+1=", "answer": "2"}, "data.question_field=nope", "sums.jsonl:1: missing field 'nope'"),
+        ({"q": "1+1=", "a": "2"}, "data.template=plain", "sums.jsonl:1: missing fields 'problem' and 'answer' "
+         "(the row has fields q, a; set data.question_field to the field that holds the problem and "
+         "data.answer_field to the field that holds the gold answer)"),
+    ],
+)
+def test_eval_reads_its_data_before_building_the_base_model(tmp_path, monkeypatch, capsys, row, override, expect):
+    # Bug story: with a new cache, `mathrl eval tiny-arith --data file.jsonl data.question_field=wrong`
+    # pretrained the tiny base model for minutes before it read the file and found the field missing.
+    import mathrl.model.paths
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("the base model was built before the data was checked")
+
+    monkeypatch.setattr(mathrl.model.paths, "resolve_model_path", no_build)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv("MATHRL_CACHE", str(cache))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sums.jsonl").write_text(json.dumps(row) + "\n")
+    _one_line_error(capsys, main(["eval", "tiny-arith", "--data", "sums.jsonl", override]), expect=expect, status=1)
+    assert list(cache.iterdir()) == []  # no base model, not even its lock
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "sums.jsonl"]  # no eval_<timestamp>/
+
+
 def test_a_finished_or_unresumable_run_is_left_as_it_was(tmp_path, capsys):
     # A run directory with metrics but no checkpoint: refused (one line), nothing touched, nothing built.
     run = tmp_path / "run"
@@ -456,6 +484,9 @@ def test_terminal_bar_keeps_its_times_and_cuts_the_info_text(width):
         (["eval", "no_such_run"], "target 'no_such_run' does not exist", 1),
         (["eval", "{model}", "--out", "{file}"], "--out '{file}' is a file, not a directory", 2),
         (["inspect", "--prompt", "1+1="], "--prompt and --response go together", 1),
+        # a model directory that is not there fails before the base model is built
+        (["inspect", "--prompt", "1+1=", "--response", "2", "--base", "{model}", "--model", "./no_model"],
+         "model ./no_model does not exist", 1),
         (["report", "no_such_run"], "no_such_run", 1),
     ],
 )

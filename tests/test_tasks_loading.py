@@ -506,6 +506,28 @@ def test_missing_answer_names_the_answer_key(tmp_path, row, fields, hint) -> Non
     assert "data.question_field" not in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("row", "fields", "message"),
+    [
+        # Bug story: a file whose question and answer were both under other names named only
+        # data.question_field; fixing it met the missing answer on the next try.
+        ({"question": "Tom has 3", "target": "3 #### 3"}, FieldMap(),
+         "missing fields 'problem' and 'answer' (the row has fields question, target; try "
+         "data.question_field=question data.answer_field=target data.answer_after='####')"),
+        ({"text": "6*7=?"}, FieldMap(id="id"),
+         "missing fields 'problem', 'answer' and 'id' (the row has fields text; set data.question_field to the "
+         "field that holds the problem and data.answer_field to the field that holds the gold answer; this "
+         "source's preset takes the row id from 'id')"),
+    ],
+)
+def test_every_missing_field_is_named_at_once(tmp_path, row, fields, message) -> None:
+    path = _write(tmp_path, "rows.jsonl", [json.dumps(row)])
+    with pytest.raises(DataError) as info:
+        load_jsonl(path, fields)
+    assert str(info.value) == f"{path}:1: {message}"
+    assert info.value.reason == message.split(" (")[0]  # the skip counter's key: the fields, not the row
+
+
 def test_missing_question_without_a_likely_field_says_which_key(tmp_path) -> None:
     path = _write(tmp_path, "rows.jsonl", [json.dumps({"text": "6*7=?", "answer": "42"})])
     with pytest.raises(DataError, match="the row has fields text, answer; set data.question_field to the field "

@@ -176,6 +176,8 @@ def build_report(ns: InspectOptions, console: Console) -> InspectReport:
     model_path = ns.model or (str(RunDir(ns.run).final) if ns.run else None)
     if model_path is None:
         raise InspectError("--model is required (or --run DIR, whose final/ model is used)")
+    _check_model_dirs([model_path, *(c for c in ns.checkpoints if ".tmp-" not in Path(c).name)],
+                      from_run=ns.model is None)
     base_path = ns.base
     if base_path is None:
         if cfg is None:
@@ -234,6 +236,19 @@ def build_report(ns: InspectOptions, console: Console) -> InspectReport:
         exploration=exploration_table(EXPLORATION_PS, EXPLORATION_NS, comparison=comparison), probes=probes,
         position=position, notes=notes,
     )
+
+
+def _check_model_dirs(paths: Sequence[str], *, from_run: bool) -> None:
+    """Raise InspectError for a model path that names a local directory that is missing or holds no
+    config.json, before the base model is built or any model loads. A path that does not exist and
+    reads as a hub id (org/name) is left to the loader; `from_run`: the first path is a run's final/."""
+    for i, path in enumerate(paths):
+        local = Path(path).expanduser()
+        if local.is_dir() and not (local / "config.json").exists():
+            raise InspectError(f"{path} is a directory but not a Hugging Face model (no config.json)")
+        if not local.exists() and ((from_run and i == 0) or str(path).startswith((".", "/", "~"))):
+            raise InspectError(f"model {path} does not exist" + (" (the run has no final/ model yet; give --model)"
+                                                                 if from_run and i == 0 else ""))
 
 
 def _resolved(path: str | Path) -> str:

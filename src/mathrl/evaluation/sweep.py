@@ -198,24 +198,46 @@ def run_start(run_dir: Path, cfg: Config) -> tuple[Path | None, str]:
     return None, f"model.path={cfg.model.path} is not a local directory (give it as another TARGET to evaluate it)"
 
 
+def _target_config(target: str, overrides: Sequence[str], settings: SweepSettings) -> Config:
+    """The config a TARGET is evaluated with, found without building or loading anything; raises
+    TargetError for a TARGET that is not a model directory, a run directory or tiny-arith."""
+    path = Path(target).expanduser()
+    if target == TINY_BASE and not path.exists():
+        cfg = eval_config(None, overrides, settings)
+        cfg.model.path = TINY_BASE
+        return cfg
+    if not path.exists():
+        raise TargetError(f"target {target!r} does not exist; give a model directory, a run directory "
+                          f"(with config.yaml) or {TINY_BASE}")
+    if (path / "config.yaml").exists():
+        return eval_config(path, overrides, settings)
+    if (path / "config.json").exists():
+        return eval_config(None, overrides, settings)
+    raise TargetError(f"target {target!r} is neither a run directory (no config.yaml) nor a Hugging Face "
+                      "model directory (no config.json)")
+
+
 def resolve_targets(targets: Sequence[str], *, overrides: Sequence[str], settings: SweepSettings, console: Console) -> list[Checkpoint]:
-    """Every checkpoint the TARGETs stand for, in the order given (a run's checkpoints by step)."""
+    """Every checkpoint the TARGETs stand for, in the order given (a run's checkpoints by step).
+
+    Every TARGET's config and data (`check_eval_data`) are checked before the first model is built: a
+    wrong field map fails in seconds, not after the tiny base model has been pretrained."""
     check_overrides(overrides)
+    configs = [_target_config(target, overrides, settings) for target in targets]
+    checked = set()
+    for cfg in configs:
+        if repr(cfg.data) not in checked:  # targets with the same data settings read it once
+            checked.add(repr(cfg.data))
+            check_eval_data(cfg, limit=settings.limit)
     checkpoints: list[Checkpoint] = []
-    for target in targets:
+    for target, cfg in zip(targets, configs):
         path = Path(target).expanduser()
         if target == TINY_BASE and not path.exists():
             from mathrl.model.paths import resolve_model_path
             from mathrl.tasks.arithmetic import base_pretraining_text
 
-            cfg = eval_config(None, overrides, settings)
-            cfg.model.path = TINY_BASE
             checkpoints.append(Checkpoint(TINY_BASE, resolve_model_path(cfg, console, pretraining_text=base_pretraining_text(cfg.base)), None, None, cfg))
-        elif not path.exists():
-            raise TargetError(f"target {target!r} does not exist; give a model directory, a run directory "
-                              f"(with config.yaml) or {TINY_BASE}")
         elif (path / "config.yaml").exists():
-            cfg = eval_config(path, overrides, settings)
             found = run_checkpoints(path, cfg)
             if not found:
                 raise TargetError(f"run directory {target!r} holds no checkpoint (checkpoints/step_*/ or final/ with "
@@ -226,11 +248,8 @@ def resolve_targets(targets: Sequence[str], *, overrides: Sequence[str], setting
             else:
                 console.print(f"[yellow]note:[/yellow] {target}: its starting model (step 0) is not evaluated: {why_not}")
             checkpoints += [Checkpoint(label, str(d), step, str(path), cfg) for label, d, step in found]
-        elif (path / "config.json").exists():
-            checkpoints.append(Checkpoint(target, str(path), None, None, eval_config(None, overrides, settings)))
         else:
-            raise TargetError(f"target {target!r} is neither a run directory (no config.yaml) nor a Hugging Face "
-                              "model directory (no config.json)")
+            checkpoints.append(Checkpoint(target, str(path), None, None, cfg))
     return checkpoints
 
 
@@ -244,6 +263,20 @@ def default_out_dir(targets: Sequence[str], checkpoints: Sequence[Checkpoint]) -
 # ----------------------------------------------------------------------------------------------------
 # data
 # ----------------------------------------------------------------------------------------------------
+def check_eval_data(cfg: Config, *, limit: int | None) -> None:
+    """Read every dataset of cfg.data.eval that is not a built-in arithmetic set (files and hf: sources)
+    with its field map, as the sweep will read it (its first `limit` rows, all when None), before any
+    model is built or loaded: a missing field or a malformed row raises `DataError` now, naming file and
+    line, instead of after the model has loaded."""
+    from mathrl.registry import ARITH_SOURCES
+    from mathrl.tasks.loading import load_problems
+    from mathrl.tasks.sources import field_map
+
+    for source in cfg.data.eval:
+        if source not in ARITH_SOURCES.names():
+            load_problems(source, field_map(cfg, source), limit=limit, default_split="test")
+
+
 # ----------------------------------------------------------------------------------------------------
 # the sweep
 # ----------------------------------------------------------------------------------------------------

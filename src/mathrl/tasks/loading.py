@@ -327,6 +327,9 @@ def _row_to_problem(row: dict[str, Any], fields: FieldMap, where: str, stem: str
     def fail(reason: str, detail: str | None = None) -> DataError:
         return DataError(where, row_no, reason, detail)
 
+    absent = [name for name in _mapped_fields(fields) if name not in row]
+    if len(absent) > 1:  # name them all at once, not one per attempt
+        raise fail(f"missing fields {_quoted_list(absent)}", _missing_fields_hint(row, absent, fields))
     question = _required_field(row, fields.question, fail, fields)
     if not isinstance(question, str):
         kind = type(question).__name__
@@ -423,6 +426,53 @@ def _field_map_hint(row: dict[str, Any], missing: str, fields: FieldMap) -> str:
             return (head + f"; set {key} to the field that holds the gold answer, "
                     "or data.on_error=skip to skip and count rows without one")
     return head + "; try " + " ".join(hint)
+
+
+def _mapped_fields(fields: FieldMap) -> list[str]:
+    """The fields a row must have under `fields`: question, gold-answer source and id (when mapped)."""
+    answer_source = fields.answer if fields.answer is not None else fields.answer_from_solution
+    return [name for name in (fields.question, answer_source, fields.id) if name is not None]
+
+
+def _quoted_list(names: list[str]) -> str:
+    """['a', 'b', 'c'] -> "'a', 'b' and 'c'"."""
+    quoted = [repr(n) for n in names]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
+
+
+def _missing_fields_hint(row: dict[str, Any], missing: list[str], fields: FieldMap) -> str:
+    """The row's fields and, for each of the `missing` ones, the config key that maps it: set to a
+    likely field of the row when it has one, else what the key must name."""
+    keys = [str(k) for k in row]
+    question = next((k for k in _QUESTION_NAMES if k in row), None)
+    answer = next((k for k in _ANSWER_NAMES if k in row and k != question), None)
+    tries: list[str] = []
+    sets: list[str] = []
+    notes: list[str] = []
+    for name in missing:
+        if name == fields.question:
+            if question:
+                tries.append(f"data.question_field={question}")
+            else:
+                sets.append("data.question_field to the field that holds the problem")
+        elif name == fields.id:
+            notes.append(f"this source's preset takes the row id from {name!r}")
+        else:
+            key = "data.answer_from_solution" if name == fields.answer_from_solution else "data.answer_field"
+            if answer is None:
+                sets.append(f"{key} to the field that holds the gold answer")
+            elif key == "data.answer_field" and isinstance(row[answer], str) and "\\boxed{" in row[answer]:
+                tries.append(f"data.answer_from_solution={answer} data.answer_field=null")
+            else:
+                tries.append(f"{key}={answer}")
+            if answer and fields.answer_after is None and isinstance(row[answer], str) and "####" in row[answer]:
+                tries.append("data.answer_after='####'")
+    hint = f"the row has fields {', '.join(keys[:12])}"
+    if tries:
+        hint += "; try " + " ".join(tries)
+    if sets:
+        hint += "; set " + " and ".join(sets)
+    return "; ".join([hint, *notes])
 
 
 def _answer_to_str(value: Any, sep: str, name: str, fail: _Fail) -> str:
