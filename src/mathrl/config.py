@@ -310,6 +310,7 @@ class TrainConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.99])  # AdamW [beta1, beta2]
     max_grad_norm: float = 1.0  # gradients are clipped to this global norm
     save_every: int = 10  # write a resumable checkpoint every N steps (0 = only the final model)
+    save_every_minutes: float = 0.0  # also write one when this many minutes have passed since the last (0 = off); a SIGTERM saves the last completed step too
     keep_last: int = 2  # complete checkpoints kept (older ones are deleted once a newer one is complete)
     keep_every: int | None = None  # also keep the weights (no optimizer state) of every checkpoint whose step is a multiple of this, for `mathrl eval RUN`'s curve; null: eval.every; 0: none
     max_skipped_steps: int = 5  # stop after this many consecutive steps with a non-finite loss or gradient

@@ -258,6 +258,7 @@ DOMAINS: dict[str, Domain] = {
     "train.betas": Range(0, 1, open_high=True, length=2, why="Adam's beta1 and beta2"),
     "train.max_grad_norm": positive("gradients are clipped to this norm; a negative limit flips their sign"),
     "train.save_every": NONNEG,
+    "train.save_every_minutes": NONNEG,
     "train.keep_last": COUNT,
     "train.keep_every": NONNEG,
     "train.max_skipped_steps": COUNT,

@@ -13,7 +13,8 @@
 
 key.path=value overrides may stand anywhere after the verb, before or after options. Errors a user
 can fix (config, data, paths, models) are printed as one line each on stderr, with no traceback
-(MATHRL_DEBUG=1 shows it). Exit status: 0 done, 1 error, 2 bad command line or config, 130 Ctrl-C.
+(MATHRL_DEBUG=1 shows it). Exit status: 0 done, 1 error, 2 bad command line or config, 130 Ctrl-C,
+143 SIGTERM (a preemption: the run saved its last completed step first; train/preempt.py).
 
 A new verb is one `VERBS` entry: a function in cli/arguments.py that adds its arguments to its
 sub-parser, and a handler in cli/commands.py, `(ns, console) -> int`, that calls the library. This
@@ -116,25 +117,31 @@ def _is_known(e: BaseException) -> bool:
     return isinstance(e, RuntimeError) and type(e).__module__.startswith("mathrl.")
 
 
-def interrupt_message(ns: argparse.Namespace) -> str:
-    """What a Ctrl-C stopped and how to go on: the step in progress, and the step of the run
-    directory's last complete checkpoint that the same command resumes from."""
+def interrupt_message(ns: argparse.Namespace, *, preempted: bool = False) -> str:
+    """What a Ctrl-C (or, `preempted`, a SIGTERM between steps) stopped and how to go on: the step in
+    progress (the last completed one), and the step of the run directory's last complete checkpoint
+    that the same command resumes from."""
     run_dir = getattr(ns, "run_dir_used", None)
+    interrupted = "stopped by SIGTERM" if preempted else "interrupted"
     if ns.command not in ("train", "sft") or run_dir is None:
-        return f"interrupted; mathrl {ns.command} did not finish"
+        return f"{interrupted}; mathrl {ns.command} did not finish"
     from mathrl.run_dir import RunDir, latest_checkpoint
 
     run = RunDir(run_dir)
     logged = run.last_logged_step()
-    at = "before the first step" if logged is None else f"at step {logged + 1}"
+    if preempted and logged:
+        at = f"after step {logged}"
+    else:
+        at = "before the first step" if logged is None else f"at step {logged + 1}"
+    interrupted = f"{interrupted} {at}"
     rerun = "rerun the same command" if ns.run_dir and not ns.no_resume else f"rerun with --run-dir {run.path}"
     checkpoint = latest_checkpoint(run.checkpoints)
     if checkpoint is not None:
         step = json.loads((checkpoint / "trainer_state.json").read_text())["step"]
-        return f"interrupted {at}; {rerun} to resume from step {step} ({checkpoint})"
+        return f"{interrupted}; {rerun} to resume from step {step} ({checkpoint})"
     if run.trained_nothing():  # open_run_dir starts such a run over in place
-        return f"interrupted {at}; nothing was trained: {rerun} to start over"
-    return f"interrupted {at}, before the first checkpoint; rerun with --run-dir {run.path} --no-resume to start over"
+        return f"{interrupted}; nothing was trained: {rerun} to start over"
+    return f"{interrupted}, before the first checkpoint; rerun with --run-dir {run.path} --no-resume to start over"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,8 +167,11 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     try:
         return VERBS[ns.command][2](ns, console)
-    except KeyboardInterrupt:
-        return _fail("", interrupt_message(ns), EXIT_INTERRUPTED)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM between steps (train/preempt.py's Preempted: exit 143)
+        if getattr(e, "reported_by_rank_0", False):
+            return getattr(e, "exit_code", EXIT_INTERRUPTED)
+        preempted = hasattr(e, "exit_code")
+        return _fail("", interrupt_message(ns, preempted=preempted), getattr(e, "exit_code", EXIT_INTERRUPTED))
     except BrokenPipeError:  # `mathrl config | head`: the reader has gone; nothing more to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, what a shell reports for a writer whose reader left

@@ -12,6 +12,11 @@ With rollout.max_staleness >= 1 (or rollout.generator.workers >= 1) generator pr
 steps' batches (train/generator.py): they start before the first evaluation, `rl_step` takes each
 step's batch from them and sends them the new weights after its update.
 
+SIGTERM (a scheduler's preemption) stops the run between steps: the step in progress ends, its
+checkpoint is saved, and `Preempted` (a KeyboardInterrupt) takes the teardown below; the command line
+exits 143 with the resume line of Ctrl-C (train/preempt.py). train.save_every_minutes adds checkpoints
+by time beside train.save_every's by step count.
+
 Teardown, in this order on every rank, whether the run finished or failed:
   1. the progress display (its `with` block),
   2. the generator processes (a finished run: the last weights taken, a barrier with them, joined;
@@ -44,6 +49,7 @@ from mathrl.train.checkpoint import save_final_model, save_hf_model
 from mathrl.train.critic import pretrain_critic
 from mathrl.train.dist import DistributedError, Ranks, close_distributed, collective_failure, init_distributed
 from mathrl.train.generator import next_batch, start_generator
+from mathrl.train.preempt import Preempted, StopSignal, agree
 from mathrl.train.shared import NonFiniteError, eval_due, evals_from_log, log_evals, run_evals, summary
 from mathrl.train.step import rl_step
 from mathrl.train.trainer import Trainer, build_trainer
@@ -78,13 +84,15 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
 
 
 def _train(cfg: Config, *, console: Console, resume: bool, ranks: Ranks) -> TrainResult:
-    trainer = build_trainer(cfg, ranks, console=console, resume=resume)
-    try:
-        result = _run(trainer)
-    except BaseException:
-        with contextlib.suppress(Exception):  # the run's own error is the one to report
-            close_held(trainer)
-        raise
+    with StopSignal() as stop:  # SIGTERM from here on: stop between steps (train/preempt.py)
+        trainer = build_trainer(cfg, ranks, console=console, resume=resume)
+        trainer.stop = stop
+        try:
+            result = _run(trainer)
+        except BaseException:
+            with contextlib.suppress(Exception):  # the run's own error is the one to report
+                close_held(trainer)
+            raise
     release_run_dir(trainer.run.path)  # finished: the writer's lock goes before the process does
     return result
 
@@ -119,6 +127,8 @@ def _steps(trainer: Trainer) -> None:
     """The starting point's evaluation, then every step with its due evaluation and checkpoint."""
     cfg, console = trainer.cfg, trainer.console
     evaluate_start(trainer)
+    if agree(trainer.stop.requested, False, trainer.ranks)[0]:  # SIGTERM before the first step: nothing to save
+        raise Preempted(trainer.start_step - 1, main=trainer.ranks.main)
     with StepProgress(console, total=cfg.train.steps, completed=trainer.start_step - 1) as progress:
         for step in range(trainer.start_step, cfg.train.steps + 1):
             metrics = rl_step(trainer, step, next_batch(trainer, step) if cfg.generator_workers else None)
@@ -128,9 +138,11 @@ def _steps(trainer: Trainer) -> None:
             evaluate_if_due(trainer, step, progress)
             if trained:
                 trainer.collapse.check(step, metrics, console)
-            trainer.save_if_due(step)
+            stop = trainer.end_step(step)  # the due checkpoint (steps, minutes, SIGTERM); stop: SIGTERM asked to
             trainer.signal.record(step, metrics, n=cfg.rollout.n)
             trainer.signal.check(step, cfg, console, main=trainer.ranks.main)  # stops a run whose groups have had no signal for a while
+            if stop:
+                raise Preempted(step, main=trainer.ranks.main)
             if not trained:
                 progress.advance_empty()
                 continue

@@ -46,6 +46,7 @@ from mathrl.tasks.sources import EvalSet, PretrainText, ProblemStream, build_eva
 from mathrl.train.checkpoint import load_trainer_state, save_checkpoint, set_rng_state
 from mathrl.train.collect import CollapseWatch, SignalWatch
 from mathrl.train.dist import Ranks, broadcast_object, shard_model
+from mathrl.train.preempt import StopSignal, agree, time_save_due
 from mathrl.train.shared import SkipCount, build_optimizer, build_tracker, save_due, seed_everything
 
 
@@ -85,6 +86,9 @@ class Trainer:
     latest: dict[str, EvalResult] = field(default_factory=dict)  # the latest evaluation
     last_eval: dict[str, float] = field(default_factory=dict)  # ... and its logged metrics
     t_start: float = field(default_factory=time.time)
+    stop: StopSignal = field(default_factory=StopSignal)  # SIGTERM's request to stop between steps (train/preempt.py)
+    last_save: float = field(default_factory=time.monotonic)  # when the last checkpoint was written (train.save_every_minutes)
+    saved_step: int | None = None  # the step of the last checkpoint this process wrote
 
     @property
     def optimizers(self) -> dict[str, Any]:
@@ -121,13 +125,27 @@ class Trainer:
             return self.model.state_dict().items()
         return stream_plain_weights(self.model)  # gathered and merged one tensor at a time, as the engine reads them
 
-    def save_if_due(self, step: int) -> None:
+    def save_if_due(self, step: int, *, force: bool = False) -> None:
+        """Checkpoint step `step` when train.save_every asks for it, or `force` (time or SIGTERM) does."""
         # no checkpoint while updates are being skipped: the last one stays the last good one
-        if save_due(self.cfg, step, last=self.cfg.train.steps) and not self.skips.in_a_row:
+        due = force or save_due(self.cfg, step, last=self.cfg.train.steps)
+        if due and not self.skips.in_a_row and self.saved_step != step:
             save_checkpoint(self.run.checkpoints, step, model=self.model, tokenizer=self.tokenizer, state=self.state(),
                             keep_last=self.cfg.train.keep_last, keep_every=self.cfg.keep_every_steps,
                             critic=self.critic, ranks=self.ranks, **self.optimizers,
                             extra_tensors=self.generator_versions(step))
+            self.saved_step, self.last_save = step, time.monotonic()
+
+    def end_step(self, step: int) -> bool:
+        """Step `step`'s checkpoint when train.save_every, train.save_every_minutes (rank 0's clock) or a
+        SIGTERM asks for one, agreed across ranks; returns whether SIGTERM asks the run to stop now
+        (not after the last step, which finishes the run). Every rank calls it after every step."""
+        train = self.cfg.train
+        late = time_save_due(train.save_every_minutes, last_save=self.last_save, now=time.monotonic())
+        stop, late = agree(self.stop.requested, late, self.ranks)
+        checkpoints_on = bool(train.save_every or train.save_every_minutes)
+        self.save_if_due(step, force=late or (stop and checkpoints_on))
+        return stop and step < train.steps
 
     def generator_versions(self, step: int) -> dict[str, dict]:
         """The older policy versions the generators' next steps sample from, for checkpoint `step`."""

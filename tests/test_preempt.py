@@ -1,0 +1,108 @@
+"""SIGTERM is a preemption: the run ends its step, saves it, prints the resume line and exits 143; the
+same command then resumes to the metrics of a run that was never stopped. Also the time-based
+checkpoint decision (train.save_every_minutes) and the SIGTERM handler itself.
+
+Each run is a separate process (`python DRIVER ...`), so the signal is a real SIGTERM of a real run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mathrl.run_dir import latest_checkpoint
+from mathrl.train.preempt import Preempted, StopSignal, agree, time_save_due
+from mathrl.train.dist import Ranks
+
+DRIVER = r'''
+import json, os, signal, sys
+import torch
+torch.set_num_threads(1)
+from mathrl.cli import main
+from mathrl.train import step
+
+argv, term_step = json.loads(sys.argv[1]), int(sys.argv[2])
+if term_step:  # SIGTERM in the middle of step K, inside its update
+    real_update = step.update_policy
+    def update_then_term(*args, step, **kwargs):
+        if step == term_step:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_update(*args, step=step, **kwargs)
+    step.update_policy = update_then_term
+sys.exit(main(argv))
+'''
+
+# train.save_every=10: no step-based checkpoint before the SIGTERM, so the one it writes is its own
+ARGS = [
+    "train", "base.steps=200", "base.max_digits=1", "data.arith.max_digits=1", "base.hidden_size=32",
+    "base.intermediate_size=64", "base.num_layers=2", "base.num_heads=2", "base.num_kv_heads=1",
+    "train.steps=4", "train.save_every=10", "rollout.prompts_per_step=4", "rollout.n=4",
+    "train.mini_batch_size=8", "data.eval_size=4", "eval.n=2", "eval.every=3", "reward.num_workers=0",
+    "algo.entropy.mode=adaptive", "algo.entropy.coef=0.001",
+]
+
+
+def run(tmp_path: Path, run_dir: Path, term_step: int = 0) -> subprocess.CompletedProcess:
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    env = {**os.environ, "MATHRL_CACHE": str(tmp_path / "cache")}
+    argv = [*ARGS, "--run-dir", str(run_dir)]
+    return subprocess.run([sys.executable, str(driver), json.dumps(argv), str(term_step)], env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def training_rows(run_dir: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith("perf/") or k == "perf/skipped_steps"} for r in rows]
+
+
+def test_sigterm_saves_the_step_exits_143_and_the_rerun_matches_an_uninterrupted_run(tmp_path):
+    done = run(tmp_path, tmp_path / "uninterrupted")
+    assert done.returncode == 0, done.stderr[-2000:]
+    run_dir = tmp_path / "preempted"
+    stopped = run(tmp_path, run_dir, term_step=2)
+    assert stopped.returncode == 143, stopped.stderr[-2000:]
+    assert "Traceback" not in stopped.stderr and "KeyboardInterrupt" not in stopped.stderr, stopped.stderr
+    checkpoint = latest_checkpoint(run_dir / "checkpoints")
+    assert checkpoint is not None and checkpoint.name == "step_000002"  # step 2 ended, then was saved
+    last = [ln for ln in stopped.stderr.splitlines() if ln.strip()][-1]
+    assert last == (f"mathrl: stopped by SIGTERM after step 2; rerun the same command to resume from step 2 "
+                    f"({checkpoint})"), last
+    resumed = run(tmp_path, run_dir)  # the same command again
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert training_rows(run_dir) == training_rows(tmp_path / "uninterrupted")
+
+
+def test_save_every_minutes_is_due_once_that_many_minutes_have_passed():
+    clock = 1000.0  # seconds, as time.monotonic gives them
+    assert not time_save_due(0, last_save=0.0, now=clock)  # 0: off
+    assert not time_save_due(30, last_save=clock, now=clock + 29 * 60)
+    assert time_save_due(30, last_save=clock, now=clock + 30 * 60)
+    assert time_save_due(0.5, last_save=clock, now=clock + 31)
+
+
+def test_one_process_agrees_with_itself():
+    assert agree(True, False, Ranks()) == (True, False)
+    assert agree(False, True, Ranks()) == (False, True)
+
+
+def test_sigterm_sets_the_flag_and_the_handler_is_restored():
+    before = signal.getsignal(signal.SIGTERM)
+    with StopSignal() as stop:
+        assert not stop.requested
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.requested
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # a second SIGTERM ends the process
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_preempted_is_an_interrupt_that_exits_143():
+    e = Preempted(3)
+    assert isinstance(e, KeyboardInterrupt) and e.exit_code == 143 and not e.reported_by_rank_0
+    assert Preempted(3, main=False).reported_by_rank_0
