@@ -388,16 +388,17 @@ def test_piped_tables_and_bars_are_not_cut(capsys):
     # for non-terminals), and bars printed nothing until the end.
     from rich.table import Table
 
+    from mathrl.evaluation.sweep import PASS1_HEADER
     from mathrl.track.console import PlainProgress, make_console, make_progress
 
     console = make_console()  # capsys: not a terminal
     table = Table()
-    for name in ("checkpoint", "pass@1 mean ± std [95% CI]", "pass@2", "maj@8", "no-answer", "repetitive", "garbled"):
+    for name in ("checkpoint", PASS1_HEADER, "pass@2", "maj@8", "no-answer", "repetitive", "garbled"):
         table.add_column(name)
-    table.add_row("run_with_a_long_name/step_000120", "0.512 ± 0.013 [0.480, 0.544]", *["0.500"] * 5)
+    table.add_row("run_with_a_long_name/step_000120", "0.512 [0.480, 0.544] · seeds 0.512 ± 0.013", *["0.500"] * 5)
     console.print(table)
     out = capsys.readouterr().out
-    assert "run_with_a_long_name/step_000120" in out and "pass@1 mean ± std [95% CI]" in out and "…" not in out
+    assert "run_with_a_long_name/step_000120" in out and PASS1_HEADER in out and "…" not in out
 
     bar = make_progress(console, "eval", every_s=3600)
     assert isinstance(bar, PlainProgress)

@@ -13,11 +13,13 @@ import pytest
 
 from mathrl.evaluation.metrics import (
     avg_at_n,
+    bootstrap_ci95,
     default_ks,
     maj_at_k,
     mean_std_ci95,
     pass_at_k,
     pass_at_k_table,
+    problem_scores,
     t_quantile_975,
 )
 
@@ -163,3 +165,58 @@ def test_t_quantile_is_continuous_past_the_table_and_tends_to_z() -> None:
     assert t_quantile_975(10**9) == pytest.approx(1.959964, abs=1e-6)
     values = [t_quantile_975(df) for df in range(1, 200)]
     assert all(a > b for a, b in itertools.pairwise(values))
+
+
+# ----------------------------------------------------------------------------- bootstrap CI over problems
+
+
+def test_problem_scores_average_each_problem_over_seeds() -> None:
+    assert problem_scores([[0.5, 1.0, 0.0]]) == [0.5, 1.0, 0.0]  # one seed: its own avg@n
+    assert problem_scores([[0.5, 1.0, 0.0], [0.0, 1.0, 0.25]]) == [0.25, 1.0, 0.125]
+    with pytest.raises(ValueError, match="same problems"):
+        problem_scores([[0.5, 1.0], [0.5]])
+    with pytest.raises(ValueError, match="at least one seed"):
+        problem_scores([])
+
+
+def test_bootstrap_ci95_hand_computed() -> None:
+    # [0, 1]: a resampled mean is 0, 0.5 or 1 with probabilities 1/4, 1/2, 1/4; the 2.5% and 97.5%
+    # quantiles fall inside the masses at 0 and at 1.
+    assert bootstrap_ci95([0.0, 1.0]) == (0.5, 0.0, 1.0)
+    # [0, 0, 0, 1]: the mean of 4 draws is K/4 with K ~ Binomial(4, 1/4): P(K = 0) = 81/256 > 2.5%, so
+    # low = 0; P(K = 4) = 1/256 < 2.5% <= P(K >= 3) = 13/256, so high = 3/4.
+    assert bootstrap_ci95([0.0, 0.0, 0.0, 1.0]) == (0.25, 0.0, 0.75)
+    # one problem: every resample is that problem
+    assert bootstrap_ci95([0.375]) == (0.375, 0.375, 0.375)
+
+
+def test_bootstrap_ci95_all_correct_and_all_wrong_stay_at_the_bounds() -> None:
+    assert bootstrap_ci95([1.0] * 8) == (1.0, 1.0, 1.0)
+    assert bootstrap_ci95([0.0] * 8) == (0.0, 0.0, 0.0)
+
+
+def test_bootstrap_ci95_one_and_two_seeds() -> None:
+    # one seed: the problems' avg@n are resampled as they are
+    assert bootstrap_ci95(problem_scores([[0.0, 0.0, 0.0, 1.0]])) == (0.25, 0.0, 0.75)
+    # two seeds with pass@1 0.125 and 0.25: the Student-t interval over them leaves [0, 1] (12.7 * sd / sqrt 2)
+    per_seed = [[0.0, 0.0, 0.0, 0.5], [0.0, 0.0, 0.0, 1.0]]
+    mean, _, half = mean_std_ci95([sum(s) / 4 for s in per_seed])
+    assert mean - half < 0.0
+    # problem scores [0, 0, 0, 0.75]: the resampled mean is 0.75 K / 4, K ~ Binomial(4, 1/4) as above
+    assert bootstrap_ci95(problem_scores(per_seed)) == (0.1875, 0.0, 0.5625)
+
+
+def test_bootstrap_ci95_never_leaves_the_unit_interval_and_is_seeded() -> None:
+    import random
+
+    rng = random.Random(0)
+    for _ in range(100):
+        scores = [rng.choice([0.0, 1.0, rng.randint(0, 8) / 8]) for _ in range(rng.randint(1, 40))]
+        mean, low, high = bootstrap_ci95(scores, resamples=500)
+        assert 0.0 <= low <= mean <= high <= 1.0, scores
+    scores = [rng.random() for _ in range(30)]
+    assert bootstrap_ci95(scores) == bootstrap_ci95(scores)  # the same scores, the same interval
+    with pytest.raises(ValueError, match="in \\[0, 1\\]"):
+        bootstrap_ci95([0.5, 1.5])
+    with pytest.raises(ValueError, match="at least one problem"):
+        bootstrap_ci95([])

@@ -22,8 +22,9 @@ import pytest
 from rich.console import Console
 
 from mathrl.config import dump_yaml, load_config
-from mathrl.evaluation.metrics import default_ks, mean_std_ci95
+from mathrl.evaluation.metrics import bootstrap_ci95, default_ks, mean_std_ci95
 from mathrl.evaluation.sweep import (
+    PASS1_HEADER,
     SweepSettings,
     neighbourhood_average,
     resolve_targets,
@@ -118,7 +119,7 @@ def test_sweep_writes_results_ordered_by_step(report: dict, run_dir: Path) -> No
             assert all(0.0 <= rec[k] <= 1.0 for k in expected - {"response_length"})
             assert 0 < rec["response_length"] <= 10
     md = (out / "results.md").read_text()
-    assert "pass@1 mean ± std [95% CI]" in md and "| myrun/final | 30 | arith_heldout |" in md
+    assert PASS1_HEADER in md and "| myrun/final | 30 | arith_heldout |" in md
     assert "Neighbourhood averages" in md
 
 
@@ -134,6 +135,18 @@ def test_seed_statistics_match_mean_std_ci95(report: dict) -> None:
         values_seen.update(r["pass@1"] for r in row["per_seed"])
     # the stub verifier makes pass@1 vary, so the checks above compared non-trivial numbers
     assert len(values_seen) > 1
+
+
+def test_pass_at_1_interval_is_the_bootstrap_over_problem_scores(report: dict) -> None:
+    # each problem's score is its fraction correct over both seeds x 2 samples; the interval resamples them
+    for row in report["results"]:
+        scores = row["problem_pass@1"]
+        assert len(scores) == row["num_problems"] and all(s * 4 == round(s * 4) for s in scores)
+        pass1 = row["metrics"]["pass@1"]
+        assert sum(scores) / len(scores) == pytest.approx(pass1["mean"])
+        _, low, high = bootstrap_ci95(scores, seed=0)
+        assert (pass1["ci95_low"], pass1["ci95_high"]) == (low, high)
+        assert 0.0 <= low <= high <= 1.0
 
 
 def test_pass_at_1_and_no_answer_follow_the_verdicts(report: dict) -> None:
@@ -190,9 +203,12 @@ def test_cli_on_a_plain_model_directory(run_dir: Path, tmp_path: Path) -> None:
     (row,) = result["results"]
     assert row["step"] is None and row["run"] is None and row["checkpoint"] == str(model_dir)
     assert row["num_problems"] == 2 and row["max_new_tokens"] == 6
-    # one seed: the spread is unknown, not zero, so the CI is null and the table says so
-    assert row["metrics"]["pass@1"]["ci95"] is None
-    assert "one seed: no CI" in (out / "results.md").read_text()
+    # one seed: the seed spread is unknown, not zero, so its t half-width is null and the table says "1 seed";
+    # the interval over problems needs no second seed
+    pass1 = row["metrics"]["pass@1"]
+    assert pass1["ci95"] is None
+    assert 0.0 <= pass1["ci95_low"] <= pass1["mean"] <= pass1["ci95_high"] <= 1.0
+    assert f"{pass1['mean']:.3f} [{pass1['ci95_low']:.3f}, {pass1['ci95_high']:.3f}] · 1 seed" in (out / "results.md").read_text()
 
 
 def test_nonexistent_target_is_a_clear_error(tmp_path: Path) -> None:

@@ -36,6 +36,7 @@ class EvalResult:
     integer_answer_rate: float | None = None  # share of samples whose boxed answer is written as an integer (None: every gold answer is one)
     rewards: dict[str, float] | None = None  # each reward component's <name>/mean, /errors, /timeouts (None: the math checker alone)
     samples: list[dict] = field(default_factory=list, repr=False)
+    problem_pass_at_1: list[float] = field(default_factory=list, repr=False)  # each problem's fraction of its n samples correct, in problem order
 
     def metrics(self, prefix: str) -> dict[str, float]:
         out = {f"{prefix}/pass@1": self.pass_at_1, f"{prefix}/maj@{self.n}": self.maj_at_n}
@@ -140,6 +141,7 @@ def evaluate(
         rewards={**{k.removeprefix("reward/"): v for k, v in component_metrics(scores).items()},
                  **{k.removeprefix("reward/"): v for k, v in failure_counts(scores).items()}} if scores else None,
         samples=samples,
+        problem_pass_at_1=[sum(row) / n for row in correct],
     )
 
 

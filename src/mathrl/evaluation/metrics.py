@@ -1,4 +1,4 @@
-"""Evaluation metrics over sampled completions: pass@k, avg@n, maj@k and seed confidence intervals.
+"""Evaluation metrics over sampled completions: pass@k, avg@n, maj@k and confidence intervals.
 
 Every function takes plain Python sequences (one row per problem, one entry per sample) so it can be
 fed from any rollout format and tested without tensors:
@@ -25,6 +25,8 @@ __all__ = [
     "maj_at_k",
     "mean_std_ci95",
     "t_quantile_975",
+    "problem_scores",
+    "bootstrap_ci95",
     "answer_forms",
 ]
 
@@ -208,6 +210,56 @@ def mean_std_ci95(values: Sequence[float]) -> tuple[float, float, float]:
         return mean, 0.0, float("nan")
     std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
     return mean, std, t_quantile_975(n - 1) * std / math.sqrt(n)
+
+
+# ----------------------------------------------------------------------------- over problems
+
+
+def problem_scores(per_seed: Sequence[Sequence[float]]) -> list[float]:
+    """Each problem's score over every seed: the mean of its per-seed fractions correct.
+
+    per_seed[s][i] is problem i's avg@n under seed s (every seed scores the same problems, in the
+    same order). With the same n per seed this is the problem's fraction correct among all its
+    seeds x n samples; the mean of the result is the mean over seeds of avg@n.
+    """
+    if len(per_seed) == 0:
+        raise ValueError("problem_scores needs at least one seed")
+    sizes = {len(row) for row in per_seed}
+    if len(sizes) != 1:
+        raise ValueError(f"every seed must score the same problems; got {sorted(sizes)} problems")
+    _check_nonempty(per_seed[0])
+    return [math.fsum(column) / len(per_seed) for column in zip(*per_seed)]
+
+
+def bootstrap_ci95(scores: Sequence[float], *, resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """Mean of `scores` (one per problem, each in [0, 1]) and the percentile-bootstrap 95% interval
+    of that mean over problems: (mean, low, high).
+
+    Each of `resamples` draws takes len(scores) problems with replacement and averages their
+    scores; low and high are the 2.5% and 97.5% quantiles (linear interpolation) of those means.
+    Resampling problems is how the data were drawn (a benchmark is a sample of problems, each
+    sampled many times), so the interval covers both the choice of problems and the sampling noise
+    in each problem's score, and it does not shrink with more samples of the same problems. Every
+    resampled mean is an average of values in [0, 1], so the interval always lies inside [0, 1]
+    (all scores 1: [1, 1]; all 0: [0, 0]). The generator is seeded: the same scores give the same
+    interval.
+    """
+    import numpy as np
+
+    if resamples < 1:
+        raise ValueError(f"bootstrap needs resamples >= 1, got {resamples}")
+    _check_nonempty(scores)
+    values = np.asarray(scores, dtype=np.float64)
+    if not ((values >= 0) & (values <= 1)).all():
+        raise ValueError("bootstrap_ci95 takes scores in [0, 1] (one fraction correct per problem)")
+    rng = np.random.default_rng(seed)
+    p = len(values)
+    chunk = max(1, 4_000_000 // p)  # resamples per block: at most ~4M indices in memory at once
+    means = np.concatenate([values[rng.integers(0, p, size=(min(chunk, resamples - start), p))].mean(axis=1)
+                            for start in range(0, resamples, chunk)])
+    low, high = np.quantile(means, [0.025, 0.975])
+    mean = math.fsum(scores) / p
+    return mean, min(max(float(low), 0.0), 1.0), min(max(float(high), 0.0), 1.0)
 
 
 def _check_nonempty(rows: Sequence[Sequence[object]]) -> None:

@@ -15,7 +15,9 @@ step, eval.every by default, are kept for this) or `tiny-arith` (the cached tiny
 For every checkpoint x dataset x seed this calls `evaluation.evaluate.evaluate` (the engine and
 verifier training uses, one Verifier for the whole sweep, the seed as the sampling seed), then
 reports per checkpoint x dataset: every metric's mean, sample std and Student-t 95% CI across seeds
-(`metrics.mean_std_ci95`), and the collapse rates (`reward.collapse`). Every checkpoint sees the
+(`metrics.mean_std_ci95`), for pass@1 also the 95% CI of a bootstrap over problems
+(`metrics.bootstrap_ci95`, always inside [0, 1]; the one the tables print), and the collapse rates
+(`reward.collapse`). Every checkpoint sees the
 same seeds, so checkpoints are compared on equal random draws. Results go to `--out` (default
 `<run>/eval` for a single run target, else `eval_<timestamp>`): results.json (everything, per seed
 too; rewritten after each checkpoint so a long sweep leaves partial results) and results.md.
@@ -42,7 +44,7 @@ from rich.table import Table
 from mathrl.reward.collapse import is_garbled, is_repetitive
 from mathrl.config import Config, ConfigError, load_config, parse_override
 from mathrl.evaluation.evaluate import evaluate
-from mathrl.evaluation.metrics import default_ks, mean_std_ci95
+from mathrl.evaluation.metrics import bootstrap_ci95, default_ks, mean_std_ci95, problem_scores
 from mathrl.model.paths import TINY_BASE
 from mathrl.tasks.sources import build_eval_sets
 from mathrl.track.console import make_progress
@@ -78,7 +80,7 @@ class SweepSettings:
     """What `mathrl eval` samples, and from which data. None means "from the target's config"."""
 
     n: int = 8  # samples per problem: pass@1 is their mean (avg@n); pass@k for k in default_ks(n)
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # sampling seeds: mean, std and 95% CI across them
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # sampling seeds: mean and std across them
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int | None = None  # default: eval.max_new_tokens, else rollout.max_new_tokens of the config
@@ -320,6 +322,17 @@ def _summary(values: Sequence[float]) -> dict[str, float | None]:
     return {"mean": mean, "std": std, "ci95": None if math.isnan(half) else half}
 
 
+def _pass1_summary(per_seed: Sequence[float], per_problem: Sequence[Sequence[float]]) -> tuple[dict, list[float]]:
+    """pass@1's summary and each problem's score over all seeds x samples.
+
+    The summary is `_summary` across seeds (mean, std, and `ci95`, the Student-t half-width across
+    seeds) plus `ci95_low` / `ci95_high`: the bootstrap 95% interval over problems
+    (`metrics.bootstrap_ci95` of `metrics.problem_scores`, bootstrap seed 0), always inside [0, 1]."""
+    scores = problem_scores(per_problem)
+    _, low, high = bootstrap_ci95(scores, seed=0)
+    return {**_summary(per_seed), "ci95_low": low, "ci95_high": high}, scores
+
+
 def _clip(text: str) -> str:
     return text if len(text) <= _EXAMPLE_CHARS else text[:_EXAMPLE_CHARS] + f"... [{len(text)} chars]"
 
@@ -376,7 +389,7 @@ def _evaluate_checkpoint(ckpt: Checkpoint, settings: SweepSettings, *, verifier,
     rows = []
     # a file is scored whole unless --limit is given (not cut at the training loop's data.eval_size)
     for source, es in zip(cfg.data.eval, build_eval_sets(cfg, tokenizer, limit=settings.limit)):
-        per_seed, examples = [], {"repetitive": [], "garbled": []}
+        per_seed, per_problem, examples = [], [], {"repetitive": [], "garbled": []}
         for seed in settings.seeds:
             progress.update(task, info=f"{ckpt.label} | {es.name} | seed {seed}")
             result = evaluate(
@@ -396,16 +409,20 @@ def _evaluate_checkpoint(ckpt: Checkpoint, settings: SweepSettings, *, verifier,
                         examples[kind].append({"seed": seed, "problem_id": es.problems[i // settings.n].id,
                                                "response": _clip(texts[i])})
             per_seed.append(_seed_record(seed, result, texts, repetitive, garbled))
+            per_problem.append(result.problem_pass_at_1)
             progress.advance(task)
         metric_keys = [k for k in per_seed[0] if k not in ("seed", "samples")]
+        metrics = {k: _summary([r[k] for r in per_seed]) for k in metric_keys}
+        metrics["pass@1"], scores = _pass1_summary([r["pass@1"] for r in per_seed], per_problem)
         rows.append({
             "checkpoint": ckpt.label, "step": ckpt.step, "run": ckpt.run, "path": ckpt.path,
             "dataset": es.name, "source": source, "num_problems": len(es.problems),
             "dropped_prompts": es.dropped_too_long,
             "n": settings.n, "seeds": list(settings.seeds), "template": cfg.data.template,
             "max_new_tokens": max_new_tokens, "temperature": settings.temperature, "top_p": settings.top_p,
-            "metrics": {k: _summary([r[k] for r in per_seed]) for k in metric_keys},
+            "metrics": metrics,
             "per_seed": per_seed,
+            "problem_pass@1": scores,  # per problem (in dataset order): its fraction correct over all seeds x n samples
             "examples": examples,
         })
     del model, engine
@@ -554,21 +571,29 @@ def _write(out: Path, report: dict) -> None:
     (out / "results.md").write_text(results_markdown(report))
 
 
-def _pass1_cell(m: dict) -> str:
-    if m["ci95"] is None:
-        return f"{m['mean']:.3f} ± {m['std']:.3f} [one seed: no CI]"
-    return f"{m['mean']:.3f} ± {m['std']:.3f} [{m['mean'] - m['ci95']:.3f}, {m['mean'] + m['ci95']:.3f}]"
+def _pass1_cell(m: dict, seeds: int) -> str:
+    """'0.273 [0.215, 0.331] · seeds 0.273 ± 0.055': the bootstrap CI over problems, then mean ± sd across
+    seeds ('· 1 seed' alone: one seed has no spread). Results written before the interval over problems
+    existed show the seed spread alone."""
+    spread = "1 seed" if seeds == 1 else f"seeds {m['mean']:.3f} ± {m['std']:.3f}"
+    if m.get("ci95_low") is None:
+        return f"{m['mean']:.3f} · {spread}"
+    return f"{m['mean']:.3f} [{m['ci95_low']:.3f}, {m['ci95_high']:.3f}] · {spread}"
+
+
+PASS1_HEADER = "pass@1 [95% CI over problems] · seeds mean ± sd"
 
 
 def _columns(report: dict) -> tuple[list[str], list]:
     n = report["settings"]["n"]
     ks = [k for k in report["settings"]["ks"] if k > 1]
-    headers = ["checkpoint", "step", "dataset", "pass@1 mean ± std [95% CI]", *(f"pass@{k}" for k in ks), f"maj@{n}",
+    seeds = len(report["settings"]["seeds"])
+    headers = ["checkpoint", "step", "dataset", PASS1_HEADER, *(f"pass@{k}" for k in ks), f"maj@{n}",
                "no-answer", "repetitive", "garbled", "length"]
 
     def cells(r: dict) -> list[str]:
         m = r["metrics"]
-        return [r["checkpoint"], "" if r["step"] is None else str(r["step"]), r["dataset"], _pass1_cell(m["pass@1"]),
+        return [r["checkpoint"], "" if r["step"] is None else str(r["step"]), r["dataset"], _pass1_cell(m["pass@1"], seeds),
                 *(f"{m[f'pass@{k}']['mean']:.3f}" for k in ks), f"{m[f'maj@{n}']['mean']:.3f}",
                 f"{m['no_answer_rate']['mean']:.3f}", f"{m['repetitive_rate']['mean']:.3f}",
                 f"{m['garbled_rate']['mean']:.3f}", f"{m['response_length']['mean']:.1f}"]
@@ -583,7 +608,9 @@ def results_markdown(report: dict) -> str:
         "# mathrl eval",
         "",
         f"n={s['n']} samples per problem, seeds {s['seeds']}, temperature {s['temperature']}, top-p {s['top_p']}. "
-        f"pass@1 is avg@{s['n']}: its mean ± sample std across seeds and the Student-t 95% CI of the mean; "
+        f"pass@1 is avg@{s['n']} averaged over seeds, with its 95% CI from a bootstrap over problems (each "
+        f"problem scored over all its seeds x {s['n']} samples; always inside [0, 1]), then the mean ± sample std "
+        "across seeds; "
         "pass@k (unbiased estimator), maj@n and the rates are means across seeds. "
         "no-answer / repetitive / garbled are shares of samples; length is in tokens.",
         "",
