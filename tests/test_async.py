@@ -89,6 +89,13 @@ if __name__ == "__main__":  # spawned generators import this file again: only th
                 os.killpg(os.getpgid(0), signal.SIGINT)
             return real_rl(trainer, step_no, collected)
         loop.rl_step = interrupt_then_step
+    elif mode == "sigterm":  # `timeout` or a scheduler: SIGTERM to the whole process group, generators included
+        real_rl = loop.rl_step
+        def terminate_then_step(trainer, step_no, collected=None):
+            if step_no == kill_step:
+                os.killpg(os.getpgid(0), signal.SIGTERM)
+            return real_rl(trainer, step_no, collected)
+        loop.rl_step = terminate_then_step
     from mathrl.cli import main
     sys.exit(main(["train", *overrides]))
 '''
@@ -368,6 +375,21 @@ def test_ctrl_c_stops_trainer_and_generators_and_the_rerun_resumes_step_for_step
     assert "Traceback" not in result.stderr and "KeyboardInterrupt" not in result.stderr, result.stderr[-2000:]
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("mathrl: interrupted at step 5; rerun ") and " to resume from step 4 " in last, last
+    assert all_gone(pids_of(run_dir))
+    resumed = run(tmp, run_dir, LAG1)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert rows(run_dir) == rows(done["lag1"])
+
+
+@pytest.mark.slow
+def test_sigterm_to_trainer_and_generators_saves_the_step_and_the_rerun_resumes_step_for_step(runs):
+    tmp, done = runs
+    run_dir = tmp / "sigterm"
+    result = run(tmp, run_dir, LAG1, "sigterm", 5)
+    assert result.returncode == 143, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("mathrl: stopped by SIGTERM after step 5; rerun ") and " to resume from step 5 " in last, last
     assert all_gone(pids_of(run_dir))
     resumed = run(tmp, run_dir, LAG1)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

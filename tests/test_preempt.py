@@ -106,3 +106,16 @@ def test_preempted_is_an_interrupt_that_exits_143():
     e = Preempted(3)
     assert isinstance(e, KeyboardInterrupt) and e.exit_code == 143 and not e.reported_by_rank_0
     assert Preempted(3, main=False).reported_by_rank_0
+
+
+def test_the_launcher_passes_sigterm_on_to_torchrun():
+    from mathrl.train.launch import forward_sigterm
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with forward_sigterm(child):
+            os.kill(os.getpid(), signal.SIGTERM)  # this process lives on; the child gets it
+            assert child.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        if child.poll() is None:
+            child.kill()

@@ -29,7 +29,7 @@ the resumed run sends them to new generators, which regenerate those steps' batc
 Failures: a generator that raises sends its one-line error; one that dies (killed, out of memory) or
 sends nothing for train.dist.timeout_s makes `get` raise `GeneratorError` naming it; a weight broadcast
 to a dead or hung generator fails within the same timeout. A generator dies with the trainer
-(PR_SET_PDEATHSIG), and a finished generator ends like a torchrun rank (train/dist.py): a barrier with
+(PR_SET_PDEATHSIG) and leaves SIGTERM to it (the trainer ends its step, saves it and stops: train/preempt.py), and a finished generator ends like a torchrun rank (train/dist.py): a barrier with
 the trainer, then `exit_rank`, without the interpreter's shutdown.
 """
 
@@ -150,6 +150,10 @@ class WorkerFailure:
 def worker_main(spec: WorkerSpec, out, announced, closed) -> None:
     """A generator process: its steps, then a barrier with the trainer, then `exit_rank`."""
     _die_with_parent()
+    # SIGTERM to the whole process group (`timeout`, a scheduler): the trainer finishes its step, which may
+    # need this generator's batch, then ends it (Generator.close); a no-op handler, so that the processes
+    # this one spawns keep the default action
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
     code = 0
     try:
         _generate(spec, out, announced, closed)
@@ -368,13 +372,10 @@ class Generator:
         finally:
             if self.sender is not None:
                 self.sender.close()
-            for p in self.processes:
+            for p in self.processes:  # SIGKILL: a generator leaves SIGTERM to the trainer (worker_main)
                 if p.is_alive():
-                    p.terminate()
+                    p.kill()
                     p.join(timeout=10)
-                    if p.is_alive():
-                        p.kill()
-                        p.join(timeout=10)
             with contextlib.suppress(Exception):
                 self.queue.cancel_join_thread()
                 self.queue.close()
@@ -461,7 +462,7 @@ def start_generator(trainer) -> Generator | None:
                                timeout_s=cfg.train.dist.timeout_s, device=nccl_device)
     except BaseException:
         for p in processes:
-            p.terminate()
+            p.kill()
             p.join(timeout=10)
         raise
     buckets = ws.plan_buckets(specs, bucket_bytes=bucket_bytes)

@@ -9,13 +9,21 @@ rank). When it is unset, `launch_env` sets it to the rank's share of the cores t
 sets OMP_NUM_THREADS to the machine's core count runs N ranks x that many threads on those cores;
 `launch` warns when the ranks' threads exceed the cores (set OMP_NUM_THREADS=cores/N, e.g. 1 for 2
 ranks on 2 cores).
+
+SIGTERM to `mathrl train --nproc N` is passed on to torchrun, which passes it to every rank: the ranks
+agree to stop after the step in progress and save it (train/preempt.py); the job's exit status is
+torchrun's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 
 
 def torchrun_command(nproc: int, args: list[str]) -> list[str]:
@@ -59,4 +67,20 @@ def launch(nproc: int, args: list[str]) -> int:
     warning = oversubscription(nproc, omp_num_threads=env["OMP_NUM_THREADS"], cpus=cpus)
     if warning:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
-    return subprocess.call(torchrun_command(nproc, args), env=env)
+    job = subprocess.Popen(torchrun_command(nproc, args), env=env)
+    with forward_sigterm(job):
+        return job.wait()
+
+
+@contextlib.contextmanager
+def forward_sigterm(child: subprocess.Popen) -> Iterator[None]:
+    """SIGTERM to this process (a scheduler's preemption) goes on to `child` (torchrun, which passes it
+    to its ranks: they save their step and stop, train/preempt.py) instead of ending this process alone."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signal.SIGTERM))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
