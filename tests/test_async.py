@@ -367,29 +367,20 @@ def test_a_hung_generator_stops_the_trainer_within_the_timeout_naming_it(runs):
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_trainer_and_generators_and_the_rerun_resumes_step_for_step(runs):
+@pytest.mark.parametrize("mode, code, line", [
+    # Ctrl-C: SIGINT to the process group; the step in progress is abandoned, the rerun resumes from step 4
+    ("ctrl_c", 130, ("mathrl: interrupted at step 5; rerun ", " to resume from step 4 ")),
+    # a scheduler's SIGTERM to the process group: the trainer ends step 5 and saves it, the generators leave it to it
+    ("sigterm", 143, ("mathrl: stopped by SIGTERM after step 5; rerun ", " to resume from step 5 ")),
+])
+def test_a_signal_stops_trainer_and_generators_and_the_rerun_resumes_step_for_step(runs, mode, code, line):
     tmp, done = runs
-    run_dir = tmp / "ctrl_c"
-    result = run(tmp, run_dir, LAG1, "ctrl_c", 5)
-    assert result.returncode == 130, result.stderr[-2000:]
+    run_dir = tmp / mode
+    result = run(tmp, run_dir, LAG1, mode, 5)
+    assert result.returncode == code, result.stderr[-2000:]
     assert "Traceback" not in result.stderr and "KeyboardInterrupt" not in result.stderr, result.stderr[-2000:]
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("mathrl: interrupted at step 5; rerun ") and " to resume from step 4 " in last, last
-    assert all_gone(pids_of(run_dir))
-    resumed = run(tmp, run_dir, LAG1)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert rows(run_dir) == rows(done["lag1"])
-
-
-@pytest.mark.slow
-def test_sigterm_to_trainer_and_generators_saves_the_step_and_the_rerun_resumes_step_for_step(runs):
-    tmp, done = runs
-    run_dir = tmp / "sigterm"
-    result = run(tmp, run_dir, LAG1, "sigterm", 5)
-    assert result.returncode == 143, result.stderr[-2000:]
-    assert "Traceback" not in result.stderr, result.stderr[-2000:]
-    last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("mathrl: stopped by SIGTERM after step 5; rerun ") and " to resume from step 5 " in last, last
+    assert last.startswith(line[0]) and line[1] in last, last
     assert all_gone(pids_of(run_dir))
     resumed = run(tmp, run_dir, LAG1)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

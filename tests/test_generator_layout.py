@@ -253,7 +253,7 @@ def test_a_layout_that_cannot_fit_stops_before_any_generator_starts(monkeypatch)
     from mathrl.train.generator import check_layout
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=80 * 2**30))
-    cfg = load_config("recipes/real/dapo_qwen2.5_math_7b.yaml", ["rollout.max_staleness=1"])
+    cfg = load_config("recipes/real/dapo_qwen2.5_math_7b.yaml", ["rollout.max_staleness=1"], check_paths=False)
     with pytest.raises(ConfigError, match=r"GPU 0: vLLM shares .* = 1.6 > 1"):
         check_layout(cfg, trainer_gpus=[0], gpus=1)
     check_layout(cfg, trainer_gpus=[], gpus=0)  # a CPU run: nothing to check
