@@ -80,10 +80,10 @@ def test_spawned_children_get_their_own_environment_and_the_parent_keeps_its(mon
 
 
 # ---- sends through one staging bucket ----------------------------------------------------------------
-def _receive_versions(port, buckets, specs, versions, out, delay_s):
+def _receive_versions(port, buckets, specs, versions, out, go):
     group = ws.join_group("127.0.0.1", port, rank=1, world_size=2, backend="gloo", timeout_s=60)
+    go.wait(60)  # a generator busy with its step until the test lets it receive: the sender must not wait for it
     for _ in range(versions):
-        time.sleep(delay_s)  # a generator busy with its step: the trainer must not wait for it
         out.put({n: t.clone() for n, t in ws.unpack(buckets, specs, ws.receive_buckets(group, buckets, timeout_s=60))})
     ws.barrier(group, 60)
 
@@ -99,16 +99,17 @@ def test_staged_sends_deliver_every_version_exactly_without_blocking_the_sender(
     assert len(buckets) >= 3
     port = _port()
     ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    p = ctx.Process(target=_receive_versions, args=(port, buckets, specs, len(versions), out, 1.0))
+    out, go = ctx.Queue(), ctx.Event()
+    p = ctx.Process(target=_receive_versions, args=(port, buckets, specs, len(versions), out, go))
     p.start()
     group = ws.join_group("127.0.0.1", port, rank=0, world_size=2, backend="gloo", timeout_s=60)
     sender = ws.StagedSender(group, buckets, staging_device=torch.device("cpu"), timeout_s=60)
     assert sender.nbytes == max(b.nbytes for b in buckets)
-    t0 = time.time()
     host = [ws.pack(buckets, list(v.values())) for v in versions]
     works = [sender.send(flats) for flats in host]
-    assert time.time() - t0 < 1.0  # returned before the receiver (asleep 1 s before each version) took any
+    # every send returned while the receiver has not received anything: none of them can have completed
+    assert not any(w.future.done() for w in works)
+    go.set()
     for w in works:
         w.wait(timedelta(seconds=60))
     got = [out.get(timeout=60) for _ in versions]
