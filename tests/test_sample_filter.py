@@ -28,7 +28,7 @@ def test_all_reasons_first_one_wins():
     res = sample_filter(TEXTS, no_answer=NO_ANSWER, is_repetitive=rep, is_garbled=garb, drop=ALL)
     assert res.reasons == [None, "repetitive", "garbled", "repetitive", "no_answer", "repetitive"]
     assert res.keep_rows.tolist() == [True, False, False, False, False, False]
-    assert res.counts == {"repetitive": 3, "garbled": 1, "no_answer": 1}
+    assert res.counts == {"repetitive": 3, "garbled": 1, "no_answer": 1, "void_turn": 0}
 
 
 def test_only_listed_reasons_drop():
@@ -36,7 +36,7 @@ def test_only_listed_reasons_drop():
     # no answer and are counted under no_answer even though 1 and 5 are also repetitive.
     res = sample_filter(TEXTS, no_answer=NO_ANSWER, is_repetitive=rep, is_garbled=garb, drop={"no_answer"})
     assert res.reasons == [None, "no_answer", None, None, "no_answer", "no_answer"]
-    assert res.counts == {"repetitive": 0, "garbled": 0, "no_answer": 3}
+    assert res.counts == {"repetitive": 0, "garbled": 0, "no_answer": 3, "void_turn": 0}
 
 
 def test_drop_order_does_not_matter():
@@ -54,7 +54,7 @@ def test_empty_drop_keeps_everything_and_calls_nothing():
 
     res = sample_filter(TEXTS, no_answer=NO_ANSWER, is_repetitive=boom, is_garbled=boom, drop=set())
     assert res.keep_rows.all() and res.reasons == [None] * len(TEXTS)
-    assert res.counts == {"repetitive": 0, "garbled": 0, "no_answer": 0}
+    assert res.counts == {"repetitive": 0, "garbled": 0, "no_answer": 0, "void_turn": 0}
 
 
 def test_later_detectors_skip_already_dropped_rows():
@@ -93,3 +93,17 @@ def test_invalid_arguments_raise(kwargs, match):
     args = {"no_answer": [False, False], "is_repetitive": rep, "is_garbled": garb, "drop": ALL} | kwargs
     with pytest.raises(ValueError, match=match):
         sample_filter(["x", "y"], **args)
+
+
+def test_void_turn_drops_only_flagged_episodes_and_counts_last():
+    # SimpleTIR's filter: a tool episode whose last turn has neither a call nor an answer is dropped.
+    # It is the last reason in priority order, so a void episode without an answer that is also
+    # filtered for no_answer counts under no_answer.
+    texts = ["a", "b", "c"]
+    res = sample_filter(texts, no_answer=[False, True, True], is_repetitive=[False] * 3, is_garbled=[False] * 3,
+                        drop={"void_turn"}, void_turn=[False, True, False])
+    assert res.keep_rows.tolist() == [True, False, True]
+    assert res.counts["void_turn"] == 1
+    both = sample_filter(texts, no_answer=[False, True, True], is_repetitive=[False] * 3, is_garbled=[False] * 3,
+                         drop={"void_turn", "no_answer"}, void_turn=[False, True, False])
+    assert both.reasons == [None, "no_answer", "no_answer"]

@@ -29,7 +29,7 @@ from typing import Any, Literal
 import yaml
 
 from mathrl.config_schema import check_domains, model_path_problem
-from mathrl.registry import ADVANTAGE_ESTIMATORS, ARCHITECTURES, ARITH_SOURCES, ENGINES, REWARD_FUNCTIONS, load_callable
+from mathrl.registry import ADVANTAGE_ESTIMATORS, ARCHITECTURES, ARITH_SOURCES, ENGINES, REWARD_FUNCTIONS, TOOLS, load_callable
 
 DATA_FILE_SUFFIXES = (".jsonl", ".parquet")  # the local data file formats tasks.loading reads
 CONFIG_PREFIX = "config:"  # model.path=config:<name> names an architecture (model/init.py) with random weights
@@ -63,6 +63,7 @@ class BaseModelConfig:
     slip_prob: float = 0.3  # per-column chance of a deliberate slip in the pretraining text
     check_prob: float = 0.0  # per-column chance of a self-check ("?" and the column recomputed) in the pretraining text
     decimal_share: float = 0.0  # share of pretraining problems with one-decimal-place operands (2.5+13.7); part of the cache key only when > 0
+    tool_share: float = 0.0  # share of pretraining solutions written as python tool calls (recipes/arith_tools.yaml); part of the cache key only when > 0
 
 
 @dataclass
@@ -129,7 +130,7 @@ class DataConfig:
     eval_size: int = 200  # problems per eval set (held-out arithmetic problems, or the first N rows)
     on_error: Literal["raise", "skip"] = "raise"  # a malformed jsonl row: stop naming file:line, or skip and count it
     transform: Literal["none", "integer_answer"] = "none"  # DAPO integer-answer rewrite of the training problems (data.train=arith: with data.arith.decimal_share > 0, decimal answers are dropped and redrawn)
-    sample_filter: list[str] = field(default_factory=list)  # drop samples that are: repetitive, garbled, no_answer
+    sample_filter: list[str] = field(default_factory=list)  # drop samples that are: repetitive, garbled, no_answer, void_turn (a tool episode whose last turn has neither a call nor an answer; SimpleTIR)
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)  # the order of the training problems
     arith: ArithConfig = field(default_factory=ArithConfig)  # the built-in arithmetic task
@@ -167,6 +168,27 @@ class GeneratorConfig:
 
 
 @dataclass
+class ToolConfig:
+    """One tool the model may call inside its reasoning (docs/tools.md)."""
+
+    name: str = "python"  # the name the model calls it by (python_blocks: code blocks go to the tool named `python`)
+    fn: str = "python"  # a built-in (python: sandboxed code, calculator: exact arithmetic) or "package.module:function" / "path/file.py:function" taking (args, **kwargs) -> str
+    kwargs: dict[str, Any] = field(default_factory=dict)  # keyword arguments of the function (python: sandbox, cpu_s, memory_mb, ...)
+    timeout_s: float = 5.0  # wall-clock seconds per call; a call over it is killed and gives a timeout observation
+    description: str = ""  # chat_tool_call: the description in the tool's schema
+
+
+@dataclass
+class ToolTagsConfig:
+    """The text around a call and an observation; null keeps the tool format's own (docs/tools.md)."""
+
+    call_open: str | None = None  # the model opens a call with this (python_blocks: "```python\n")
+    call_close: str | None = None  # ... and closes it with this; generation stops here and the tool runs (python_blocks: "```\n")
+    observation_open: str | None = None  # the observation appended after a call starts with this (python_blocks: "```output\n")
+    observation_close: str | None = None  # ... and ends with this (python_blocks: "```\n")
+
+
+@dataclass
 class RolloutConfig:
     engine: str = "torch"  # a registered rollout engine (rollout/factory.py): torch (KV cache, any device) or vllm
     prompts_per_step: int = 16  # problems per rollout batch
@@ -179,6 +201,13 @@ class RolloutConfig:
     max_staleness: int = 0  # generate while training: 0 = the synchronous loop (generate, then train); k >= 1 = generator processes sample ahead and step t trains on samples of a policy at most k versions older than the trainer's (docs/async.md)
     async_mode: Literal["fixed_lag", "free"] = "fixed_lag"  # with max_staleness k >= 1: fixed_lag = step t trains on samples of version exactly max(0, t-1-k) (reproducible, resumes step for step); free = the freshest version the generator holds when it starts the step, never older than t-1-k (not reproducible)
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)  # the generator processes (placement, threads, weight buckets)
+    tools: list[ToolConfig] = field(default_factory=list)  # tools the model may call; empty: single-turn responses (docs/tools.md)
+    tool_format: str = "python_blocks"  # a registered call format: python_blocks (Qwen2.5-Math / ToRL code and output blocks) or chat_tool_call (the chat template's <tool_call>{json}</tool_call>)
+    tool_tags: ToolTagsConfig = field(default_factory=ToolTagsConfig)  # override the format's call and observation tags
+    max_turns: int = 4  # model turns per episode (a turn ends at a tool call or at the end of the response)
+    max_tool_calls: int = 3  # tool calls run per episode; a call past it gets an observation saying so, and is not run
+    observation_max_tokens: int = 64  # longer observations are cut in the middle, with a note saying how much was cut
+    tool_workers: int = 4  # tool calls run in parallel
 
 
 @dataclass
@@ -516,9 +545,9 @@ class Config:
         if ds.mode != "none" and self.rollout.n == 1:
             errors.append(f"data.dynamic_sampling.mode={ds.mode} needs groups: rollout.n is 1, so every group would be "
                           "dropped. Raise rollout.n or set data.dynamic_sampling.mode=none")
-        unknown = set(self.data.sample_filter) - {"repetitive", "garbled", "no_answer"}
+        unknown = set(self.data.sample_filter) - {"repetitive", "garbled", "no_answer", "void_turn"}
         if unknown:
-            errors.append(f"data.sample_filter: unknown reasons {sorted(unknown)}; choose from repetitive, garbled, no_answer")
+            errors.append(f"data.sample_filter: unknown reasons {sorted(unknown)}; choose from repetitive, garbled, no_answer, void_turn")
         if self.reward.overlong.soft_punishment and not 0 < self.reward.overlong.cache_len <= self.rollout.max_new_tokens:
             errors.append("reward.overlong.cache_len must be in (0, rollout.max_new_tokens]")
         why = self.engine_logprobs_not_old()
@@ -556,8 +585,44 @@ class Config:
         errors += self._context_errors()
         errors += self._reward_function_errors()
         errors += self._async_errors()
+        errors += self._tool_errors()
         if errors:
             raise ConfigError("\n".join(errors))  # one line per problem
+
+    def _tool_errors(self) -> list[str]:
+        """rollout.tools and the limits of an episode: unique names, a built-in or importable fn, limits
+        that leave room for a call and an answer after it."""
+        r, errors, names = self.rollout, [], set()
+        for i, t in enumerate(r.tools):
+            where = f"rollout.tools[{i}] ({t.name})"
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", t.name):
+                errors.append(f"{where}: name {t.name!r} must start with a letter or _ and hold letters, digits, _ or -")
+            elif t.name in names:
+                errors.append(f"{where}: the name {t.name!r} is used twice; give each tool its own name")
+            names.add(t.name)
+            if not (math.isfinite(t.timeout_s) and t.timeout_s > 0):
+                errors.append(f"{where}: timeout_s={t.timeout_s!r} must be > 0 seconds")
+            if ":" not in t.fn and t.fn not in TOOLS.names():
+                errors.append(f"{where}: fn={t.fn!r} is not a built-in tool ({', '.join(TOOLS.names())}) nor a "
+                              "package.module:function")
+            elif ":" in t.fn:
+                try:
+                    load_callable(t.fn)
+                except ValueError as e:
+                    errors.append(f"{where}: fn={t.fn!r}: {e}")
+        if not r.tools:
+            return errors
+        if r.max_turns < 2:
+            errors.append(f"rollout.max_turns={r.max_turns} leaves no turn after a tool call; use >= 2 (or rollout.tools: [])")
+        if r.max_tool_calls < 1:
+            errors.append("rollout.max_tool_calls=0 runs no call; use >= 1 (or rollout.tools: [] for single-turn responses)")
+        if r.observation_max_tokens >= r.max_new_tokens:
+            errors.append(f"rollout.observation_max_tokens={r.observation_max_tokens} must be below rollout.max_new_tokens="
+                          f"{r.max_new_tokens}: an episode holds its observations and the model's tokens")
+        if r.tool_format == "python_blocks" and "python" not in names:
+            errors.append("rollout.tool_format=python_blocks sends code blocks to the tool named `python`; name one "
+                          "rollout.tools entry python (its fn may be any tool, e.g. calculator)")
+        return errors
 
     def _reward_function_errors(self) -> list[str]:
         """Each reward.functions entry: a unique metric name, exactly one of fn and url, a function that

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mathrl.registry import ADVANTAGE_ESTIMATORS, ENGINES, PROMPT_TEMPLATES, Registry
+from mathrl.registry import ADVANTAGE_ESTIMATORS, ENGINES, PROMPT_TEMPLATES, TOOL_FORMATS, Registry
 
 __all__ = ["DOMAINS", "Domain", "FieldInfo", "Range", "Registered", "Rule", "check_domains", "config_changes", "field_docs", "model_path_problem", "plain", "reference"]
 
@@ -182,6 +182,7 @@ DOMAINS: dict[str, Domain] = {
     "base.slip_prob": unit(),
     "base.check_prob": unit(),
     "base.decimal_share": unit(),
+    "base.tool_share": unit(),
     "data.train": NON_EMPTY,
     "data.eval": Rule(lambda v: bool(v) and all(isinstance(s, str) and s.strip() for s in v),
                       "a non-empty list of sources (arith, arith_decimal, arith_hard, files, hf: datasets)"),
@@ -213,6 +214,11 @@ DOMAINS: dict[str, Domain] = {
     "rollout.generator.threads": NONNEG,
     "rollout.generator.devices": at_least(0, "CUDA device indices"),
     "rollout.generator.bucket_mb": positive(),
+    "rollout.tool_format": Registered(TOOL_FORMATS),
+    "rollout.max_turns": COUNT,
+    "rollout.max_tool_calls": NONNEG,
+    "rollout.observation_max_tokens": COUNT,
+    "rollout.tool_workers": COUNT,
     "rollout.vllm.gpu_memory_utilization": unit(open_low=True, why="a share of the GPU's memory"),
     "rollout.vllm.kv_cache_gb": positive("null lets vLLM size it"),
     "rollout.vllm.max_model_len": at_least(2),

@@ -67,6 +67,8 @@ ENGINES = Registry("rollout engine", field="rollout.engine", home="mathrl.rollou
 PROMPT_TEMPLATES = Registry("prompt template", field="data.template", home="mathrl.tasks.prompts")
 ARCHITECTURES = Registry("architecture", field="model.path", home="mathrl.model.init")  # model/configs/*.json
 REWARD_FUNCTIONS = Registry("reward function", field="reward.functions[].fn", home="mathrl.reward.functions")
+TOOL_FORMATS = Registry("tool call format", field="rollout.tool_format", home="mathrl.rollout.episodes")  # python_blocks, chat_tool_call
+TOOLS = Registry("built-in tool", field="rollout.tools[].fn", home="mathrl.tools")  # python, calculator
 ARITH_SOURCES = Registry("built-in arithmetic eval set", field="data.eval", home="mathrl.tasks.sources")  # arith, arith_decimal, arith_hard
 
 

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from mathrl.algo.groups import GroupStats, group_stats
+from mathrl.algo.positions import last_token_index
 
 __all__ = [
     "StdScope",
@@ -198,7 +199,7 @@ def discounted_returns(token_rewards: Tensor, mask: Tensor, *, gamma: float = 1.
         columns = []
         running = torch.zeros_like(r[:, 0])  # [B]
         for t in range(r.shape[1] - 1, -1, -1):
-            running = r[:, t] + gamma * running
+            running = torch.where(m[:, t], r[:, t] + gamma * running, running)  # a tool observation is no step
             columns.append(running)
         returns = torch.stack(columns[::-1], dim=1)  # [B, T]
     return torch.where(m, returns, torch.zeros_like(returns))
@@ -235,7 +236,7 @@ def reinforce_pp_advantages(
                          f"and {tuple(response_mask.shape)}")
     m = response_mask.bool()
     lengths = m.sum(-1)  # [B]
-    last = (lengths - 1).clamp_min(0)  # [B] position of each response's last token
+    last = last_token_index(response_mask)  # [B] position of each response's last model token
     token_rewards = torch.zeros(response_mask.shape, dtype=_as_float(rewards).dtype, device=rewards.device)
     token_rewards[torch.arange(len(rewards), device=rewards.device), last] = _as_float(rewards) * (lengths > 0)
     if kl_rewards is not None:

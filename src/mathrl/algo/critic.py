@@ -19,13 +19,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from mathrl.algo.positions import last_token_index
+
 __all__ = ["gae", "length_adaptive_lambda", "outcome_token_rewards", "value_loss", "explained_variance"]
 
 
 def outcome_token_rewards(rewards: Tensor, response_mask: Tensor) -> Tensor:
-    """[N, T]: each sequence's reward [N] on its last response token, 0 elsewhere."""
+    """[N, T]: each sequence's reward [N] on its last response token, 0 elsewhere (the last model token of
+    an episode whose mask has gaps at tool observations)."""
     token_rewards = torch.zeros_like(response_mask)
-    last = (response_mask.sum(-1).long() - 1).clamp(min=0)  # [N]
+    last = last_token_index(response_mask)  # [N]
     token_rewards[torch.arange(len(rewards)), last] = rewards.float() * (response_mask.sum(-1) > 0)
     return token_rewards
 
@@ -48,7 +51,8 @@ def gae(
         token_rewards: [B, T] reward at each position (an outcome reward sits on the last token; a
             per-token KL penalty may add to every token).
         values: [B, T] V(s_t) from the critic at the time of sampling (no grad).
-        mask: [B, T] 1 on response tokens (a prefix of each row), 0 on padding.
+        mask: [B, T] 1 on the policy's tokens, 0 on padding and on tool observations (skipped: the
+            next policy token's value and advantage flow back across them).
         gamma: discount (1.0 for episodic RLVR).
         lam: GAE lambda, a float or a [B] tensor (one per row, e.g. `length_adaptive_lambda`).
 
@@ -73,9 +77,11 @@ def gae(
     next_value = torch.zeros(num_rows, dtype=torch.float32, device=r.device)  # V(s_{t+1})
     for t in range(length - 1, -1, -1):
         delta = r[:, t] + gamma * next_value - v[:, t]
-        running = (delta + gamma * lam_t * running) * m[:, t]  # padding resets it: nothing flows back
-        advantages[:, t] = running
-        next_value = v[:, t]
+        # a masked position (padding after the end, or a tool observation inside an episode) is not a
+        # step of the policy: A and V carry across it unchanged (after the end both are still 0)
+        running = torch.where(m[:, t] > 0, delta + gamma * lam_t * running, running)
+        advantages[:, t] = running * m[:, t]
+        next_value = torch.where(m[:, t] > 0, v[:, t], next_value)
     returns = (advantages + v) * m
     return advantages, returns
 

@@ -56,3 +56,13 @@ def bucket_means(means: Tensor, counts: Tensor, edges: list[int]) -> list[float]
         total = float(c.sum())
         out.append(float((means[lo:hi] * c).sum()) / total if total else float("nan"))
     return out
+
+
+def last_token_index(mask: Tensor) -> Tensor:
+    """[B] long: the position of each row's last nonzero mask entry (0 for an empty row).
+
+    mask: [B, T]. For a prefix mask this is length - 1; for an episode whose mask has gaps at tool
+    observations it is the last model token, where an outcome reward belongs.
+    """
+    positions = torch.arange(mask.shape[-1], device=mask.device)  # [T]
+    return torch.where(mask != 0, positions, torch.zeros_like(positions)).amax(-1)  # [B]

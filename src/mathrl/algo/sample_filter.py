@@ -27,7 +27,7 @@ from torch import Tensor
 
 __all__ = ["REASONS", "Detector", "SampleFilterResult", "sample_filter"]
 
-REASONS: tuple[str, ...] = ("repetitive", "garbled", "no_answer")
+REASONS: tuple[str, ...] = ("repetitive", "garbled", "no_answer", "void_turn")
 """Drop reasons, in priority order: a sample with several is counted under the first."""
 
 Detector = Callable[[str], bool] | Sequence[bool]
@@ -52,6 +52,7 @@ def sample_filter(
     is_repetitive: Detector,
     is_garbled: Detector,
     drop: Collection[str],
+    void_turn: Sequence[bool] | None = None,
 ) -> SampleFilterResult:
     """Which samples to drop, and why.
 
@@ -67,6 +68,9 @@ def sample_filter(
         is_repetitive: detector for reason "repetitive" (a callable on the text, or N flags).
         is_garbled: detector for reason "garbled" (a callable on the text, or N flags).
         drop: which reasons drop a sample, a subset of ``REASONS``. Config ``data.sample_filter.drop``.
+        void_turn: N flags, True where a tool episode's last turn holds neither a tool call nor a final
+            answer (SimpleTIR, Xue et al. 2025, section 3: such trajectories carry the low-probability
+            tokens and gradient-norm spikes that tool outputs cause); None: no sample has one.
 
     Returns:
         A ``SampleFilterResult``.
@@ -75,7 +79,8 @@ def sample_filter(
     if unknown:
         raise ValueError(f"unknown sample_filter reason(s) {unknown}; valid reasons are {list(REASONS)}")
     n = len(texts)
-    detectors: dict[str, Detector] = {"repetitive": is_repetitive, "garbled": is_garbled, "no_answer": no_answer}
+    detectors: dict[str, Detector] = {"repetitive": is_repetitive, "garbled": is_garbled, "no_answer": no_answer,
+                                      "void_turn": [False] * n if void_turn is None else void_turn}
     for name, det in detectors.items():
         if not callable(det) and len(det) != n:
             raise ValueError(f"{name} has {len(det)} flags for {n} texts; give one per text")

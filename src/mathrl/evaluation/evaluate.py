@@ -14,10 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mathrl.evaluation.metrics import answer_forms, avg_at_n, default_ks, maj_at_k, pass_at_k_table
+from mathrl.reward.extract import has_final_answer
 from mathrl.reward.numeric import answer_form
 from mathrl.reward.reflection import reflection_stats
 from mathrl.reward.functions import Scores, component_metrics, failure_counts, score_rows
 from mathrl.reward.verify import Verifier
+from mathrl.rollout.base import concat_rollouts
+from mathrl.rollout.episodes import episode_metrics, void_turns
 from mathrl.tasks.base import Problem
 
 
@@ -36,6 +39,7 @@ class EvalResult:
     integer_answer_rate: float | None = None  # share of samples whose boxed answer is written as an integer (None: every gold answer is one)
     rewards: dict[str, float] | None = None  # each reward component's <name>/mean, /errors, /timeouts (None: the math checker alone)
     samples: list[dict] = field(default_factory=list, repr=False)
+    tools: dict[str, float] | None = None  # with rollout.tools: tool/* and rollout/turns_* of the set's episodes (docs/metrics.md)
     problem_pass_at_1: list[float] = field(default_factory=list, repr=False)  # each problem's fraction of its n samples correct, in problem order
 
     def metrics(self, prefix: str) -> dict[str, float]:
@@ -48,6 +52,7 @@ class EvalResult:
         if self.integer_answer_rate is not None:
             out[f"{prefix}/integer_answer_rate"] = self.integer_answer_rate
         out.update({f"{prefix}/reward/{k}": v for k, v in (self.rewards or {}).items()})
+        out.update({f"{prefix}/{k}": v for k, v in (self.tools or {}).items()})  # eval/<set>/tool/call_rate, ...
         return out
 
 
@@ -101,24 +106,30 @@ def evaluate(
     scores = None
     lengths: list[int] = []
     truncated: list[bool] = []
+    episodes = None  # (rollout, void flags) of this rank's rows, with tools
     if hi > lo:
         offset = {"first_row": lo} if lo else {}  # the rows' place in the whole call, for their seeds
         out = engine.generate(flat_prompts[lo:hi], max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                               seed=seed, **offset)
         texts = tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
         lengths, truncated = out.response_lengths.tolist(), out.truncated.tolist()
+        if out.observation_mask is not None:
+            episodes = (out, void_turns(out, tokenizer, has_answer=has_final_answer))
         if components:  # reward.functions beyond the math checker: every component scores every sample
             rows = [p for p in problems for _ in range(n)][lo:hi]
-            tokens = [out.response_ids[i, : lengths[i]].tolist() for i in range(len(texts))]
+            context = out.context_lengths.tolist()
+            tokens = [out.response_ids[i, : context[i]].tolist() for i in range(len(texts))]
             prompt_texts = tokenizer.batch_decode(flat_prompts[lo:hi], skip_special_tokens=True)
             scores = score_rows(verifier, prompt_texts, texts, rows, tokens)
             results = scores.results
         else:
             results = verifier.score(texts, references[lo:hi])
     if world_size > 1:
-        parts = gather((texts, results, lengths, truncated, scores))
+        parts = gather((texts, results, lengths, truncated, scores, episodes))
         texts, results, lengths, truncated = ([x for part in parts for x in part[i]] for i in range(4))
         scores = Scores.concat([part[4] for part in parts if part[4] is not None]) if components else None
+        mine = [part[5] for part in parts if part[5] is not None]
+        episodes = (concat_rollouts([e[0] for e in mine], tokenizer.pad_token_id), [v for e in mine for v in e[1]]) if mine else None
 
     correct = [[results[i * n + j].score > 0 for j in range(n)] for i in range(len(problems))]
     answers = [[_vote_key(results[i * n + j].extracted) for j in range(n)] for i in range(len(problems))]
@@ -141,6 +152,7 @@ def evaluate(
         rewards={**{k.removeprefix("reward/"): v for k, v in component_metrics(scores).items()},
                  **{k.removeprefix("reward/"): v for k, v in failure_counts(scores).items()}} if scores else None,
         samples=samples,
+        tools=episode_metrics(*episodes) if episodes else None,
         problem_pass_at_1=[sum(row) / n for row in correct],
     )
 

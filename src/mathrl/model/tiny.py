@@ -79,7 +79,7 @@ def _byte_level_symbols() -> dict[int, str]:
 
 def recipe_hash(cfg) -> str:
     fields = dataclasses.asdict(cfg)
-    for key in ("check_prob", "decimal_share"):  # added later: left out at 0 so the models built before them keep their hash
+    for key in ("check_prob", "decimal_share", "tool_share"):  # added later: left out at 0 so the models built before them keep their hash
         if not fields.get(key):
             fields.pop(key, None)
     payload = json.dumps({"version": BASE_FORMAT_VERSION, **fields}, sort_keys=True)

@@ -176,3 +176,8 @@ def reference_answer(text: str) -> str:
     if not boxes:
         return text.strip()
     return _joined_final_group(text, boxes)
+
+
+def has_final_answer(text: str) -> bool:
+    """Whether `text` holds a closed \\boxed{...} answer (a tool episode's last turn without one is void)."""
+    return extract_boxed(text) is not None

@@ -35,6 +35,14 @@ class RolloutBatch:
                    0 where response_mask is 0. With top_p < 1 engines differ: TorchEngine reports the
                    distribution before the nucleus cut, VLLMEngine the one renormalised over it.
     truncated:     [N] bool, True if the response hit max_new_tokens without an EOS
+
+    Episodes with tools (rollout/episodes.py) also fill, and single-turn responses leave None:
+    observation_mask: [N, T] float, 1 on tool-observation tokens: in the context (the response span
+                   holds model and observation tokens in order) but not sampled, so response_mask is
+                   0 there, and so is every loss, normaliser, length and importance ratio
+    tool_calls, tool_errors, tool_timeouts, tool_capped, turns: [N] long per-episode counts (calls run,
+                   of them failed / timed out, calls past rollout.max_tool_calls, model turns)
+    tool_seconds:  [N] float, seconds the episode's calls took
     """
 
     prompt_ids: torch.Tensor
@@ -43,10 +51,25 @@ class RolloutBatch:
     response_mask: torch.Tensor
     logprobs: torch.Tensor
     truncated: torch.Tensor
+    observation_mask: torch.Tensor | None = None
+    tool_calls: torch.Tensor | None = None
+    tool_errors: torch.Tensor | None = None
+    tool_timeouts: torch.Tensor | None = None
+    tool_capped: torch.Tensor | None = None
+    turns: torch.Tensor | None = None
+    tool_seconds: torch.Tensor | None = None
 
     @property
-    def response_lengths(self) -> torch.Tensor:  # [N]
+    def response_lengths(self) -> torch.Tensor:  # [N] model tokens (observation tokens are not counted)
         return self.response_mask.sum(-1).long()
+
+    @property
+    def context_mask(self) -> torch.Tensor:  # [N, T] 1 on every token of the response span, model or observation
+        return self.response_mask if self.observation_mask is None else self.response_mask + self.observation_mask
+
+    @property
+    def context_lengths(self) -> torch.Tensor:  # [N] model and observation tokens
+        return self.context_mask.sum(-1).long()
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]
@@ -123,6 +146,15 @@ def concat_rollouts(chunks: list[RolloutBatch], pad_id: int) -> RolloutBatch:
         filler = torch.full((x.shape[0], extra), value, dtype=x.dtype)
         return torch.cat([filler, x] if left else [x, filler], dim=1)
 
+    episodes = {}
+    if any(c.observation_mask is not None for c in chunks):  # a chunk without episode fields counts zeros
+        episodes["observation_mask"] = torch.cat([
+            pad(c.observation_mask if c.observation_mask is not None else torch.zeros_like(c.response_mask), t, 0.0, False)
+            for c in chunks])
+        for name in EPISODE_COUNTS:
+            episodes[name] = torch.cat([getattr(c, name) if getattr(c, name) is not None else
+                                        torch.zeros(len(c), dtype=torch.float32 if name == "tool_seconds" else torch.long)
+                                        for c in chunks])
     return RolloutBatch(
         prompt_ids=torch.cat([pad(c.prompt_ids, p, pad_id, True) for c in chunks]),
         prompt_mask=torch.cat([pad(c.prompt_mask, p, 0, True) for c in chunks]),
@@ -130,9 +162,13 @@ def concat_rollouts(chunks: list[RolloutBatch], pad_id: int) -> RolloutBatch:
         response_mask=torch.cat([pad(c.response_mask, t, 0.0, False) for c in chunks]),
         logprobs=torch.cat([pad(c.logprobs, t, 0.0, False) for c in chunks]),
         truncated=torch.cat([c.truncated for c in chunks]),
+        **episodes,
     )
+
+
+EPISODE_COUNTS = ("tool_calls", "tool_errors", "tool_timeouts", "tool_capped", "turns", "tool_seconds")
 
 
 def select_rollout_rows(batch: RolloutBatch, rows: torch.Tensor | list[int]) -> RolloutBatch:
     rows = torch.as_tensor(rows, dtype=torch.long)
-    return RolloutBatch(**{k: v[rows] for k, v in batch.__dict__.items()})
+    return RolloutBatch(**{k: None if v is None else v[rows] for k, v in batch.__dict__.items()})

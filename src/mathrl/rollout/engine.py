@@ -129,8 +129,9 @@ class TorchEngine:
     trainer's tensors into that copy.
     """
 
-    def __init__(self, model, *, eos_token_id: int, pad_token_id: int, batch_size: int = 512):
+    def __init__(self, model, *, eos_token_id: int, pad_token_id: int, batch_size: int = 512, tools=None):
         self.model = model
+        self.tools = tools  # rollout.episodes.ToolUse: responses are episodes with tool calls; None: single-turn
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
         self.batch_size = batch_size
@@ -162,7 +163,8 @@ class TorchEngine:
         pass
 
     def close(self) -> None:
-        pass
+        if self.tools is not None:
+            self.tools.pool.close()
 
     @torch.no_grad()
     def generate(
@@ -205,18 +207,28 @@ class TorchEngine:
         return concat_rollouts(chunks, self.pad_token_id)
 
     def _generate_chunk(self, prompts, *, max_new_tokens, temperature, top_p, seed) -> RolloutBatch:
+        """One chunk of rows. With tools (`self.tools`), a row whose sampled token closes a call gets the
+        call's observation as forced tokens in the next forward: one forward feeds each row its own
+        tokens, right-aligned in a window as wide as the longest observation, the columns a row does
+        not use masked out of attention (so they change nothing but the cache's width). The calls
+        closed at one decode step run in parallel in the tool pool, and that step's forward waits for
+        them, so that the samples never depend on how long a tool took (the same seed gives the same
+        episodes)."""
         device = next(self.model.parameters()).device
         generator = torch.Generator(device=device).manual_seed(seed)
         prompt_ids, prompt_mask = left_pad(prompts, self.pad_token_id)
         prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
         n = prompt_ids.shape[0]
+        episodes = self.tools.start(n) if self.tools is not None else None
 
         attention_mask = prompt_mask
         position_ids = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # [N, P]; left padding does not shift positions
         tokens = torch.full((n, max_new_tokens), self.pad_token_id, dtype=torch.long, device=device)
         logprobs = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=device)
         mask = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=device)
+        observed = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=device) if episodes else None
         finished = torch.zeros(n, dtype=torch.bool, device=device)
+        column = torch.zeros(n, dtype=torch.long, device=device)  # [N] each row's next response column
 
         out = self.model(
             input_ids=prompt_ids,
@@ -237,33 +249,64 @@ class TorchEngine:
             else:
                 scaled = logits.float() if temperature == 1.0 else logits.float() / temperature  # [A, V]
                 token, token_logprob = sample_top_p(scaled, top_p, generator)  # [A], [A]
-            tokens[rows, t] = token
-            logprobs[rows, t] = token_logprob
-            mask[rows, t] = 1.0
+            at = column[rows]  # [A]
+            tokens[rows, at] = token
+            logprobs[rows, at] = token_logprob
+            mask[rows, at] = 1.0
+            column[rows] = at + 1
             done = token == self.eos_token_id
             finished[rows[done]] = True
-            if bool(done.all()) or t == max_new_tokens - 1:
-                break
-            if bool(done.any()):
+            if episodes is None:
+                if bool(done.all()) or t == max_new_tokens - 1:
+                    break
+                stop = done
+            else:
+                called = [i for i, (r, tok) in enumerate(zip(rows.tolist(), token.tolist()))
+                          if not done[i] and episodes.feed(r, tok)]
+                ended = torch.tensor([r in episodes.ended for r in rows.tolist()], dtype=torch.bool, device=device)
+                stop = done | ended | (column[rows] >= max_new_tokens)
+                if bool(stop.all()):
+                    break
+            if bool(stop.any()):
                 # drop finished rows from the batch and the KV cache: a long tail of unfinished
                 # responses then costs only its own rows, not the whole batch's
-                keep = (~done).nonzero().squeeze(1)
+                keep = (~stop).nonzero().squeeze(1)
                 cache.batch_select_indices(keep)
                 rows, token = rows[keep], token[keep]
                 attention_mask, next_position = attention_mask[keep], next_position[keep]
-            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(rows), 1))], dim=1)
+                if episodes is not None:
+                    slot = {int(k): j for j, k in enumerate(keep.tolist())}
+                    called = [slot[i] for i in called if i in slot]
+            if episodes is None or not called:
+                attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(rows), 1))], dim=1)
+                inputs, positions, fed = token[:, None], next_position, None
+            else:
+                inputs, window, positions, fed = self._observation_window(
+                    episodes, rows, token, called, column, next_position, max_new_tokens, tokens, observed)
+                attention_mask = torch.cat([attention_mask, window], dim=1)
             out = self.model(
-                input_ids=token[:, None],
+                input_ids=inputs,
                 attention_mask=attention_mask,
-                position_ids=next_position,
+                position_ids=positions,
                 use_cache=True,
                 **{self._cache_kwarg: cache},
             )
             cache = _output_cache(out)
-            next_position = next_position + 1
+            next_position = next_position + (1 if fed is None else fed[:, None])
             logits = out.logits[:, -1, :]
+            if fed is not None and bool((column[rows] >= max_new_tokens).any()):
+                # an observation filled a row's last columns: the row ends there, cut short
+                keep = (column[rows] < max_new_tokens).nonzero().squeeze(1)
+                if len(keep) == 0:
+                    break
+                cache.batch_select_indices(keep)
+                rows, logits = rows[keep], logits[keep]
+                attention_mask, next_position = attention_mask[keep], next_position[keep]
 
-        width = max(1, int(mask.sum(-1).max().item()))
+        width = max(1, int(column.max().item()))
+        extra = {}
+        if episodes is not None:
+            extra = {"observation_mask": observed[:, :width].cpu(), **episodes.stats()}
         return RolloutBatch(
             prompt_ids=prompt_ids.cpu(),
             prompt_mask=prompt_mask.cpu(),
@@ -271,7 +314,40 @@ class TorchEngine:
             response_mask=mask[:, :width].cpu(),
             logprobs=logprobs[:, :width].cpu(),
             truncated=(~finished).cpu(),
+            **extra,
         )
+
+    def _observation_window(self, episodes, rows, token, called, column, next_position, max_new_tokens, tokens, observed):
+        """The next forward's inputs when some rows feed observations: ([A, W] ids, [A, W] attention
+        columns, [A, W] positions, [A] tokens fed per row). A row that called a tool feeds its
+        observation (cut to the columns it has left), the others their one sampled token, each
+        right-aligned so that the last column is every row's newest token; the unused columns are
+        masked and take the row's next position (they are never attended to)."""
+        device = token.device
+        obs = dict(zip(called, episodes.observations([int(rows[i]) for i in called])))
+        feeds = []
+        for i in range(len(rows)):
+            if i in obs:
+                room = max_new_tokens - int(column[rows[i]])
+                ids = obs[i][:room]
+                r, c = int(rows[i]), int(column[rows[i]])
+                if ids:
+                    tokens[r, c : c + len(ids)] = torch.tensor(ids, dtype=torch.long, device=device)
+                    observed[r, c : c + len(ids)] = 1.0
+                    column[r] = c + len(ids)
+                feeds.append([int(token[i])] + ids)  # the closing token is not in the cache yet
+            else:
+                feeds.append([int(token[i])])
+        width = max(len(f) for f in feeds)
+        inputs = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long, device=device)
+        window = torch.zeros((len(rows), width), dtype=torch.long, device=device)
+        positions = next_position.expand(len(rows), width).clone()
+        for i, f in enumerate(feeds):
+            inputs[i, width - len(f) :] = torch.tensor(f, dtype=torch.long, device=device)
+            window[i, width - len(f) :] = 1
+            positions[i, width - len(f) :] = next_position[i, 0] + torch.arange(len(f), device=device)
+        fed = torch.tensor([len(f) for f in feeds], dtype=torch.long, device=device)
+        return inputs, window, positions, fed
 
 
 def _output_cache(out):

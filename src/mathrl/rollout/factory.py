@@ -20,6 +20,7 @@ from mathrl.model.lora import plain_weights
 from mathrl.registry import ENGINES
 from mathrl.rollout.base import Engine
 from mathrl.rollout.engine import TorchEngine
+from mathrl.rollout.episodes import ToolUse, call_format
 
 
 @dataclass(frozen=True)
@@ -47,10 +48,24 @@ def build_engine(cfg, *, model, tokenizer, model_path: str | Path) -> Engine:
     return ENGINES.get(cfg.rollout.engine).build(cfg, model=model, tokenizer=tokenizer, model_path=model_path)
 
 
+def build_tool_use(cfg, tokenizer) -> ToolUse | None:
+    """The tools of `cfg.rollout.tools` in a pool, with the call format and the episode limits; None
+    without tools (single-turn responses). The engine that holds it closes the pool."""
+    r = cfg.rollout
+    if not r.tools:
+        return None
+    from mathrl.tools import ToolPool, ToolSpec
+
+    pool = ToolPool([ToolSpec(name=t.name, fn=t.fn, kwargs=dict(t.kwargs), timeout_s=t.timeout_s,
+                              description=t.description) for t in r.tools], workers=r.tool_workers)
+    return ToolUse(fmt=call_format(r.tool_format, r.tool_tags), pool=pool, tokenizer=tokenizer, max_turns=r.max_turns,
+                   max_tool_calls=r.max_tool_calls, observation_max_tokens=r.observation_max_tokens)
+
+
 def build_torch_engine(cfg, *, model, tokenizer, model_path: str | Path) -> Engine:
     """Samples from `model` itself."""
     return TorchEngine(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                       batch_size=cfg.rollout.batch_size)
+                       batch_size=cfg.rollout.batch_size, tools=build_tool_use(cfg, tokenizer))
 
 
 def build_vllm_engine(cfg, *, model, tokenizer, model_path: str | Path) -> Engine:

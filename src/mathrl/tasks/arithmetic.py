@@ -171,12 +171,33 @@ class ArithmeticTask:
 
     # -- worked solutions (pretraining data for the tiny base model) --------------------------------
     def pretraining_examples(self, count: int, rng: random.Random, *, slip_prob: float = 0.0,
-                             check_prob: float = 0.0) -> list[tuple[str, str]]:
+                             check_prob: float = 0.0, tool_share: float = 0.0) -> list[tuple[str, str]]:
         """`count` random training problems as (prompt, worked solution) text pairs, the prompt ending
         in "=": the tiny base model's pretraining text (model/tiny.py). One draw from `rng` seeds the
-        problems; the solutions' slips and checks draw from it in turn."""
+        problems; the solutions' slips and checks draw from it in turn. With tool_share > 0 that share
+        of the solutions are tool traces (`tool_solution`), as a real base model has seen some code."""
         problems = self.train_problems(count, seed=rng.randrange(2**62))
-        return [(p.question + "=", self.solution(p, rng=rng, slip_prob=slip_prob, check_prob=check_prob)) for p in problems]
+        if tool_share <= 0:  # no extra draws: the models built before tool_share existed keep their text
+            return [(p.question + "=", self.solution(p, rng=rng, slip_prob=slip_prob, check_prob=check_prob)) for p in problems]
+        return [(p.question + "=", self.tool_solution(p) if rng.random() < tool_share
+                 else self.solution(p, rng=rng, slip_prob=slip_prob, check_prob=check_prob)) for p in problems]
+
+    def tool_solution(self, problem: Problem) -> str:
+        """The sum computed by a python tool call, in the python_blocks format (rollout/episodes.py), its
+        output, and the boxed answer copied from it:
+
+            123+45=```python
+            123+45
+            ```
+            ```output
+            168
+            ```
+            \\boxed{168}
+        """
+        a, b, decimal = self.parse(problem)
+        if decimal:
+            raise ValueError("tool traces are written for integer problems")
+        return f"```python\n{a}+{b}\n```\n```output\n{a + b}\n```\n\\boxed{{{a + b}}}"
 
     def solution(self, problem: Problem, *, rng: random.Random | None = None, slip_prob: float = 0.0,
                  check_prob: float = 0.0) -> str:
@@ -238,4 +259,5 @@ def base_pretraining_text(base) -> Callable[[int, random.Random], list[tuple[str
     """The pretraining text of the tiny base model a `BaseModelConfig` describes (operand sizes,
     decimal share, slips, checks), as the `pretraining_text` callable that `model/tiny.py` builds it from."""
     task = ArithmeticTask(min_digits=base.min_digits, max_digits=base.max_digits, decimal_share=base.decimal_share)
-    return functools.partial(task.pretraining_examples, slip_prob=base.slip_prob, check_prob=base.check_prob)
+    return functools.partial(task.pretraining_examples, slip_prob=base.slip_prob, check_prob=base.check_prob,
+                             tool_share=base.tool_share)

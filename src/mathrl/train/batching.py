@@ -19,7 +19,7 @@ class TrainBatch:
     prompt_ids: torch.Tensor  # [N, P] left-padded
     prompt_mask: torch.Tensor  # [N, P]
     response_ids: torch.Tensor  # [N, T] right-padded
-    response_mask: torch.Tensor  # [N, T] float: 1 on generated tokens (what the model attends to)
+    response_mask: torch.Tensor  # [N, T] float: 1 on the model's generated tokens (with observation_mask: what it attends to)
     loss_mask: torch.Tensor  # [N, T] float: 1 on tokens that count in the loss (filters may zero rows)
     old_logprobs: torch.Tensor  # [N, T] logprobs under the policy that sampled (recomputed by the trainer)
     advantages: torch.Tensor  # [N, T] per-token advantages
@@ -30,6 +30,11 @@ class TrainBatch:
     returns: torch.Tensor | None = None  # [N, T] value targets (PPO with a critic only)
     rollout_logprobs: torch.Tensor | None = None  # [N, T] the rollout engine's sampling logprobs (algo.rollout_correction)
     is_weights: torch.Tensor | None = None  # [N, T] importance weights of the policy-gradient term (Config.correction), None = 1
+    observation_mask: torch.Tensor | None = None  # [N, T] 1 on tool-observation tokens: in the context, in no loss (None: single-turn)
+
+    @property
+    def context_mask(self) -> torch.Tensor:  # [N, T] what the model attends to: its own tokens and the observations
+        return self.response_mask if self.observation_mask is None else self.response_mask + self.observation_mask
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]
@@ -45,7 +50,7 @@ class TrainBatch:
     def trimmed(self) -> "TrainBatch":
         """Drop prompt columns that are padding in every row (left) and response columns likewise (right)."""
         prompt_keep = max(1, int(self.prompt_mask.sum(-1).max().item()))
-        used = (self.response_mask.sum(0) > 0).nonzero()
+        used = (self.context_mask.sum(0) > 0).nonzero()
         response_keep = int(used.max().item()) + 1 if len(used) else 1
         p = self.prompt_ids.shape[1]
         out = {}
@@ -84,7 +89,7 @@ def micro_batch_slices(lengths: list[tuple[int, int]], token_budget: int) -> lis
 
 
 def row_lengths(batch: TrainBatch) -> list[tuple[int, int]]:
-    return list(zip(batch.prompt_mask.sum(-1).long().tolist(), batch.response_mask.sum(-1).long().tolist()))
+    return list(zip(batch.prompt_mask.sum(-1).long().tolist(), batch.context_mask.sum(-1).long().tolist()))
 
 
 def micro_batches(batch: TrainBatch, token_budget: int) -> list[TrainBatch]:

@@ -18,10 +18,12 @@ from mathrl.algo.filters import group_filter, overlong_mask
 from mathrl.algo.sample_filter import sample_filter
 from mathrl.config import Config
 from mathrl.reward.collapse import is_garbled, is_repetitive
+from mathrl.reward.extract import has_final_answer
 from mathrl.reward.functions import Scores, component_metrics, failure_counts, score_rows
 from mathrl.reward.shaping import kimi_length_penalty, length_bonus, length_schedule_reward, soft_overlong_punishment
 from mathrl.reward.verify import RewardResult
 from mathrl.rollout.engine import RolloutBatch, concat_rollouts, select_rollout_rows
+from mathrl.rollout.episodes import episode_metrics, void_turns
 from mathrl.seeds import PIECE_MODULUS, PIECE_STRIDE, REFILL_ROUND_STRIDE, SHARD_STRIDE, derive_seed
 from mathrl.tasks.base import Problem
 from mathrl.tasks.sources import ProblemStream
@@ -48,6 +50,7 @@ class Collected:
     reward_seconds: float
     scores: Scores | None = None  # every component's scores of the N samples
     versions: torch.Tensor | None = None  # [N] long: the policy version that sampled each row (set by a generator, train/generator.py)
+    void: list[bool] | None = None  # [N] tool episodes whose last turn has neither a call nor an answer (`void_turns`)
 
 
 class DynamicSamplingExhausted(RuntimeError):
@@ -132,7 +135,7 @@ def generate_and_score(cfg: Config, prompts: list[list[int]], problems: list[Pro
     texts = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True) if rollout is not None else []
     scores = Scores.concat([])
     if texts:
-        lengths = rollout.response_lengths.tolist()
+        lengths = rollout.context_lengths.tolist()  # with tools, the observations are part of the transcript
         tokens = [rollout.response_ids[i, : lengths[i]].tolist() for i in range(len(texts))]
         prompt_texts = prompts_text[lo:hi] if prompts_text is not None else tokenizer.batch_decode(prompts[lo:hi])
         scores = score_rows(verifier, prompt_texts, texts, problems[lo:hi], tokens)
@@ -168,6 +171,7 @@ def collect_rollouts(cfg: Config, step: int, *, train_stream: ProblemStream, eng
     rounds, generated_tokens = 0, 0
     shaping_metrics: dict[str, list[float]] = {}
     failed: dict[str, float] = {}  # reward/<name>/errors and /timeouts, summed over the rounds
+    episodes = []  # (rollout, void flags) of every round: the tool metrics count every episode sampled
     while kept < want and rounds < (ds.max_rounds if ds.mode != "none" else 1):
         rounds += 1
         problems, prompt_ids, prompts_text = train_stream.next_batch(want)
@@ -179,6 +183,9 @@ def collect_rollouts(cfg: Config, step: int, *, train_stream: ProblemStream, eng
         )
         t_gen, t_rew = t_gen + gen_s, t_rew + rew_s
         generated_tokens += int(rollout.response_lengths.sum())  # kept or not: the compute spent
+        void = void_turns(rollout, tokenizer, has_answer=has_final_answer)
+        if rollout.observation_mask is not None:
+            episodes.append((rollout, void))
         results = scores.results
         for k, v in failure_counts(scores).items():  # every scored sample, kept or not
             failed[k] = failed.get(k, 0.0) + v
@@ -201,12 +208,15 @@ def collect_rollouts(cfg: Config, step: int, *, train_stream: ProblemStream, eng
         rows = [g * n + j for g in keep for j in range(n)]
         parts.append(([problems[g] for g in keep], [prompts_text[g] for g in keep], select_rollout_rows(rollout, rows),
                       [texts[i] for i in rows], [results[i] for i in rows], rewards[rows], correct[rows],
-                      scores.select(rows)))
+                      scores.select(rows), [void[i] for i in rows]))
     counts["kept_groups"] = kept
     metrics = {f"filter/{k}": float(v) for k, v in counts.items()}
     metrics["filter/gen_rounds"] = float(rounds)
     metrics["rollout/generated_tokens"] = float(generated_tokens)
     metrics.update({k: sum(v) / len(v) for k, v in shaping_metrics.items()})
+    if episodes:
+        metrics.update(episode_metrics(concat_rollouts([e[0] for e in episodes], tokenizer.pad_token_id),
+                                       [v for e in episodes for v in e[1]]))
     kept_scores = Scores.concat([p[7] for p in parts])
     if getattr(verifier, "logs_components", False):  # not the default math checker alone
         metrics.update(failed)
@@ -229,16 +239,19 @@ def collect_rollouts(cfg: Config, step: int, *, train_stream: ProblemStream, eng
         rewards=torch.cat([p[5] for p in parts]),
         correct=torch.cat([p[6] for p in parts]),
         metrics=metrics, rollout_seconds=t_gen, reward_seconds=t_rew, scores=kept_scores,
+        void=[x for p in parts for x in p[8]],
     )
 
 
-def filter_samples(cfg: Config, rollout: RolloutBatch, texts: list[str], results: list[RewardResult]):
+def filter_samples(cfg: Config, rollout: RolloutBatch, texts: list[str], results: list[RewardResult],
+                   void: list[bool] | None = None):
     """Loss mask [N, T] after the sample filter and overlong filtering, and the collapse/filter metrics.
 
-    The collapse detectors run on every step (collapse/*), whether or not their filter is on.
+    The collapse detectors run on every step (collapse/*), whether or not their filter is on. `void`:
+    per row, a tool episode with a void last turn (`void_turns`), for the void_turn filter.
     """
     lengths = rollout.response_lengths.tolist()
-    garbled = [is_garbled(t, rollout.logprobs[i, : lengths[i]].tolist()) for i, t in enumerate(texts)]
+    garbled = [is_garbled(t, rollout.logprobs[i][rollout.response_mask[i] > 0].tolist()) for i, t in enumerate(texts)]
     repetitive = [is_repetitive(t) for t in texts]
     no_answer = [r.reason == "no_answer" for r in results]
     metrics = {
@@ -249,7 +262,7 @@ def filter_samples(cfg: Config, rollout: RolloutBatch, texts: list[str], results
     loss_mask = rollout.response_mask.clone()
     if cfg.data.sample_filter:
         sf = sample_filter(texts, no_answer=no_answer, is_repetitive=repetitive, is_garbled=garbled,
-                           drop=set(cfg.data.sample_filter))
+                           drop=set(cfg.data.sample_filter), void_turn=void)
         loss_mask = loss_mask * sf.keep_rows[:, None].float()
         metrics.update({f"filter/{k}": float(v) for k, v in sf.counts.items()})
     if cfg.reward.overlong.filter:
@@ -365,6 +378,7 @@ def new_train_batch(rollout: RolloutBatch, loss_mask: torch.Tensor, correct: tor
         prompt_ids=rollout.prompt_ids, prompt_mask=rollout.prompt_mask, response_ids=rollout.response_ids,
         response_mask=rollout.response_mask, loss_mask=loss_mask, old_logprobs=zeros, advantages=zeros.clone(),
         ref_logprobs=zeros.clone(), ref_entropy=zeros.clone(), correct=correct, rollout_logprobs=rollout.logprobs,
+        observation_mask=rollout.observation_mask,
     )
 
 
@@ -374,7 +388,7 @@ def rollout_records(step, problems, prompts_text, texts, results, rollout: Rollo
     with `scores`, each sample's component scores too."""
     records = []
     for i in range(min(limit, len(texts))):
-        length = int(rollout.response_mask[i].sum())
+        length = int(rollout.context_mask[i].sum())
         ids = rollout.response_ids[i, :length].tolist()
         records.append({
             "step": step,
@@ -390,6 +404,9 @@ def rollout_records(step, problems, prompts_text, texts, results, rollout: Rollo
             "logprobs": [round(x, 5) for x in rollout.logprobs[i, :length].tolist()],
             "truncated": bool(rollout.truncated[i]),
         })
+        if rollout.observation_mask is not None:  # which tokens a tool wrote (mathrl inspect shows them apart)
+            records[-1]["observation"] = [int(x) for x in rollout.observation_mask[i, :length].tolist()]
+            records[-1]["tool_calls"] = int(rollout.tool_calls[i])
         if scores is not None:
             records[-1]["components"] = {name: values[i] for name, values in scores.values.items()}
     return records

@@ -26,7 +26,7 @@ def value_pass(critic, batch: TrainBatch, cfg: Config, *, rows: list[int] | None
     """[N, T] critic values V(s_t) of the sampled responses, no grad (0 at masked positions)."""
 
     def forward(critic, mb: TrainBatch) -> list[torch.Tensor]:
-        return [response_values(critic, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask)]
+        return [response_values(critic, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.context_mask)]
 
     (values,) = per_token_pass(critic, batch, cfg, forward, rows=rows)
     return values
@@ -40,7 +40,7 @@ def update_critic(critic, optimizer, scheduler, batch: TrainBatch, cfg: Config, 
 
     def micro_step(micro: TrainBatch, counts) -> dict[str, float]:
         num_tokens, num_seqs = counts
-        values = response_values(critic, micro.prompt_ids, micro.prompt_mask, micro.response_ids, micro.response_mask)
+        values = response_values(critic, micro.prompt_ids, micro.prompt_mask, micro.response_ids, micro.context_mask)
         token_loss, is_clipped = value_loss(values, micro.old_values, micro.returns, micro.loss_mask,
                                             clip_eps=crit.value_clip)
         loss = aggregate(token_loss, micro.loss_mask, mode="token_mean", num_tokens=num_tokens, num_seqs=num_seqs)
@@ -81,7 +81,7 @@ def pretrain_critic(cfg: Config, critic, optimizer, scheduler, *, train_stream: 
                                ranks=ranks)
         if not got.problems:
             continue
-        loss_mask, _ = filter_samples(cfg, got.rollout, got.texts, got.results)
+        loss_mask, _ = filter_samples(cfg, got.rollout, got.texts, got.results, got.void)
         batch = new_train_batch(got.rollout, loss_mask, got.correct)
         rows = rank_rows(len(got.problems), cfg.rollout.n, ranks)
         batch.old_values = value_pass(critic, batch, cfg, rows=rows)

@@ -34,6 +34,7 @@ from mathrl.model.paths import resolve_model_path
 from mathrl.model.scoring import response_logprobs
 from mathrl.reward.verify import Verifier
 from mathrl.tasks.arithmetic import base_pretraining_text
+from mathrl.rollout.episodes import call_format
 from mathrl.rollout.factory import build_engine
 from mathrl.run_dir import RunDir, open_run_dir, release_run_dir
 from mathrl.tasks.loading import load_problems
@@ -59,6 +60,7 @@ from mathrl.train.update import per_token_pass, step_if_finite
 class Example:
     prompt_ids: list[int]
     response_ids: list[int]  # EOS last
+    observation: list[int] | None = None  # 1 on tool-observation tokens (context, not learnt); None: none
 
 
 # ----------------------------------------------------------------------------------------- data
@@ -86,6 +88,7 @@ def load_examples(cfg: Config, tokenizer) -> tuple[list[Example], dict[str, int]
     limit = cfg.sft.max_response_tokens or cfg.rollout.max_new_tokens
     encoder = prompt_encoder(cfg, tokenizer, max_new_tokens=limit)
     examples, dropped = [], {"response_missing": 0, "response_too_long": 0}
+    fmt = call_format(cfg.rollout.tool_format, cfg.rollout.tool_tags) if cfg.rollout.tools else None
     for problem in loaded.problems:
         response = problem.meta.get(key)
         if not isinstance(response, str) or not response.strip():
@@ -97,13 +100,35 @@ def load_examples(cfg: Config, tokenizer) -> tuple[list[Example], dict[str, int]
         kept, ids, _ = encoder.encode([problem])
         if not kept:
             continue  # counted in encoder.dropped
-        response_ids = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        response_ids, observation = encode_trace(response, tokenizer, fmt)
+        response_ids.append(tokenizer.eos_token_id)
         if len(response_ids) > limit:
             dropped["response_too_long"] += 1
             continue
-        examples.append(Example(ids[0], response_ids))
+        examples.append(Example(ids[0], response_ids, observation + [0] if fmt is not None else None))
     dropped["prompt_too_long"] = encoder.dropped
     return examples, dropped
+
+
+def encode_trace(response: str, tokenizer, fmt) -> tuple[list[int], list[int]]:
+    """A response's token ids and its observation mask. With a tool format (`fmt`, rollout.tools set),
+    the text between the format's observation tags is a tool's output: it is tokenized on its own, as
+    an episode appends it, and masked (1) so that SFT learns the calls and the answers, not the outputs.
+    Without one, the whole response is one model segment."""
+    if fmt is None:
+        return tokenizer(response, add_special_tokens=False)["input_ids"], []
+    ids, mask, rest = [], [], response
+    while True:
+        start = rest.find(fmt.observation_open)
+        end = rest.find(fmt.observation_close, start + len(fmt.observation_open)) if start >= 0 else -1
+        if start < 0 or end < 0:
+            break
+        model = tokenizer(rest[:start], add_special_tokens=False)["input_ids"]
+        seen = tokenizer(rest[start : end + len(fmt.observation_close)], add_special_tokens=False)["input_ids"]
+        ids, mask = ids + model + seen, mask + [0] * len(model) + [1] * len(seen)
+        rest = rest[end + len(fmt.observation_close) :]
+    tail = tokenizer(rest, add_special_tokens=False)["input_ids"]
+    return ids + tail, mask + [0] * len(tail)
 
 
 def split_heldout(examples: list[Example], count: int, *, seed: int) -> tuple[list[Example], list[Example]]:
@@ -127,8 +152,15 @@ def collate(examples: list[Example], *, pad_id: int) -> TrainBatch:
         response_ids[i, : len(e.response_ids)] = torch.tensor(e.response_ids)
         response_mask[i, : len(e.response_ids)] = 1
     zeros = torch.zeros(n, t)
+    observation = None
+    if any(e.observation is not None for e in examples):  # tool traces: observation tokens are context, not loss
+        observation = torch.zeros(n, t)
+        for i, e in enumerate(examples):
+            if e.observation is not None:
+                observation[i, : len(e.observation)] = torch.tensor(e.observation, dtype=torch.float32)
+        response_mask = response_mask - observation
     return TrainBatch(prompt_ids, prompt_mask, response_ids, response_mask, response_mask.clone(), zeros, zeros,
-                      zeros, zeros, torch.zeros(n))
+                      zeros, zeros, torch.zeros(n), observation_mask=observation)
 
 
 class ExampleStream:
@@ -164,7 +196,7 @@ def sft_backward(model, batch: TrainBatch, *, micro_batch_tokens: int, chunk_siz
     total = 0.0
     for micro in micro_batches(batch, micro_batch_tokens):
         logprobs, _ = response_logprobs(model, micro.prompt_ids, micro.prompt_mask, micro.response_ids,
-                                        micro.response_mask, chunk_size=chunk_size, with_entropy=False)
+                                        micro.context_mask, chunk_size=chunk_size, with_entropy=False)
         mask = micro.loss_mask.to(logprobs.device)
         loss = aggregate(sft_loss(logprobs, mask), mask, mode="token_mean", num_tokens=num_tokens, num_seqs=num_seqs)
         (loss * dp_scale()).backward()
@@ -176,7 +208,7 @@ def heldout_loss(model, batch: TrainBatch, cfg: Config) -> float:
     """Token-mean response NLL of `batch` under `model`, no grad."""
 
     def forward(model, mb: TrainBatch) -> list[torch.Tensor]:
-        lp, _ = response_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
+        lp, _ = response_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.context_mask,
                                   chunk_size=cfg.model.logprob_chunk_size, with_entropy=False)
         return [lp]
 
@@ -312,17 +344,22 @@ def finish_sft(s: SFTRun, *, base: dict, last: dict, wall_seconds: float) -> Non
 
 # ----------------------------------------------------------------------------------------- example data
 def write_arith_sft_jsonl(path: str | Path, *, rows: int, min_digits: int = 1, max_digits: int = 3, seed: int = 0,
-                          slip_prob: float = 0.0, check_prob: float = 0.0) -> Path:
+                          slip_prob: float = 0.0, check_prob: float = 0.0, tool_share: float = 0.0) -> Path:
     """`rows` training-split arithmetic problems (never held out) with worked solutions, one JSON object
     per line: {"problem", "answer", "response"}; slip_prob > 0 adds the base model's deliberate slips,
-    check_prob > 0 its self-checks (each repairs its column)."""
+    check_prob > 0 its self-checks (each repairs its column); tool_share > 0 writes that share of the
+    rows as tool traces (a python block computing the sum, its output, the boxed answer: what
+    `mathrl sft` with rollout.tools learns, the output masked)."""
     from mathrl.tasks.arithmetic import ArithmeticTask
 
     task, rng = ArithmeticTask(min_digits=min_digits, max_digits=max_digits), random.Random(f"sft-data:{seed}")
     path = Path(path)
     with path.open("w") as f:
         for problem in task.train_problems(rows, seed=seed):
-            response = task.solution(problem, rng=rng, slip_prob=slip_prob, check_prob=check_prob)
+            if tool_share > 0 and rng.random() < tool_share:
+                response = task.tool_solution(problem)
+            else:
+                response = task.solution(problem, rng=rng, slip_prob=slip_prob, check_prob=check_prob)
             f.write(json.dumps({"problem": problem.question, "answer": problem.answer, "response": response}) + "\n")
     return path
 
@@ -338,6 +375,7 @@ if __name__ == "__main__":
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--slip-prob", type=float, default=0.0, help="per-column chance of a slip (0: clean solutions)")
     parser.add_argument("--check-prob", type=float, default=0.0, help="per-column chance of a self-check (1: check every column)")
+    parser.add_argument("--tool-share", type=float, default=0.0, help="share of rows written as python-tool traces (1: all)")
     a = parser.parse_args()
     print(write_arith_sft_jsonl(a.out, rows=a.rows, min_digits=a.min_digits, max_digits=a.max_digits, seed=a.seed,
-                                slip_prob=a.slip_prob, check_prob=a.check_prob))
+                                slip_prob=a.slip_prob, check_prob=a.check_prob, tool_share=a.tool_share))

@@ -51,7 +51,7 @@ def rl_step(trainer: Trainer, step: int, collected: Collected | None = None) -> 
         trainer.tracker.log(step, got.metrics)
         return got.metrics
     trainer.engine.sleep()  # rollout.vllm.enable_sleep_mode: its KV cache is freed until the next generate
-    loss_mask, filter_metrics = filter_samples(cfg, got.rollout, got.texts, got.results)  # masked out, counted per reason
+    loss_mask, filter_metrics = filter_samples(cfg, got.rollout, got.texts, got.results, got.void)  # masked out, counted per reason
     metrics = {**got.metrics, **filter_metrics}
     batch = new_train_batch(got.rollout, loss_mask, got.correct)
     rows = rank_rows(len(got.problems), cfg.rollout.n, trainer.ranks)  # this rank's groups (None: all, one process)

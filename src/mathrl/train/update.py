@@ -77,7 +77,7 @@ def scoring_pass(model, batch: TrainBatch, cfg: Config, *, with_entropy: bool,
 
     def forward(model, mb: TrainBatch) -> list[torch.Tensor]:
         lp, ent = response_logprobs(
-            model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
+            model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.context_mask,
             temperature=cfg.rollout.temperature, chunk_size=cfg.model.logprob_chunk_size, with_entropy=with_entropy,
         )
         return [lp, ent if ent is not None else torch.zeros_like(lp)]
@@ -267,7 +267,7 @@ def update_policy(
     def micro_step(micro: TrainBatch, counts) -> dict[str, float]:
         (num_tokens, num_seqs), (pos_tokens, pos_seqs) = counts
         logprobs, entropy = response_logprobs(
-            model, micro.prompt_ids, micro.prompt_mask, micro.response_ids, micro.response_mask,
+            model, micro.prompt_ids, micro.prompt_mask, micro.response_ids, micro.context_mask,
             temperature=cfg.rollout.temperature, chunk_size=cfg.model.logprob_chunk_size,
         )
         x = TermInputs(cfg, micro, logprobs, entropy, micro.loss_mask, num_tokens, num_seqs, pos_tokens, pos_seqs,

@@ -1,0 +1,262 @@
+"""Episodes with tools: model turns and tool observations as token ids, with a model/observation mask.
+
+A rollout with tools is a sequence of model turns and tool observations. The engine samples model
+tokens; when a turn ends with the format's closing tag of a call (`CallFormat.call_close`), the call
+is parsed from that turn's text, run in the tool pool, and its observation (the tool's output between
+the format's observation tags) is tokenized once and appended as forced tokens. The transcript is never
+re-tokenized and no chat template is re-applied: every model token stays the id that was sampled.
+
+    tools = ToolUse(fmt=TOOL_FORMATS.get("python_blocks")(), pool=pool, tokenizer=tok, max_turns=4,
+                    max_tool_calls=3, observation_max_tokens=64)
+    episodes = tools.start(rows=8)            # per-call state of 8 rows
+    if episodes.feed(row, token_id):          # a model token; True: the row's turn closed a call
+        obs = episodes.observations([row])[0] # waits for the call; the observation's token ids
+
+Two call formats are registered (`mathrl.registry.TOOL_FORMATS`, config `rollout.tool_format`):
+- python_blocks: the model writes ```` ```python\\n<code>```\\n ```` (Qwen2.5-Math's tool-integrated
+  prompts, ToRL); the code goes to the tool named `python`, and the observation is
+  ```` ```output\\n<output>\\n```\\n ````.
+- chat_tool_call: the model writes ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``
+  (the Hermes / Qwen2.5 chat templates' format); the observation closes the assistant turn and
+  returns the result as the next user turn's ``<tool_response>``, in ChatML, ending with a fresh
+  ``<|im_start|>assistant\\n``. Models with another template set `rollout.tool_tags`.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from mathrl.registry import TOOL_FORMATS
+
+CUT_NOTE = "\n...[{cut} tokens cut]...\n"  # said inside an observation cut in the middle
+
+
+@dataclass(frozen=True)
+class CallFormat:
+    """How a call and its observation are written. `parse` finds the call a turn ends with."""
+
+    name: str
+    call_open: str
+    call_close: str
+    observation_open: str
+    observation_close: str
+
+    def parse(self, turn: str) -> tuple[str, str | dict] | None:
+        """(tool name, args) of the call that `turn` (the text of one model turn) ends with, or None
+        when the closing tag closes no call (e.g. a python_blocks ```` ``` ```` after a block of
+        another language). A malformed call body gives the name "" and an error message as args."""
+        if not turn.endswith(self.call_close):
+            return None
+        start = turn.rfind(self.call_open, 0, len(turn) - len(self.call_close))
+        if start < 0:
+            return None
+        body = turn[start + len(self.call_open) : len(turn) - len(self.call_close)]
+        return self.parse_body(body)
+
+    def parse_body(self, body: str) -> tuple[str, str | dict]:
+        return "python", body
+
+    def observation(self, output: str) -> str:
+        return f"{self.observation_open}{output}{self.observation_close}"
+
+
+@dataclass(frozen=True)
+class JsonCallFormat(CallFormat):
+    """A call whose body is JSON: {"name": <tool>, "arguments": {...}}."""
+
+    def parse_body(self, body: str) -> tuple[str, str | dict]:
+        try:
+            call = json.loads(body)
+        except json.JSONDecodeError as e:
+            return "", f"error: the tool call is not JSON ({e.msg} at character {e.pos})"
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            return "", 'error: a tool call is {"name": <tool>, "arguments": {...}}'
+        args = call.get("arguments", {})
+        if isinstance(args, str):  # some templates write the arguments as a JSON string
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError:
+                pass
+        return call["name"], args
+
+
+def python_blocks() -> CallFormat:
+    return CallFormat("python_blocks", "```python\n", "```\n", "```output\n", "\n```\n")
+
+
+def chat_tool_call() -> CallFormat:
+    return JsonCallFormat("chat_tool_call", "<tool_call>\n", "</tool_call>",
+                          "<|im_end|>\n<|im_start|>user\n<tool_response>\n",
+                          "\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+
+
+TOOL_FORMATS.register("python_blocks", python_blocks)
+TOOL_FORMATS.register("chat_tool_call", chat_tool_call)
+
+
+def call_format(name: str, tags=None) -> CallFormat:
+    """The registered format `name` with the non-null fields of `tags` (a ToolTagsConfig) replacing its own."""
+    fmt = TOOL_FORMATS.get(name)()
+    if tags is None:
+        return fmt
+    return replace(fmt, **{k: v for k, v in vars(tags).items() if v is not None})
+
+
+def cut_middle(ids: list[int], limit: int, note) -> list[int]:
+    """`ids` when it holds at most `limit` tokens; else its head and tail around `note(cut)` (the token
+    ids of a note saying how many were cut), `limit` tokens in all. A limit too small for the note
+    keeps the first `limit` tokens."""
+    if len(ids) <= limit:
+        return ids
+    keep = limit - len(note(len(ids) - limit))
+    if keep < 2:
+        return ids[:limit]
+    marker = note(len(ids) - keep)  # the count of what is really cut (a count of other width: adjust once)
+    keep = limit - len(marker)
+    marker = note(len(ids) - keep)
+    head = (keep + 1) // 2
+    return ids[:head] + marker + ids[len(ids) - (keep - head):]
+
+
+@dataclass
+class ToolUse:
+    """What an engine needs to run episodes: the format, the tool pool, the tokenizer, the limits."""
+
+    fmt: CallFormat
+    pool: object  # tools.ToolPool: submit(name, args) -> Future[ToolResult]
+    tokenizer: object
+    max_turns: int = 4
+    max_tool_calls: int = 3
+    observation_max_tokens: int = 64
+
+    def __post_init__(self) -> None:
+        self._close_width = len(self.tokenizer(self.fmt.call_close, add_special_tokens=False)["input_ids"]) + 2
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def start(self, rows: int) -> Episodes:
+        return Episodes(self, rows)
+
+
+@dataclass
+class Episodes:
+    """Per-row state of one generate call's episodes (rows are the call's output rows)."""
+
+    tools: ToolUse
+    rows: int
+    turn: list[list[int]] = field(default_factory=list)  # the current turn's model token ids
+    pending: dict[int, Future | str] = field(default_factory=dict)  # row -> its call's future (or a text, not run)
+    ended: set[int] = field(default_factory=set)  # rows whose episode hit rollout.max_turns at a call
+
+    def __post_init__(self) -> None:
+        n = self.rows
+        self.turn = [[] for _ in range(n)]
+        self.calls = torch.zeros(n, dtype=torch.long)  # calls run
+        self.errors = torch.zeros(n, dtype=torch.long)
+        self.timeouts = torch.zeros(n, dtype=torch.long)
+        self.capped = torch.zeros(n, dtype=torch.long)  # calls past rollout.max_tool_calls, not run
+        self.turns = torch.ones(n, dtype=torch.long)
+        self.seconds = torch.zeros(n, dtype=torch.float32)
+
+    def feed(self, row: int, token: int) -> bool:
+        """A sampled model token of `row`. True when it closes a call: the call is submitted to the pool
+        (or, past the limits, answered without running) and the row's next tokens are its observation.
+        A call at the last allowed turn ends the episode instead (`ended`)."""
+        t = self.tools
+        turn = self.turn[row]
+        turn.append(token)
+        tail = t.tokenizer.decode(turn[-t._close_width :])
+        if not tail.endswith(t.fmt.call_close):
+            return False
+        call = t.fmt.parse(t.tokenizer.decode(turn))
+        if call is None:
+            return False
+        self.turn[row] = []
+        if self.turns[row] >= t.max_turns:
+            self.ended.add(row)
+            return False
+        self.turns[row] += 1
+        name, args = call
+        if not name:  # a malformed call: its parse error is the observation
+            self.errors[row] += 1
+            self.pending[row] = str(args)
+        elif self.calls[row] + self.capped[row] >= t.max_tool_calls:
+            self.capped[row] += 1
+            self.pending[row] = f"error: the tool-call limit of this episode ({t.max_tool_calls}) is reached; answer without tools"
+        else:
+            self.calls[row] += 1
+            self.pending[row] = t.pool.submit(name, args)
+        return True
+
+    def observations(self, rows: list[int]) -> list[list[int]]:
+        """The observation token ids of `rows` (each with a call pending), waiting for their calls; the
+        calls already run in parallel in the pool. The tool's output is cut in the middle to
+        rollout.observation_max_tokens tokens, with a note saying how many were cut."""
+        t, out = self.tools, []
+        for row in rows:
+            pending = self.pending.pop(row)
+            if isinstance(pending, str):
+                text = pending
+            else:
+                result = pending.result()
+                text = result.text
+                self.seconds[row] += result.seconds
+                self.errors[row] += result.status == "error"
+                self.timeouts[row] += result.status == "timeout"
+            body = cut_middle(t.encode(text), t.observation_max_tokens, lambda cut: t.encode(CUT_NOTE.format(cut=cut)))
+            out.append(t.encode(t.fmt.observation_open) + body + t.encode(t.fmt.observation_close))
+        return out
+
+    def stats(self) -> dict[str, torch.Tensor]:
+        """Per-row counts for the RolloutBatch: calls run, errors, timeouts, capped calls, turns, seconds."""
+        return {"tool_calls": self.calls, "tool_errors": self.errors, "tool_timeouts": self.timeouts,
+                "tool_capped": self.capped, "turns": self.turns, "tool_seconds": self.seconds}
+
+
+def last_turn_start(rollout, row: int) -> int:
+    """The response column where row `row`'s last model turn starts: after its last observation token
+    (0 for a single-turn response)."""
+    if rollout.observation_mask is None:
+        return 0
+    seen = rollout.observation_mask[row].nonzero()
+    return int(seen.max()) + 1 if len(seen) else 0
+
+
+def void_turns(rollout, tokenizer, *, has_answer) -> list[bool]:
+    """Per row: a tool episode whose last model turn holds neither a tool call nor a final answer
+    (`has_answer(text)`; SimpleTIR's void turn). A turn that ends in a call is followed by an
+    observation, so only the last turn can be void. All False for single-turn responses."""
+    if rollout.observation_mask is None:
+        return [False] * len(rollout)
+    lengths = rollout.context_lengths.tolist()
+    return [not has_answer(tokenizer.decode(rollout.response_ids[i, last_turn_start(rollout, i) : lengths[i]].tolist(),
+                                            skip_special_tokens=True))
+            for i in range(len(rollout))]
+
+
+def episode_metrics(rollout, void: list[bool]) -> dict[str, float]:
+    """The tool and turn metrics of a batch of episodes (docs/metrics.md); {} for single-turn responses.
+
+    void: per row, whether the episode's last turn has neither a call nor a final answer."""
+    if rollout.observation_mask is None or len(rollout) == 0:
+        return {}
+    calls = rollout.tool_calls.float()
+    total = float(calls.sum())
+    context = float(rollout.context_mask.sum())
+    return {
+        "tool/calls_mean": float(calls.mean()),
+        "tool/call_rate": float((calls > 0).float().mean()),
+        "tool/error_rate": float(rollout.tool_errors.sum()) / total if total else 0.0,
+        "tool/timeout_rate": float(rollout.tool_timeouts.sum()) / total if total else 0.0,
+        "tool/capped_calls": float(rollout.tool_capped.float().mean()),
+        "tool/seconds": float(rollout.tool_seconds.sum()),
+        "tool/void_turn_rate": sum(void) / len(void),
+        "rollout/turns_mean": float(rollout.turns.float().mean()),
+        "rollout/turns_max": float(rollout.turns.max()),
+        "rollout/observation_token_share": float(rollout.observation_mask.sum()) / context if context else 0.0,
+    }

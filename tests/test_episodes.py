@@ -1,0 +1,285 @@
+"""Episodes with tools (rollout/episodes.py and the torch engine's forced observation tokens).
+
+A fake tool pool answers instantly, and a call format whose closing tag is one common character
+("*", opened by the empty string) makes a tiny random Qwen2 call tools often, so that every rule of
+an episode is exercised on a real model with a real KV cache:
+- observations are the format's tags around the tool's text, tokenized once, with mask 0;
+- the model tokens' sampling logprobs equal a scoring pass over the whole transcript (observations
+  in the context), so the trainer's ratios are those of what the engine sampled;
+- the same seed gives the same episodes, and an episode that calls nothing is today's sample;
+- the limits (calls, turns, observation length) hold.
+
+Run: python -m pytest tests/test_episodes.py -q
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from mathrl.algo.losses import aggregate, policy_loss
+from mathrl.algo.rollout_correction import correction_weights
+from mathrl.model.scoring import response_logprobs
+from mathrl.rollout.engine import TorchEngine
+from mathrl.rollout.episodes import (CallFormat, ToolUse, call_format, chat_tool_call, cut_middle, episode_metrics,
+                                     python_blocks, void_turns)
+
+
+@dataclass(frozen=True)
+class Result:
+    text: str
+    status: str
+    seconds: float
+
+
+class EchoPool:
+    """Answers every call at once with `[name:args]`; `status` sets what each call reports."""
+
+    def __init__(self, status: str = "ok"):
+        self.status, self.calls = status, []
+
+    def submit(self, name, args):
+        self.calls.append((name, args))
+        f = Future()
+        f.set_result(Result(f"[{name}:{args}]", self.status, 0.5))
+        return f
+
+    def close(self):
+        pass
+
+
+STAR = CallFormat("star", "", "*", "<", ">")  # every "*" the model samples closes a call
+
+
+@pytest.fixture(scope="module")
+def make_model(make_tiny_qwen2, char_tokenizer):
+    """The tiny random model with its "*" logit raised by 2 nats, so that rows call tools often."""
+    def make():
+        model = make_tiny_qwen2(seed=1, tie_word_embeddings=False)
+        star = char_tokenizer("*", add_special_tokens=False)["input_ids"][0]
+        head = torch.nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=True)
+        with torch.no_grad():
+            head.weight.copy_(model.lm_head.weight)
+            head.bias.zero_()
+            head.bias[star] = 2.0
+        model.lm_head = head
+        return model
+    return make
+
+
+@pytest.fixture(scope="module")
+def prompts(char_tokenizer):
+    return [char_tokenizer(t)["input_ids"] for t in ["1+2=", "123+456=", "9=", "77+8=", "5+5=", "300+21="] * 4]
+
+
+def engine_with(model, tok, fmt=STAR, pool=None, **limits) -> TorchEngine:
+    tools = ToolUse(fmt=fmt, pool=pool or EchoPool(), tokenizer=tok, **{"max_turns": 4, "max_tool_calls": 3,
+                                                                          "observation_max_tokens": 12, **limits})
+    return TorchEngine(model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tools=tools)
+
+
+# ------------------------------------------------------------------------------------------- formats
+@pytest.mark.parametrize("fmt, turn, expected", [
+    # the ToRL / Qwen2.5-Math block: the code between the tags goes to the tool named python
+    (python_blocks(), "so ```python\nprint(1+2)\n```\n", ("python", "print(1+2)\n")),
+    # a closing fence after a block of another language is not a call: generation just goes on
+    (python_blocks(), "```text\nhello\n```\n", None),
+    # not at the end of the turn: nothing to run yet
+    (python_blocks(), "```python\n1+2\n```\nand more", None),
+    # the last of two blocks is the call (the first was answered before)
+    (python_blocks(), "```python\n1\n```\n```output\n1\n```\n```python\n2\n```\n", ("python", "2\n")),
+    # a JSON call of the chat templates' format
+    (chat_tool_call(), '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2*3"}}\n</tool_call>',
+     ("calculator", {"expression": "2*3"})),
+    # arguments written as a JSON string are decoded
+    (chat_tool_call(), '<tool_call>\n{"name": "c", "arguments": "{\\"x\\": 1}"}\n</tool_call>', ("c", {"x": 1})),
+])
+def test_a_call_is_parsed_from_the_turn_it_ends(fmt, turn, expected):
+    assert fmt.parse(turn) == expected
+
+
+@pytest.mark.parametrize("body", ["{not json", '["calculator"]', '{"arguments": {}}'])
+def test_a_malformed_json_call_is_an_error_text_not_an_exception(body):
+    name, message = chat_tool_call().parse(f"<tool_call>\n{body}\n</tool_call>")
+    assert name == "" and message.startswith("error:")
+
+
+def test_tags_can_be_set_one_by_one():
+    from mathrl.config import ToolTagsConfig
+
+    fmt = call_format("python_blocks", ToolTagsConfig(call_open="<code>", call_close="</code>"))
+    assert (fmt.call_open, fmt.call_close, fmt.observation_open) == ("<code>", "</code>", "```output\n")
+    assert fmt.parse("x<code>1+1</code>") == ("python", "1+1")
+
+
+@pytest.mark.parametrize("n, limit, expect_len", [(5, 10, 5), (30, 10, 10), (30, 3, None)])
+def test_cut_middle_keeps_head_and_tail_and_says_how_much_was_cut(n, limit, expect_len):
+    ids = list(range(100, 100 + n))
+
+    def note(cut):
+        return [-cut, -1, -2, -3]  # four tokens that carry the count
+
+    out = cut_middle(ids, limit, note)
+    if n <= limit:
+        assert out == ids
+        return
+    if expect_len is None:  # no room for the note: the head is kept
+        assert out == ids[:limit]
+        return
+    assert len(out) == limit
+    keep = limit - 4
+    assert out[: (keep + 1) // 2] == ids[: (keep + 1) // 2] and out[-(keep // 2):] == ids[-(keep // 2):]
+    assert -(n - keep) in out  # the note counts what was really cut
+
+
+# ------------------------------------------------------------------------------------------- the engine
+def test_observations_are_forced_masked_and_tokenized_once(make_model, char_tokenizer, prompts):
+    tok = char_tokenizer
+    model = make_model()
+    pool = EchoPool()
+    out = engine_with(model, tok, pool=pool).generate(prompts, max_new_tokens=40, seed=0)
+    assert out.tool_calls.sum() > 3, "the fixture should call tools"
+    star = tok("*", add_special_tokens=False)["input_ids"][0]
+    for i in range(len(out)):
+        length = int(out.context_lengths[i])
+        ids = out.response_ids[i, :length].tolist()
+        obs = out.observation_mask[i, :length]
+        assert torch.equal(out.response_mask[i, :length] + obs, torch.ones(length))  # each token is one or the other
+        assert (out.logprobs[i, :length][obs > 0] == 0).all()
+        j = 0
+        while j < length:
+            if obs[j] == 0:
+                j += 1
+                continue
+            assert ids[j - 1] == star  # an observation follows the closing tag ...
+            end = j
+            while end < length and obs[end] == 1:
+                end += 1
+            text = tok.decode(ids[j:end])
+            assert text.startswith("<[python:") and text.endswith("]>") or "cut" in text or end == length
+            j = end
+    assert int(out.tool_calls.sum()) == len(pool.calls)
+    assert torch.equal(out.turns, 1 + out.tool_calls + out.tool_capped)  # malformed calls: none here
+
+
+def test_sampling_logprobs_equal_a_scoring_pass_over_the_whole_transcript(make_model, char_tokenizer, prompts):
+    # The trainer scores the transcript in one pass, observations in the context; the engine sampled
+    # it with observations fed as forced tokens into its KV cache, other rows' unused window columns
+    # masked. The two must agree at every model token, or every PPO ratio would be off.
+    model = make_model()
+    out = engine_with(model, char_tokenizer).generate(prompts, max_new_tokens=40, seed=3)
+    assert (out.observation_mask.sum(-1) > 0).sum() >= 3
+    with torch.no_grad():
+        lp, _ = response_logprobs(model, out.prompt_ids, out.prompt_mask, out.response_ids, out.context_mask)
+    assert_close(lp * out.response_mask, out.logprobs, atol=1e-5, rtol=0)
+
+
+def test_the_same_seed_gives_the_same_episodes(make_model, char_tokenizer, prompts):
+    model = make_model()
+    a = engine_with(model, char_tokenizer).generate(prompts, max_new_tokens=40, seed=5)
+    b = engine_with(model, char_tokenizer).generate(prompts, max_new_tokens=40, seed=5)
+    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.observation_mask, b.observation_mask)
+
+
+def test_an_episode_without_calls_is_exactly_the_single_turn_sample(make_model, char_tokenizer, prompts):
+    # a closing tag the model never writes (a multi-character string the char model won't produce
+    # after an opening it never writes): the tool path changes nothing else
+    model = make_model()
+    never = CallFormat("never", "\x00\x00", "\x00\x00", "<", ">")
+    plain = TorchEngine(model, eos_token_id=char_tokenizer.eos_token_id, pad_token_id=char_tokenizer.pad_token_id)
+    a = plain.generate(prompts, max_new_tokens=30, seed=2)
+    b = engine_with(model, char_tokenizer, fmt=never).generate(prompts, max_new_tokens=30, seed=2)
+    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logprobs, b.logprobs)
+    assert b.observation_mask.sum() == 0 and b.tool_calls.sum() == 0
+
+
+def test_limits_cap_calls_end_turns_and_cut_observations(make_model, char_tokenizer, prompts):
+    model = make_model()
+    capped = engine_with(model, char_tokenizer, max_tool_calls=1, max_turns=8).generate(prompts, max_new_tokens=60, seed=0)
+    assert capped.tool_calls.max() <= 1
+    assert capped.tool_capped.sum() > 0  # calls past the cap were answered with the limit's message, not run
+    ended = engine_with(model, char_tokenizer, max_turns=2).generate(prompts, max_new_tokens=60, seed=0)
+    assert ended.turns.max() <= 2
+    # a row that closed a second call at its last turn ends there, cut short (truncated)
+    assert ended.truncated[ended.turns == 2].float().mean() >= 0.0
+    short = engine_with(model, char_tokenizer, observation_max_tokens=4).generate(prompts, max_new_tokens=60, seed=0)
+    open_close = 2  # "<" and ">"
+    for i in range(len(short)):
+        obs = short.observation_mask[i]
+        runs = torch.diff(torch.cat([torch.zeros(1), obs, torch.zeros(1)])).nonzero().view(-1, 2)
+        for start, end in runs.tolist():
+            assert end - start <= 4 + open_close or end == int(short.context_lengths[i])
+
+
+def test_tool_errors_and_timeouts_are_counted_per_episode(make_model, char_tokenizer, prompts):
+    model = make_model()
+    out = engine_with(model, char_tokenizer, pool=EchoPool("timeout")).generate(prompts, max_new_tokens=40, seed=0)
+    assert torch.equal(out.tool_timeouts, out.tool_calls) and out.tool_errors.sum() == 0
+    metrics = episode_metrics(out, [False] * len(out))
+    assert metrics["tool/timeout_rate"] == 1.0 and metrics["tool/error_rate"] == 0.0
+    assert metrics["tool/call_rate"] == float((out.tool_calls > 0).float().mean())
+    assert metrics["rollout/turns_max"] == float(out.turns.max())
+    assert 0 < metrics["rollout/observation_token_share"] < 1
+
+
+def test_a_void_turn_is_a_last_turn_without_an_answer(char_tokenizer):
+    from mathrl.rollout.base import RolloutBatch
+
+    tok = char_tokenizer
+    texts = [("*", "<x>", "\\boxed{3}"), ("*", "<x>", "so"), ("\\boxed{1}", "", "")]
+    rows = []
+    for model_a, obs, model_b in texts:
+        a, o, b = (tok(x, add_special_tokens=False)["input_ids"] for x in (model_a, obs, model_b))
+        rows.append((a + o + b, [1] * len(a) + [0] * len(o) + [1] * len(b), [0] * len(a) + [1] * len(o) + [0] * len(b)))
+    width = max(len(r[0]) for r in rows)
+
+    def pad(x, v):
+        return x + [v] * (width - len(x))
+
+    batch = RolloutBatch(prompt_ids=torch.ones(3, 1, dtype=torch.long), prompt_mask=torch.ones(3, 1, dtype=torch.long),
+                         response_ids=torch.tensor([pad(r[0], tok.pad_token_id) for r in rows]),
+                         response_mask=torch.tensor([pad(r[1], 0) for r in rows], dtype=torch.float32),
+                         logprobs=torch.zeros(3, width), truncated=torch.zeros(3, dtype=torch.bool),
+                         observation_mask=torch.tensor([pad(r[2], 0) for r in rows], dtype=torch.float32))
+    from mathrl.reward.extract import has_final_answer
+
+    # the answer must be in the LAST turn: an answer before a call does not make a later turn whole
+    assert void_turns(batch, tok, has_answer=has_final_answer) == [False, True, False]
+
+
+# ------------------------------------------------------------------------------------------- training
+def test_observation_tokens_reach_no_loss_ratio_or_weight(make_model, char_tokenizer, prompts):
+    # Placeholders at observation positions (old/rollout logprobs, advantages) are garbage on purpose:
+    # the policy loss, its gradient and the rollout-correction weights must not read them, and the
+    # loss equals the single-turn loss of the same model tokens (mask = the model's tokens only).
+    model = make_model()
+    out = engine_with(model, char_tokenizer).generate(prompts, max_new_tokens=40, seed=3)
+    obs, mask = out.observation_mask, out.response_mask
+    assert obs.sum() > 0
+
+    def loss_and_grad(garbage: float):
+        model.zero_grad()
+        lp, _ = response_logprobs(model, out.prompt_ids, out.prompt_mask, out.response_ids, out.context_mask)
+        old = out.logprobs + obs * garbage
+        adv = torch.ones_like(mask) * 0.5 + obs * garbage
+        token_loss, _ = policy_loss(lp, old.detach(), adv, mask)
+        loss = aggregate(token_loss, mask, mode="token_mean", num_tokens=float(mask.sum()), num_seqs=float(len(mask)))
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    clean, g_clean = loss_and_grad(0.0)
+    dirty, g_dirty = loss_and_grad(-37.0)
+    assert_close(clean, dirty)
+    for a, b in zip(g_clean, g_dirty):
+        assert_close(a, b)
+    # the single-turn loss of the same model tokens, by hand: -mean(A * ratio) at ratio 1 is -A
+    assert_close(clean, torch.tensor(-0.5), atol=1e-5, rtol=0)
+    for level in ("token", "sequence"):
+        w_clean, _ = correction_weights(out.logprobs, out.logprobs, mask, mode="tis", level=level, cap=2.0)
+        w_dirty, _ = correction_weights(out.logprobs + obs * 9.0, out.logprobs - obs * 9.0, mask, mode="tis",
+                                        level=level, cap=2.0)
+        assert_close(w_clean * mask, w_dirty * mask)
