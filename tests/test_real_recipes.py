@@ -18,7 +18,7 @@ STAGES = [REPO / "recipes" / "real" / f"deepscaler_1.5b_{k}k.yaml" for k in (8, 
 def test_the_real_recipes_are_there():
     names = {p.name for p in RECIPES}
     assert {"deepscaler_1.5b_8k.yaml", "deepscaler_1.5b_16k.yaml", "deepscaler_1.5b_24k.yaml",
-            "dapo_qwen2.5_math_7b.yaml"} <= names
+            "dapo_qwen2.5_math_7b.yaml", "torl_qwen2.5_math_1.5b.yaml"} <= names
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
