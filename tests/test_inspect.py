@@ -26,6 +26,8 @@ from mathrl.analysis.tokens import (
     check_same_tokenizer,
     classify_token,
     compare,
+    context_segments,
+    context_text,
     exploration_table,
     next_token_distribution,
     probe_checkpoint,
@@ -389,3 +391,168 @@ def test_cli_survives_an_unreadable_run_config(run_dir, tmp_path):
     rc, text = run_cli(["--base", str(run_dir / "base"), "--run", str(run), "--out", str(tmp_path / "x.html")])
     assert rc == 0, text
     assert "could not read" in text
+
+
+# ---------------------------------------------------------------------------- tool episodes
+
+# A tool episode's response: the model's turn, the tool's output (forced into the transcript, not
+# sampled, in no loss), the model's last turn. Character tokens, so each piece is len(piece) tokens.
+TOOL_TURNS = [("calc(2+3)\n", 0), ("<out>5</out>\n", 1), ("so \\boxed{5}", 0)]
+
+
+def tool_record(tokenizer, *, observation: bool = True) -> dict:
+    ids, mask = [], []
+    for text, tool in TOOL_TURNS:
+        piece = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids += piece
+        mask += [tool] * len(piece)
+    ids.append(tokenizer.eos_token_id)
+    mask.append(0)
+    rec = {"step": 1, "problem_id": "t0", "prompt": PROMPT, "response": "".join(t for t, _ in TOOL_TURNS),
+           "reward": 1.0, "reason": "correct", "token_ids": ids, "tokens": tokenizer.convert_ids_to_tokens(ids),
+           "logprobs": [0.0] * len(ids)}
+    if observation:
+        rec |= {"observation": mask, "tool_calls": 1}
+    return rec
+
+
+def test_compare_leaves_tool_output_out_of_every_statistic():
+    # Tool output at positions 0 (over-confident), 1 and 7 (moved): counted nowhere. Computed two ways:
+    # (a) the masked comparison equals the comparison of the sampled tokens alone (positions mapped back);
+    # (b) the tool tokens' log-probs and entropies changed wildly change no statistic.
+    tool = [0, 1, 7]
+    mask = torch.zeros(len(HAND), dtype=torch.bool)
+    mask[tool] = True
+    keep = [i for i in range(len(HAND)) if i not in tool]
+
+    def masked(base: TokenScores, rl: TokenScores):
+        base.observation, rl.observation = mask.clone(), mask.clone()
+        c = compare(base, rl, threshold=0.1, top_k=5)
+        probe = probe_checkpoint(None, None, base.prompt, base.token_ids, name="base", entropy_k=3, scores=base)
+        return c, exploration_table(comparison=c), probe
+
+    def stats(c, exploration, probe):
+        return ({k: vars(s) for k, s in c.summary.items()}, c.top_moved, c.moved.tolist(), c.overconfident.tolist(),
+                [(r.n_base, r.n_rl) for r in exploration], [e.position for e in probe.top_positions],
+                probe.mean_entropy, float(c.delta_logp[c.sampled].sum()))
+
+    c, exploration, probe = masked(*hand_scores())
+    assert c.observation.tolist() == mask.tolist() and c.sampled.sum() == len(keep)
+    assert not set(tool) & set(c.top_moved) and not c.moved[mask].any() and not c.overconfident[mask].any()
+    assert not set(tool) & {e.position for e in probe.top_positions}
+
+    # (a) against the response with the tool tokens cut out
+    def cut(s: TokenScores) -> TokenScores:
+        return TokenScores(prompt=s.prompt, prompt_ids=s.prompt_ids, token_ids=[s.token_ids[i] for i in keep],
+                           tokens=[s.tokens[i] for i in keep], logprobs=s.logprobs[keep], entropy=s.entropy[keep])
+
+    base, rl = hand_scores()
+    ref = compare(cut(base), cut(rl), threshold=0.1, top_k=5)
+    assert {k: vars(s) for k, s in c.summary.items()} == {k: vars(s) for k, s in ref.summary.items()}
+    assert c.top_moved == [keep[i] for i in ref.top_moved]
+    assert [(r.n_base, r.n_rl) for r in exploration] == [(r.n_base, r.n_rl) for r in exploration_table(comparison=ref)]
+    assert probe.mean_entropy == pytest.approx(float(cut(base).entropy.mean()))
+
+    # (b) the tool tokens' numbers made extreme, each way
+    base, rl = hand_scores()
+    for s, value in ((base, math.log(1e-6)), (rl, 0.0)):  # p_base 1e-6 -> p_rl 1: a huge move, over-confident-like
+        s.logprobs[mask] = value
+        s.entropy[mask] = 50.0  # far above every sampled token's entropy
+    assert stats(*masked(base, rl)) == stats(c, exploration, probe)
+    base, rl = hand_scores()
+    base.logprobs[mask], rl.logprobs[mask] = 0.0, math.log(1e-6)
+    assert stats(*masked(base, rl)) == stats(c, exploration, probe)
+
+
+def test_compare_without_a_mask_counts_every_token():
+    # a response with no tool output: an all-zero mask and no mask give the same comparison
+    base, rl = hand_scores()
+    plain = compare(base, rl, top_k=5)
+    base.observation = rl.observation = torch.zeros(len(HAND), dtype=torch.bool)
+    zeros = compare(base, rl, top_k=5)
+    assert {k: vars(s) for k, s in plain.summary.items()} == {k: vars(s) for k, s in zeros.summary.items()}
+    assert plain.top_moved == zeros.top_moved and plain.summary["all"].n_tokens == len(HAND)
+    assert not plain.observation.any()
+    base.observation = torch.ones(len(HAND), dtype=torch.bool)
+    with pytest.raises(ValueError, match="different tokens as tool output"):
+        compare(base, rl)
+
+
+def test_context_segments_mark_tool_output():
+    tokens = ["a", "b", "<o", "ut>", "c", "d"]
+    mask = torch.tensor([0, 0, 1, 1, 0, 0], dtype=torch.bool)
+    assert context_segments("Q:", tokens, 5, 20, observation=mask) == [("Q:ab", False), ("<out>", True), ("c", False)]
+    assert context_segments("Q:", tokens, 5, 4, observation=mask) == [("ut>", True), ("c", False)]  # cut mid-token
+    for position in range(len(tokens)):
+        for width in (1, 3, 6, 20):
+            for m in (mask, None):
+                got = context_segments("Q: 1+1=", tokens, position, width, observation=m)
+                assert "".join(t for t, _ in got) == context_text("Q: 1+1=", tokens, position, width)
+
+
+def test_token_probs_scores_tool_output_as_context(pair, char_tokenizer):
+    # The mask changes no score: tool tokens stay in place, so later positions are what training saw.
+    rec = tool_record(char_tokenizer)
+    plain = token_probs(pair[0], char_tokenizer, PROMPT, rec["token_ids"])
+    masked = token_probs(pair[0], char_tokenizer, PROMPT, rec["token_ids"], observation=rec["observation"])
+    assert torch.equal(plain.logprobs, masked.logprobs) and torch.equal(plain.entropy, masked.entropy)
+    assert masked.observation.tolist() == [bool(x) for x in rec["observation"]] and plain.observation is None
+    with pytest.raises(ValueError, match="one 0/1 entry per token"):
+        token_probs(pair[0], char_tokenizer, PROMPT, rec["token_ids"], observation=rec["observation"][:-1])
+
+
+def _inspect_record(run_dir, tmp_path, name: str, rec: dict, *extra: str) -> tuple[int, str, str]:
+    path = tmp_path / name / "rollouts.jsonl"
+    path.parent.mkdir()
+    path.write_text(json.dumps(rec) + "\n")
+    out = tmp_path / name / "inspect.html"
+    rc, text = run_cli(["--base", str(run_dir / "base"), "--model", str(run_dir / "run" / "final"),
+                        "--rollouts", str(path), "--out", str(out), *extra])
+    return rc, text, out.read_text(encoding="utf-8") if rc == 0 else ""
+
+
+def test_cli_shows_tool_output_apart(run_dir, tmp_path, char_tokenizer):
+    rec = tool_record(char_tokenizer)
+    tool_positions = [i for i, m in enumerate(rec["observation"]) if m]
+    n_sampled = len(rec["token_ids"]) - len(tool_positions)
+    rc, text, page = _inspect_record(run_dir, tmp_path, "tool", rec, "--entropy-k", "40")
+    assert rc == 0, text
+    spans = re.findall(r'<span class="(t[^"]*)" style="[^"]*" title="([^"]*)">([^<]*)</span>', page)
+    assert len(spans) == 3 * len(rec["token_ids"])  # base map, RL map, change view
+    for view in range(3):
+        tool = [i for i, (cls, _, _) in enumerate(spans[view * len(rec["token_ids"]):][:len(rec["token_ids"])])
+                if "obs" in cls.split()]
+        assert tool == tool_positions, view
+    for cls, title, _ in spans:
+        assert ("obs" in cls.split()) == title.startswith("tool output (not sampled, in no loss)")
+        if "obs" in cls.split():
+            assert "oc" not in cls.split() and "top" not in cls.split()
+    assert ".t.obs" in page and "written by a tool" in page
+    # the class table counts only the sampled tokens ("all" row: tokens column)
+    all_row = re.search(r'<tr><td class="l">all</td><td>(\d+)</td>', page)
+    assert int(all_row[1]) == n_sampled
+    # --entropy-k beyond the sampled count: every probe lists the sampled positions only
+    probe_positions = re.findall(r'<tr><td>(\d+)</td><td class="l"><span class="mono">', page)
+    assert probe_positions and not {int(p) for p in probe_positions} & set(tool_positions)
+    assert re.search(r'<span class="obs">[^<]*</span>', page)  # tool output marked inside a context cell
+    # the console lists the tool span and counts the sampled tokens
+    assert f"{n_sampled} sampled tokens (+ {len(tool_positions)} written by a tool)" in text
+    assert f"tool {tool_positions[0]}..{tool_positions[-1]}" in text
+
+
+def test_cli_record_without_observation_renders_as_before(run_dir, tmp_path, char_tokenizer):
+    # No `observation` field: every token counts and nothing is marked as tool output; an all-zero
+    # mask gives the very same page, byte for byte.
+    rec = tool_record(char_tokenizer, observation=False)
+    rc, text, page = _inspect_record(run_dir, tmp_path, "plain", rec)
+    assert rc == 0, text
+    assert not re.search(r'class="[^"]*\bobs\b', page) and ".obs" not in page and "tool output" not in page
+    all_row = re.search(r'<tr><td class="l">all</td><td>(\d+)</td>', page)
+    assert int(all_row[1]) == len(rec["token_ids"])
+    zero_mask = {"observation": [0] * len(rec["token_ids"])}
+    rc, text_zeros, zeros = _inspect_record(run_dir, tmp_path, "zeros", rec | zero_mask)
+    assert rc == 0 and zeros.replace("zeros", "plain") == page
+    assert "written by a tool" not in text and "written by a tool" not in text_zeros
+    # a mask that does not fit the tokens is a worded error
+    rc, text, _ = _inspect_record(run_dir, tmp_path, "bad", rec | {"observation": [0, 1]})
+    assert rc == 1 and "'observation' field does not fit" in text

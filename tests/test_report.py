@@ -265,3 +265,68 @@ def test_flatten_and_labels():
         "algo.clip.eps_high": 0.28, "data.eval": ["a", "b"], "run_dir": None}
     # same directory name under two parents: the parent makes the labels unique
     assert run_labels([Path("/r/x/seed0"), Path("/r/y/seed0"), Path("/r/z")]) == ["x/seed0", "y/seed0", "z"]
+
+
+TOOL_CHARTS = ["tool/call_rate", "tool/calls_mean", "tool/void_turn_rate", "tool/error_rate",
+               f"eval/{SET}/tool/call_rate"]
+
+
+def add_tool_metrics(run_dir: Path) -> None:
+    """Log what a run with rollout.tools logs (docs/metrics.md, tool/*): tool/* on training steps,
+    eval/<set>/tool/* on evaluation rows; tool/timeout_rate and rollout/turns_mean are not charted."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        if "reward/mean" in row:
+            s = row["step"]
+            row |= {"tool/call_rate": 0.5 + 0.05 * s, "tool/calls_mean": 0.6 + 0.1 * s, "tool/void_turn_rate": 0.1,
+                    "tool/error_rate": 0.2 - 0.02 * s, "tool/timeout_rate": 0.0, "rollout/turns_mean": 1.6 + 0.1 * s}
+        else:
+            row |= {f"eval/{SET}/tool/call_rate": 0.4 + 0.05 * row["step"], f"eval/{SET}/rollout/turns_mean": 1.5}
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_tools_section_charts_the_tool_metrics(tmp_path):
+    # A run with tools gets a Tools section after Collapse: the four training rates and the eval
+    # call rate, in SECTIONS order; a run without tools draws no line there, and a report of runs
+    # without tools has no Tools section at all.
+    tools = write_run(tmp_path / "tools", eps_high=0.2, lift=0.2)
+    add_tool_metrics(tools)
+    plain = write_run(tmp_path / "plain", eps_high=0.2, lift=0.1)
+    page = build_report([tools, plain], tmp_path / "r.html", pngs=False).read_text()
+    assert "<h3>Tools</h3>" in page
+    section = page.split("<h3>Tools</h3>", 1)[1].split("<h3>", 1)[0]
+    assert list(charts(section)) == TOOL_CHARTS
+    for metric in TOOL_CHARTS:
+        assert runs_drawn(charts(page)[metric]) == {"tools"}, metric
+    for unlisted in ("tool/timeout_rate", "rollout/turns_mean", f"eval/{SET}/rollout/turns_mean"):
+        assert unlisted not in charts(page)
+    svg = charts(page)[f"eval/{SET}/tool/call_rate"]
+    assert re.search(r'data-steps="0,3,6" data-values="0.4,0.55,0.7"', svg)
+    assert page.index("<h3>Collapse</h3>") < page.index("<h3>Tools</h3>")
+    page = build_report([plain], tmp_path / "p.html", pngs=False).read_text()
+    assert "<h3>Tools</h3>" not in page and "tool/" not in page
+
+
+def test_token_map_of_a_tool_episode_keeps_its_tool_marks(tmp_path):
+    # The report shows rollouts through the run's inspect*.html pages; a tool episode's page keeps its
+    # tool output marked (class "t obs", its title) inside the embedded srcdoc.
+    import torch
+
+    from mathrl.analysis.token_html import render_html
+    from mathrl.analysis.tokens import InspectReport, TokenScores, compare, exploration_table
+
+    def scores(p: list[float]) -> TokenScores:
+        return TokenScores(prompt="1+1=", prompt_ids=[1], token_ids=[5, 6, 7, 8], tokens=["x", "<o>", "2", "!"],
+                           logprobs=torch.tensor(p).log(), entropy=torch.ones(4),
+                           observation=torch.tensor([False, True, False, False]))
+
+    c = compare(scores([0.5, 0.9, 0.5, 0.5]), scores([0.7, 0.1, 0.9, 0.4]))
+    run = write_run(tmp_path / "tools", eps_high=0.2, lift=0.2)
+    (run / "inspect.html").write_text(render_html(InspectReport(
+        source="hand-made", prompt="1+1=", base_path="b", model_path="r", comparison=c,
+        exploration=exploration_table(comparison=c))))
+    page = build_report([run], tmp_path / "r.html", pngs=False).read_text()
+    srcdoc = re.search(r'srcdoc="([^"]*)"', page)[1]
+    # the token itself in the base map, the RL map and the change view (the two legends are not titled)
+    assert len(re.findall(r"class=&quot;t obs&quot; style=&quot;[^&]*&quot; title=&quot;tool output "
+                          r"\(not sampled, in no loss\)", srcdoc)) == 3

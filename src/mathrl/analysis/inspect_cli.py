@@ -5,7 +5,9 @@
     mathrl inspect --run runs/X --step 50 --checkpoints runs/X/checkpoints/step_* --position 12
 
 Loads the base and RL models (and any `--checkpoints`, one at a time), scores the response with each,
-prints the summary tables and writes one self-contained HTML page. `cli/arguments.py` registers the subcommand
+prints the summary tables and writes one self-contained HTML page. A rollouts.jsonl record of a tool
+episode (an `observation` field) has its tool output scored as context, shown apart (dim with a "tool"
+marker here, grey in the page) and left out of every statistic. `cli/arguments.py` registers the subcommand
 and calls `inspect(InspectOptions(...), console)`; the computation is in `analysis/tokens.py`
 and the page in `analysis/token_html.py`.
 """
@@ -30,8 +32,9 @@ from mathrl.analysis.tokens import (
     InspectReport,
     check_same_tokenizer,
     compare,
-    context_text,
+    context_segments,
     exploration_table,
+    observation_mask,
     probe_checkpoint,
     token_probs,
 )
@@ -114,8 +117,20 @@ def _run_config(run_dir: Path | None, console: Console):
         return None
 
 
-def _response_source(ns) -> tuple[str, str, str | list[int], str, Path | None]:
-    """(source label, prompt, response (text or ids), response text, run directory or None)."""
+@dataclass
+class ResponseSource:
+    """The response to inspect and where it came from."""
+
+    label: str  # shown in the page's header
+    prompt: str
+    response: str | list[int]  # text, or the recorded token ids
+    response_text: str
+    run_dir: Path | None
+    observation: list[int] | None = None  # [T] 1 = written by a tool (a tool episode's record), else None
+    tool_calls: int | None = None
+
+
+def _response_source(ns) -> ResponseSource:
     from_text = ns.prompt is not None or ns.response is not None
     from_file = ns.rollouts is not None or ns.run is not None
     if from_text and from_file:
@@ -123,7 +138,7 @@ def _response_source(ns) -> tuple[str, str, str | list[int], str, Path | None]:
     if from_text:
         if ns.prompt is None or ns.response is None:
             raise InspectError("--prompt and --response go together")
-        return "--prompt/--response", ns.prompt, ns.response, ns.response, None
+        return ResponseSource("--prompt/--response", ns.prompt, ns.response, ns.response, None)
     if not from_file:
         raise InspectError("no response to inspect: give --prompt and --response, or --run DIR (or --rollouts FILE) "
                            "with --step and --index")
@@ -135,8 +150,17 @@ def _response_source(ns) -> tuple[str, str, str | list[int], str, Path | None]:
     label = (f"{path} step {rec.get('step')} #{ns.index} (problem {rec.get('problem_id')}, "
              f"reward {rec.get('reward')}, {rec.get('reason')})")
     run_dir = Path(ns.run) if ns.run else path.parent
+    ids = [int(i) for i in rec["token_ids"]]
+    observation = rec.get("observation")
+    if observation is not None:
+        try:
+            observation_mask(observation, len(ids))
+        except (TypeError, ValueError) as e:
+            raise InspectError(f"the record's 'observation' field does not fit its token_ids: {e}") from None
+        observation = [int(x) for x in observation]
     # the recorded token ids are exactly what was sampled (EOS included); re-encoding the text might not be
-    return label, rec["prompt"], [int(i) for i in rec["token_ids"]], rec.get("response", ""), run_dir
+    return ResponseSource(label, rec["prompt"], ids, rec.get("response", ""), run_dir,
+                          observation=observation, tool_calls=rec.get("tool_calls"))
 
 
 # ---------------------------------------------------------------------------- the command
@@ -169,7 +193,9 @@ def build_report(ns: InspectOptions, console: Console) -> InspectReport:
             raise InspectError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(ns, name)}")
     if not 0 < ns.confident <= ns.saturated <= 1:
         raise InspectError(f"need 0 < --confident <= --saturated <= 1, got {ns.confident} and {ns.saturated}")
-    source, prompt, response, response_text, run_dir = _response_source(ns)
+    src = _response_source(ns)
+    source, prompt, response, response_text = src.label, src.prompt, src.response, src.response_text
+    run_dir = src.run_dir
     cfg = _run_config(run_dir, console)
     add_special = not (ns.chat_prompt or (cfg is not None and cfg.data.template == "chat"))
 
@@ -198,18 +224,23 @@ def build_report(ns: InspectOptions, console: Console) -> InspectReport:
     rl_model, rl_tok = load(model_path)
     check_same_tokenizer(tokenizer, rl_tok, texts, names=("base", "model"))
 
-    base_scores = token_probs(base_model, tokenizer, prompt, response, add_special_tokens=add_special)
-    rl_scores = token_probs(rl_model, tokenizer, prompt, response, add_special_tokens=add_special)
+    # tool output is scored like any token (it is the context of later turns); the mask only keeps it
+    # out of the statistics
+    base_scores = token_probs(base_model, tokenizer, prompt, response, add_special_tokens=add_special,
+                              observation=src.observation)
+    rl_scores = token_probs(rl_model, tokenizer, prompt, response, add_special_tokens=add_special,
+                            observation=src.observation)
     comparison = compare(base_scores, rl_scores, threshold=ns.threshold, confident=ns.confident,
                          saturated=ns.saturated, top_k=ns.top_k)
-    position = ns.position if ns.position is not None else comparison.top_moved[0]
-    if not 0 <= position < len(comparison):
+    # default: the most-moved sampled token (none when a tool wrote every token)
+    position = ns.position if ns.position is not None else next(iter(comparison.top_moved), None)
+    if position is not None and not 0 <= position < len(comparison):
         raise InspectError(f"--position {position} is outside the response (0 .. {len(comparison) - 1})")
 
     def probe(model, name: str, path: str, scores=None):
         return probe_checkpoint(model, tokenizer, prompt, base_scores.token_ids, name=name, path=str(path),
                                 entropy_k=ns.entropy_k, position=position, dist_k=ns.dist_k, scores=scores,
-                                add_special_tokens=add_special)
+                                add_special_tokens=add_special, observation=src.observation)
 
     probes = [probe(base_model, "base", base_path, base_scores)]
     del base_model
@@ -231,6 +262,15 @@ def build_report(ns: InspectOptions, console: Console) -> InspectReport:
     notes = []
     if not add_special:
         notes.append("prompt tokenized without special tokens (a rendered chat template)")
+    n_tool = int(comparison.observation.sum())
+    if n_tool:
+        calls = ("" if src.tool_calls is None
+                 else f" in {src.tool_calls} tool call{'s' if src.tool_calls != 1 else ''}")
+        notes.append(f"{n_tool} of {len(comparison)} response tokens were written by a tool{calls}: scored as "
+                     "context, shown apart, left out of every statistic")
+        if position is not None and bool(comparison.observation[position]):
+            notes.append(f"position {position} is tool output: its next-token distribution is what each model "
+                         "would have written there, not a choice it made")
     return InspectReport(
         source=source, prompt=prompt, base_path=str(base_path), model_path=str(model_path), comparison=comparison,
         exploration=exploration_table(EXPLORATION_PS, EXPLORATION_NS, comparison=comparison), probes=probes,
@@ -270,13 +310,26 @@ def _fmt_pct(x: float) -> str:
 
 
 def print_report(report: InspectReport, console: Console) -> None:
-    """The summary tables (the token maps themselves are in the HTML page)."""
+    """The summary tables (the token maps themselves are in the HTML page); tool output, if any, listed
+    dim with a "tool" marker and left out of every number."""
     c = report.comparison
-    console.print(f"[bold]response[/bold] {report.source}: {len(c)} tokens; "
-                  f"Σ Δlogp = {float(c.delta_logp.sum()):+.3f} nats; mean entropy base "
-                  f"{float(c.entropy_base.mean()):.3f} → rl {float(c.entropy_rl.mean()):.3f}")
+    sampled = c.sampled
+    n_tool = int(c.observation.sum())
+    over = f" sampled tokens (+ {n_tool} written by a tool)" if n_tool else " tokens"
+    console.print(f"[bold]response[/bold] {report.source}: {int(sampled.sum())}{over}; "
+                  f"Σ Δlogp = {float(c.delta_logp[sampled].sum()):+.3f} nats; mean entropy base "
+                  f"{float(c.entropy_base[sampled].mean()):.3f} → rl {float(c.entropy_rl[sampled].mean()):.3f}")
+    if n_tool:
+        for note in report.notes:
+            console.print(Text(note, style="dim"))
+        for start, end in _tool_spans(c.observation):
+            text = visible("".join(c.tokens[start:end]))
+            if len(text) > 100:
+                text = text[:48] + " … " + text[-48:]
+            console.print(Text.assemble((f"  tool {start}..{end - 1} ", "bold dim"), (text, TOOL_STYLE)))
 
-    t = Table(title=f"tokens moved by more than {c.threshold:g} in probability (RL − base)")
+    t = Table(title=f"tokens moved by more than {c.threshold:g} in probability (RL − base)"
+                    + (f", over the {int(sampled.sum())} sampled tokens" if n_tool else ""))
     for col in ("class", "tokens", "moved", "share", "up", "down", "over-confident"):
         t.add_column(col, justify="left" if col == "class" else "right")
     for name in (*TOKEN_CLASSES, "all"):
@@ -289,12 +342,12 @@ def print_report(report: InspectReport, console: Console) -> None:
     for col in ("pos", "context \\[token]", "class", "p_base", "p_rl", "Δp", "Δlogp"):
         t.add_column(col, justify="left" if col in ("context \\[token]", "class") else "right")
     for i in c.top_moved:
-        t.add_row(str(i), _in_context(context_text(report.prompt, c.tokens, i), c.tokens[i]), c.classes[i],
+        t.add_row(str(i), _context(report, i), c.classes[i],
                   f"{float(c.p_base[i]):.4f}", f"{float(c.p_rl[i]):.4f}", f"{float(c.delta_p[i]):+.4f}",
                   f"{float(c.delta_logp[i]):+.3f}")
     console.print(t)
     console.print(f"over-confident tokens (p_base ≥ {c.confident:g}, p_rl > p_base, p_rl ≥ {c.saturated:g}): "
-                  f"{int(c.overconfident.sum())} of {len(c)}")
+                  f"{int(c.overconfident.sum())} of {int(sampled.sum())}")
 
     ns = list(report.exploration[0].chance) if report.exploration else []
     t = Table(title="exploration: chance that n rollouts sample a non-top token at least once, 1 − p^n")
@@ -318,7 +371,8 @@ def print_report(report: InspectReport, console: Console) -> None:
         for p in report.probes:
             if rank < len(p.top_positions):
                 e = p.top_positions[rank]
-                cells.append(Text.assemble(f"{e.position}: ", _in_context(e.context, e.token), f" {e.entropy:.3f}"))
+                context = _context(report, e.position, len(e.context)) if n_tool else _in_context(e.context, e.token)
+                cells.append(Text.assemble(f"{e.position}: ", context, f" {e.entropy:.3f}"))
             else:
                 cells.append("")
         t.add_row(str(rank + 1), *cells)
@@ -327,8 +381,9 @@ def print_report(report: InspectReport, console: Console) -> None:
     dists = [p for p in report.probes if p.distribution is not None]
     if dists:
         d0 = dists[0].distribution
-        t = Table(title=Text.assemble(f"next-token distribution at position {d0.position}: ",
-                                      _in_context(d0.context, d0.actual_token)))
+        context = (_context(report, d0.position, len(d0.context)) if n_tool
+                   else _in_context(d0.context, d0.actual_token))
+        t = Table(title=Text.assemble(f"next-token distribution at position {d0.position}: ", context))
         t.add_column("rank", justify="right")
         for p in dists:
             t.add_column(p.name)
@@ -342,6 +397,33 @@ def print_report(report: InspectReport, console: Console) -> None:
         console.print(t)
 
 
-def _in_context(context: str, token: str) -> Text:
-    """'…context[token]' with the token in bold; Text, not markup, so '[' in math needs no escaping."""
-    return Text.assemble("…" + visible(context), ("[" + visible(token) + "]", "bold"))
+TOOL_STYLE = "dim italic"  # tool output in the console (the page draws it grey with a dashed border)
+
+
+def _in_context(context: str | list[tuple[str, bool]], token: str, *, tool_token: bool = False) -> Text:
+    """'…context[token]' with the token in bold; Text, not markup, so '[' in math needs no escaping.
+    `context` as text or as `context_segments` runs, whose tool output is drawn in TOOL_STYLE."""
+    if isinstance(context, str):
+        context = [(context, False)]
+    parts = [(visible(t), TOOL_STYLE) if tool else visible(t) for t, tool in context]
+    token_style = "bold " + TOOL_STYLE if tool_token else "bold"
+    return Text.assemble("…", *parts, ("[" + visible(token) + "]", token_style))
+
+
+def _context(report: InspectReport, position: int, width: int = 20) -> Text:
+    """The context before response token `position`, tool output marked (it is never marked without tools)."""
+    c = report.comparison
+    segments = context_segments(report.prompt, c.tokens, position, width, observation=c.observation)
+    return _in_context(segments, c.tokens[position], tool_token=bool(c.observation[position]))
+
+
+def _tool_spans(observation) -> list[tuple[int, int]]:
+    """[start, end) of each run of tool output in a [T] bool mask."""
+    spans, start = [], None
+    for i, tool in enumerate([*observation.tolist(), False]):
+        if tool and start is None:
+            start = i
+        elif not tool and start is not None:
+            spans.append((start, i))
+            start = None
+    return spans

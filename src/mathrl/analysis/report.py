@@ -7,7 +7,8 @@ Reads the run directories that `mathrl train` writes (layout in src/mathrl/run_d
     clip.html           the runs' eval tables (base vs final pass@1, pass@k, maj@n), the config fields
                         that differ between them, one chart per metric with one line per run (inline
                         SVG drawn here, so no JS library and no external URL), and any inspect*.html
-                        token maps found in the run directories
+                        token maps found in the run directories (a tool episode's tool output is grey in them, as
+                        `mathrl inspect` draws it)
     clip_plots/*.png    the same charts as PNGs (matplotlib), for slides and papers
 
 The page works without JavaScript; a short inline script only adds hover values. Each chart is an
@@ -31,7 +32,9 @@ from mathrl.run_dir import RunDir
 
 # ---- what to chart ----------------------------------------------------------------------------------
 # Sections of the page, in order, and the metric keys they chart (docs/metrics.md). "eval/*" expands to
-# every held-out set's pass@1, pass@k (ascending k) and maj@n. A key that no run logged is skipped.
+# every held-out set's pass@1, pass@k (ascending k) and maj@n; any other "*" stands for a set name
+# ("eval/*/tool/call_rate": that key of every set, in order of first appearance). A key that no run
+# logged is skipped, so a section whose keys no run logged (Tools, for runs without tools) is absent.
 SECTIONS: list[tuple[str, list[str]]] = [
     ("Reward and held-out accuracy", ["reward/mean", "eval/*"]),
     ("Entropy", ["actor/entropy", "actor/rollout_entropy", "actor/entropy_coef", "actor/entropy_clipfrac"]),
@@ -44,6 +47,9 @@ SECTIONS: list[tuple[str, list[str]]] = [
     # collapse/* are the detectors' rates (every step); filter/<reason> the samples the sample filter dropped
     ("Collapse", ["collapse/repetitive", "collapse/garbled", "collapse/no_answer", "reward/no_answer_rate",
                   "filter/repetitive", "filter/garbled", "filter/no_answer"]),
+    # tool/* are logged only by runs with rollout.tools (docs/metrics.md, the tool/* section)
+    ("Tools", ["tool/call_rate", "tool/calls_mean", "tool/void_turn_rate", "tool/error_rate",
+               "eval/*/tool/call_rate"]),
 ]
 
 # Config fields left out of the difference table: they differ between any two runs by construction.
@@ -208,11 +214,19 @@ def chart_metrics(runs: list[Run]) -> list[tuple[str, list[str]]]:
         for key in keys:
             if key == "eval/*":
                 present += _eval_chart_keys(logged)
+            elif "*" in key:
+                present += _wildcard_keys(key, logged)
             elif key in seen:
                 present.append(key)
         if present:
             out.append((title, present))
     return out
+
+
+def _wildcard_keys(pattern: str, keys: list[str]) -> list[str]:
+    """The keys that `pattern` matches, "*" standing for one or more characters, in the order given."""
+    regex = re.compile("^" + ".+".join(re.escape(part) for part in pattern.split("*")) + "$")
+    return [k for k in keys if regex.match(k)]
 
 
 def _eval_chart_keys(keys: list[str]) -> list[str]:

@@ -8,6 +8,10 @@ Sections: 1. the probability map (base and RL side by side, background = probabi
 bold and underlined), the summary by token class, the top-k table and the exploration table;
 3. the entropy probe across checkpoints. Every token's hover title shows the token, p_base, p_rl and
 Δlogp. Definitions are in `analysis/tokens.py` and docs/inspect.md.
+
+Tool output (a response with an observation mask) is drawn apart in every view: class "t obs", grey
+with a dashed border, titled "tool output (not sampled, in no loss)", and counted in no table. The CSS
+for it is added only to pages that have some, so a page without tools is what it always was.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import html
 import math
 from pathlib import Path
 
-from mathrl.analysis.tokens import TOKEN_CLASSES, Comparison, InspectReport, context_text
+from mathrl.analysis.tokens import TOKEN_CLASSES, Comparison, InspectReport, context_segments
 
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 1.5em auto; max-width: 1500px;
@@ -41,6 +45,16 @@ th { background: #f4f4f4; }
 .probes { display: flex; flex-wrap: wrap; gap: 1.2em; }
 pre.prompt { white-space: pre-wrap; background: #f8f8f8; padding: .6em; border-radius: 4px; }
 """
+
+# Only on pages with tool output (see the module docstring).
+_TOOL_CSS = """
+.t.obs { color: #555; border-top: 1px dashed #888; border-bottom: 1px dashed #888; box-shadow: none; }  /* one band per span */
+.legend .t.obs { border: 1px dashed #888; }
+.mono .obs { color: #777; background: #e6e6e6; }
+"""
+
+OBSERVATION_BACKGROUND = "#e6e6e6"  # tool output: not a probability, so none of the colour scales
+OBSERVATION_TITLE = "tool output (not sampled, in no loss)"
 
 
 def _e(text: object) -> str:
@@ -70,6 +84,13 @@ def _pct(x: float) -> str:
 
 
 def _title(c: Comparison, i: int) -> str:
+    if bool(c.observation[i]):
+        lines = [
+            OBSERVATION_TITLE,
+            f"#{i} {c.tokens[i]!r} (id {c.token_ids[i]})",
+            f"p_base {float(c.p_base[i]):.4f}   p_rl {float(c.p_rl[i]):.4f} (as context; in no statistic)",
+        ]
+        return _e("\n".join(lines)).replace("\n", "&#10;")
     lines = [
         f"#{i} {c.tokens[i]!r} (id {c.token_ids[i]}, {c.classes[i]})",
         f"p_base {float(c.p_base[i]):.4f}   p_rl {float(c.p_rl[i]):.4f}",
@@ -83,6 +104,8 @@ def _title(c: Comparison, i: int) -> str:
 
 def _token_span(c: Comparison, i: int, background: str, classes: str = "t") -> str:
     text = c.tokens[i] if c.tokens[i] else "∅"
+    if bool(c.observation[i]):
+        background, classes = OBSERVATION_BACKGROUND, "t obs"
     return f'<span class="{classes}" style="background:{background}" title="{_title(c, i)}">{_e(text)}</span>'
 
 
@@ -113,8 +136,37 @@ def _tok_cell(text: str) -> str:
     return f'<span class="mono">{_e(visible(text))}</span>'
 
 
-def _context_cell(context: str, token: str) -> str:
-    return f'<span class="mono">{_e(visible(context))}[<b>{_e(visible(token))}</b>]</span>'
+def _context_cell(context: str | list[tuple[str, bool]], token: str, *, tool_token: bool = False) -> str:
+    """'context[token]'; `context` as text, or as `context_segments` runs whose tool output is marked."""
+    if isinstance(context, str):
+        context = [(context, False)]
+    shown = "".join(f'<span class="obs">{_e(visible(t))}</span>' if tool else _e(visible(t)) for t, tool in context)
+    token_html = f"<b>{_e(visible(token))}</b>"
+    if tool_token:
+        token_html = f'<span class="obs">{token_html}</span>'
+    return f'<span class="mono">{shown}[{token_html}]</span>'
+
+
+def _has_tools(c: Comparison) -> bool:
+    return bool(c.observation.any())
+
+
+def _position_cell(r: InspectReport, position: int, context: str, token: str) -> str:
+    """A probed position's context cell: the probe's own context text, or, with tool output in the
+    response, the same characters with the tool's marked (recomputed from the comparison's tokens)."""
+    c = r.comparison
+    if not _has_tools(c):
+        return _context_cell(context, token)
+    segments = context_segments(r.prompt, c.tokens, position, len(context), observation=c.observation)
+    return _context_cell(segments, token, tool_token=bool(c.observation[position]))
+
+
+def _tool_legend(c: Comparison) -> str:
+    if not _has_tools(c):
+        return ""
+    return (f'<br><span class="t obs" style="background:{OBSERVATION_BACKGROUND}">tool output</span> = written by a '
+            f"tool, not sampled and in no loss: {int(c.observation.sum())} tokens, scored as the context they are, "
+            "left out of every count, share and table on this page.")
 
 
 def _section_map(r: InspectReport) -> str:
@@ -123,7 +175,7 @@ def _section_map(r: InspectReport) -> str:
     return f"""
 <h2>1. Probability map</h2>
 <div class="legend">background = probability of each response token under each model (temperature 1): {legend}
-hover a token for p_base, p_rl and Δlogp.</div>
+hover a token for p_base, p_rl and Δlogp.{_tool_legend(c)}</div>
 <div class="pair">
 <div><h3>base <span class="meta">{_e(r.base_path)}</span></h3><div class="text">{_prob_text(c, c.p_base)}</div></div>
 <div><h3>RL <span class="meta">{_e(r.model_path)}</span></h3><div class="text">{_prob_text(c, c.p_rl)}</div></div>
@@ -144,8 +196,10 @@ def _section_change(r: InspectReport) -> str:
         ["class", "tokens", f"moved (|Δp| &gt; {c.threshold:g})", "share moved", "up", "down", "over-confident"],
         summary_rows, left={0},
     )
+    tools = _has_tools(c)
     top_rows = [
-        [str(i), _context_cell(context_text(r.prompt, c.tokens, i), c.tokens[i]),
+        [str(i), _context_cell(context_segments(r.prompt, c.tokens, i, observation=c.observation if tools else None),
+                               c.tokens[i]),
          c.classes[i], f"{float(c.p_base[i]):.4f}", f"{float(c.p_rl[i]):.4f}", f"{float(c.delta_p[i]):+.4f}",
          f"{float(c.delta_logp[i]):+.3f}"]
         for i in c.top_moved
@@ -155,20 +209,27 @@ def _section_change(r: InspectReport) -> str:
     oc_list = " · ".join(f'#{i} <span class="mono">{_e(visible(c.tokens[i]))}</span>' for i in oc[:200])
     if len(oc) > 200:
         oc_list += f", … ({len(oc) - 200} more)"
-    total_dlogp = float(c.delta_logp.sum())
+    n_sampled = int(c.sampled.sum())
+    total_dlogp = float(c.delta_logp[c.sampled].sum())
+    if tools:
+        total_line = (f"Σ Δlogp over the model's {n_sampled} sampled tokens = {total_dlogp:+.3f} nats (the log of "
+                      "p_rl / p_base of the model's turns, given the same tool outputs).")
+    else:
+        total_line = (f"Σ Δlogp over the response = {total_dlogp:+.3f} nats (the log of p_rl(response) / "
+                      "p_base(response)).")
     return f"""
 <h2>2. What RL changed</h2>
 <div class="legend">background = Δ log-prob (RL − base), full colour at ±2 nats: {legend}
 <span class="t oc">outlined</span> = over-confident (p_base ≥ {c.confident:g}, p_rl &gt; p_base, p_rl ≥ {c.saturated:g});
-<span class="t top">bold underlined</span> = the {len(c.top_moved)} tokens whose probability moved most.</div>
+<span class="t top">bold underlined</span> = the {len(c.top_moved)} tokens whose probability moved most.{_tool_legend(c)}</div>
 <div class="text">{_change_text(c)}</div>
-<p class="meta">Σ Δlogp over the response = {total_dlogp:+.3f} nats (the log of p_rl(response) / p_base(response)).
+<p class="meta">{total_line}
 Classes: formula = digits, + - * / = ^ ( ) [ ] {{ }} \\ &lt; &gt; . , and LaTeX commands; word = alphabetic; other = the rest.</p>
 <h3>Tokens moved by more than {c.threshold:g} in probability, by class</h3>
 {summary}
 <h3>Top {len(c.top_moved)} moved tokens (largest |Δp|)</h3>
 {top}
-<h3>Over-confident tokens: {len(oc)} of {len(c)}</h3>
+<h3>Over-confident tokens: {len(oc)} of {n_sampled}</h3>
 <p class="meta">{oc_list or "none"}</p>
 {_exploration(r)}"""
 
@@ -196,7 +257,8 @@ def _section_probe(r: InspectReport) -> str:
         return ""
     blocks = []
     for p in r.probes:
-        rows = [[str(e.position), _context_cell(e.context, e.token), f"{e.entropy:.3f}", f"{e.prob:.4f}"]
+        rows = [[str(e.position), _position_cell(r, e.position, e.context, e.token), f"{e.entropy:.3f}",
+                 f"{e.prob:.4f}"]
                 for e in p.top_positions]
         blocks.append(f"<div><h3>{_e(p.name)} <span class=\"meta\">mean entropy {p.mean_entropy:.3f}</span></h3>"
                       f"{_table(['pos', 'context [token]', 'entropy', 'p(token)'], rows, left={1})}</div>")
@@ -220,7 +282,7 @@ Checkpoints: {', '.join(f'{_e(p.name)} = <span class="mono">{_e(p.path)}</span>'
                                   f"(rank {p.distribution.actual_rank})" for p in dists])
         rows.append(["entropy"] + [f"{p.distribution.entropy:.3f}" for p in dists])
         out += f"""
-<h3>Next-token distribution at position {d0.position}: {_context_cell(d0.context, d0.actual_token)}</h3>
+<h3>Next-token distribution at position {d0.position}: {_position_cell(r, d0.position, d0.context, d0.actual_token)}</h3>
 {_table(["rank"] + [_e(p.name) for p in dists], rows, left=set(range(1, len(dists) + 1)))}"""
     return out
 
@@ -228,11 +290,13 @@ Checkpoints: {', '.join(f'{_e(p.name)} = <span class="mono">{_e(p.path)}</span>'
 def render_html(report: InspectReport) -> str:
     c = report.comparison
     notes = "".join(f"<p class=\"meta\">{_e(n)}</p>" for n in report.notes)
+    css = _CSS + (_TOOL_CSS if _has_tools(c) else "")
+    n_tool = f" ({int(c.observation.sum())} written by a tool)" if _has_tools(c) else ""
     return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>mathrl inspect</title><style>{_CSS}</style></head>
+<html lang="en"><head><meta charset="utf-8"><title>mathrl inspect</title><style>{css}</style></head>
 <body>
 <h1>mathrl inspect</h1>
-<p class="meta">response: {_e(report.source)} · {len(c)} tokens · base <span class="mono">{_e(report.base_path)}</span>
+<p class="meta">response: {_e(report.source)} · {len(c)} tokens{n_tool} · base <span class="mono">{_e(report.base_path)}</span>
 · RL <span class="mono">{_e(report.model_path)}</span></p>
 {notes}
 <details><summary>prompt</summary><pre class="prompt">{_e(report.prompt)}</pre></details>

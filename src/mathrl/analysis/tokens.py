@@ -15,6 +15,12 @@ training lays out `[prompt | response]` (a response given as ids, e.g. the `toke
 rollouts.jsonl record, is used as is). Every probability is at temperature 1: the model's own
 distribution, not the sampler's. Everything runs under `torch.no_grad()`.
 
+Tool episodes: a response may hold tool observations (the `observation` field of a rollouts.jsonl
+record, 1 = written by a tool). They are scored like every token, since they are context the model's
+later turns read and must stay in place, but they are not the model's choices: `token_probs(...,
+observation=...)` records them, and every statistic here (moved, over-confident, the class summary,
+the exploration counts, the entropy probe) counts only the sampled tokens.
+
 Run the tests with ``python -m pytest tests/test_inspect.py -q``.
 """
 
@@ -49,11 +55,13 @@ __all__ = [
     "classify_token",
     "compare",
     "context_before",
+    "context_segments",
     "context_text",
     "encode",
     "entropy_by_token",
     "exploration_table",
     "next_token_distribution",
+    "observation_mask",
     "probe_checkpoint",
     "token_probs",
     "token_texts",
@@ -157,7 +165,8 @@ class TokenScores:
     """One response scored by one model. T = number of response tokens.
 
     `logprobs[t]` is log p(token t | prompt, tokens < t) and `entropy[t]` the full-distribution entropy
-    (nats) of that same next-token distribution, both at temperature 1.
+    (nats) of that same next-token distribution, both at temperature 1. `observation[t]` is True where
+    a tool wrote token t (context, scored but not the model's choice); None: every token was sampled.
     """
 
     prompt: str  # the prompt text (for the context shown before a position)
@@ -166,22 +175,48 @@ class TokenScores:
     tokens: list[str]  # [T] readable text of each response token
     logprobs: Tensor  # [T] float32
     entropy: Tensor  # [T] float32
+    observation: Tensor | None = None  # [T] bool, True = tool output
 
     @property
     def probs(self) -> Tensor:  # [T]
         return self.logprobs.exp()
 
+    @property
+    def sampled(self) -> Tensor:  # [T] bool: the tokens the model chose, the only ones any statistic counts
+        if self.observation is None:
+            return torch.ones(len(self.token_ids), dtype=torch.bool)
+        return ~self.observation
+
     def __len__(self) -> int:
         return len(self.token_ids)
+
+
+def observation_mask(observation: Sequence[int] | Tensor | None, length: int) -> Tensor | None:
+    """A rollouts.jsonl `observation` list (1 = a tool wrote the token) as a [T] bool tensor; None stays None.
+
+    Raises ValueError unless it has one 0/1 entry per response token."""
+    if observation is None:
+        return None
+    values = [int(x) for x in (observation.tolist() if isinstance(observation, Tensor) else observation)]
+    if len(values) != length:
+        raise ValueError(f"the observation mask has {len(values)} entries for {length} response tokens; "
+                         "it needs one 0/1 entry per token")
+    if any(v not in (0, 1) for v in values):
+        raise ValueError("the observation mask holds values other than 0 and 1")
+    return torch.tensor(values, dtype=torch.bool)
 
 
 @torch.no_grad()
 def token_probs(
     model, tokenizer, prompt: str, response: str | Sequence[int], *, add_special_tokens: bool = True,
-    chunk_size: int = 1024,
+    chunk_size: int = 1024, observation: Sequence[int] | Tensor | None = None,
 ) -> TokenScores:
-    """Score every response token under `model` with `scoring.response_logprobs` (temperature 1)."""
+    """Score every response token under `model` with `scoring.response_logprobs` (temperature 1).
+
+    `observation` ([T] 0/1, 1 = tool output) does not change the scores: tool tokens are scored as the
+    context they are; it is kept on the result so that statistics leave them out."""
     prompt_ids, response_ids = encode(tokenizer, prompt, response, add_special_tokens=add_special_tokens)
+    mask = observation_mask(observation, len(response_ids))
     was_training = model.training
     model.eval()
     try:
@@ -195,7 +230,7 @@ def token_probs(
         model.train(was_training)
     return TokenScores(
         prompt=prompt, prompt_ids=prompt_ids, token_ids=response_ids, tokens=token_texts(tokenizer, response_ids),
-        logprobs=lp[0].float().cpu(), entropy=ent[0].float().cpu(),
+        logprobs=lp[0].float().cpu(), entropy=ent[0].float().cpu(), observation=mask,
     )
 
 
@@ -210,6 +245,36 @@ def context_text(prompt: str, tokens: Sequence[str], position: int, width: int =
     if len(text) < width:
         text = prompt + text
     return text[-width:]
+
+
+def context_segments(
+    prompt: str, tokens: Sequence[str], position: int, width: int = 20, *, observation: Tensor | None = None,
+) -> list[tuple[str, bool]]:
+    """`context_text` cut into runs of (text, written by a tool), so that a view can show tool output apart.
+
+    "".join(text for text, _ in context_segments(...)) == context_text(...)."""
+    runs: list[tuple[str, bool]] = []
+    for i, tok in enumerate(tokens[:position]):
+        tool = observation is not None and bool(observation[i])
+        if runs and runs[-1][1] == tool:
+            runs[-1] = (runs[-1][0] + tok, tool)
+        else:
+            runs.append((tok, tool))
+    if sum(len(t) for t, _ in runs) < width:
+        if runs and not runs[0][1]:
+            runs[0] = (prompt + runs[0][0], False)
+        else:
+            runs.insert(0, (prompt, False))
+    out: list[tuple[str, bool]] = []
+    left = width
+    for text, tool in reversed(runs):  # keep the last `width` characters
+        if left <= 0:
+            break
+        piece = text[-left:] if left < len(text) else text
+        if piece:
+            out.insert(0, (piece, tool))
+        left -= len(piece)
+    return out
 
 
 # ---------------------------------------------------------------------------- token classes
@@ -266,6 +331,8 @@ class Comparison:
     Δ is always RL minus base: delta_logp = logp_rl - logp_base (> 0: RL made the token more likely).
     A token is *moved* when |p_rl - p_base| > threshold, and *over-confident* when the base already
     found it likely and RL pushed it toward 1: p_base >= confident, p_rl > p_base and p_rl >= saturated.
+    Tool output (`observation`) is never moved or over-confident, is never in `top_moved` and is in no
+    `summary` row: the per-token values are kept for display, every count is over `sampled` tokens.
     """
 
     tokens: list[str]  # [T]
@@ -277,6 +344,7 @@ class Comparison:
     entropy_base: Tensor  # [T]
     entropy_rl: Tensor  # [T]
     classes: list[str]  # [T] see classify_token
+    observation: Tensor  # [T] bool, True = written by a tool (all False without tools)
     moved: Tensor  # [T] bool
     overconfident: Tensor  # [T] bool
     top_moved: list[int]  # positions of the top_k largest |Δp|, largest first
@@ -288,6 +356,10 @@ class Comparison:
     def __len__(self) -> int:
         return len(self.token_ids)
 
+    @property
+    def sampled(self) -> Tensor:  # [T] bool: the model's own tokens
+        return ~self.observation
+
 
 def compare(
     base: TokenScores, rl: TokenScores, *, threshold: float = 0.1, confident: float = 0.9, saturated: float = 0.99,
@@ -295,18 +367,23 @@ def compare(
 ) -> Comparison:
     """Per-token change from `base` to `rl` and its summary by token class (see Comparison for the terms).
 
-    Ties in |Δp| keep the earlier position first, so `top_moved` is deterministic.
+    Ties in |Δp| keep the earlier position first, so `top_moved` is deterministic. Tool output
+    (`base.observation`) is left out of every count.
     """
     if base.token_ids != rl.token_ids:
         raise ValueError("base and rl scores are for different token sequences; score the same response with both")
+    if not torch.equal(base.sampled, rl.sampled):
+        raise ValueError("base and rl scores mark different tokens as tool output; give both the same observation mask")
     if not 0 <= threshold < 1:
         raise ValueError(f"threshold is a probability difference in [0, 1), got {threshold}")
+    sampled = base.sampled  # [T] bool
     p_base, p_rl = base.probs, rl.probs  # [T]
     delta_p = p_rl - p_base  # [T]
-    moved = delta_p.abs() > threshold
-    overconfident = (p_base >= confident) & (p_rl > p_base) & (p_rl >= saturated)
+    moved = (delta_p.abs() > threshold) & sampled
+    overconfident = (p_base >= confident) & (p_rl > p_base) & (p_rl >= saturated) & sampled
     classes = [classify_token(t) for t in base.tokens]
-    order = sorted(range(len(delta_p)), key=lambda i: (-abs(float(delta_p[i])), i))
+    model_rows = [i for i in range(len(delta_p)) if sampled[i]]
+    order = sorted(model_rows, key=lambda i: (-abs(float(delta_p[i])), i))
 
     def summarise(rows: list[int]) -> ClassSummary:
         idx = torch.tensor(rows, dtype=torch.long)
@@ -318,12 +395,12 @@ def compare(
             n_overconfident=int(overconfident[idx].sum()),
         )
 
-    summary = {c: summarise([i for i, k in enumerate(classes) if k == c]) for c in TOKEN_CLASSES}
-    summary["all"] = summarise(list(range(len(classes))))
+    summary = {c: summarise([i for i in model_rows if classes[i] == c]) for c in TOKEN_CLASSES}
+    summary["all"] = summarise(model_rows)
     return Comparison(
         tokens=list(base.tokens), token_ids=list(base.token_ids), p_base=p_base, p_rl=p_rl,
         delta_logp=rl.logprobs - base.logprobs, delta_p=delta_p, entropy_base=base.entropy, entropy_rl=rl.entropy,
-        classes=classes, moved=moved, overconfident=overconfident, top_moved=order[:top_k], summary=summary,
+        classes=classes, observation=~sampled, moved=moved, overconfident=overconfident, top_moved=order[:top_k], summary=summary,
         threshold=threshold, confident=confident, saturated=saturated,
     )
 
@@ -351,7 +428,7 @@ def exploration_table(
     A policy at p = 0.99 on a token samples an alternative in at least one of 16 rollouts only
     1 - 0.99^16 = 14.9% of the time (at p = 0.999, 1.6%), so GRPO's group rarely contains the
     contrast that would teach it anything at that position. Computed as -expm1(n log p), exact for p
-    near 1. With `comparison`, each row also counts this response's tokens at or above p.
+    near 1. With `comparison`, each row also counts this response's sampled tokens at or above p.
     """
     rows = []
     for p in ps:
@@ -360,8 +437,8 @@ def exploration_table(
         chance = {int(n): (1.0 if p == 0 else -math.expm1(n * math.log(p))) for n in ns}
         row = ExplorationRow(p=float(p), chance=chance)
         if comparison is not None:
-            row.n_base = int((comparison.p_base >= p).sum())
-            row.n_rl = int((comparison.p_rl >= p).sum())
+            row.n_base = int(((comparison.p_base >= p) & comparison.sampled).sum())
+            row.n_rl = int(((comparison.p_rl >= p) & comparison.sampled).sum())
         rows.append(row)
     return rows
 
@@ -379,8 +456,10 @@ class EntropyPosition:
 
 
 def top_entropy_positions(scores: TokenScores, k: int = 5, *, context_width: int = 20) -> list[EntropyPosition]:
-    """The k response positions with the highest next-token entropy, highest first (ties: earlier first)."""
-    order = sorted(range(len(scores)), key=lambda i: (-float(scores.entropy[i]), i))[:k]
+    """The k sampled response positions with the highest next-token entropy, highest first (ties: earlier
+    first); tool output is left out."""
+    sampled = scores.sampled
+    order = sorted((i for i in range(len(scores)) if sampled[i]), key=lambda i: (-float(scores.entropy[i]), i))[:k]
     return [
         EntropyPosition(
             position=i, entropy=float(scores.entropy[i]), token=scores.tokens[i], prob=float(scores.probs[i]),
@@ -401,10 +480,13 @@ class TokenEntropy:
 
 
 def _entropy_sums(responses: Sequence[TokenScores]) -> dict[tuple[str, str], list[float]]:
-    """(previous token, token) -> [sum of next-token entropy, occurrences] over `responses`."""
+    """(previous token, token) -> [sum of next-token entropy, occurrences] over the sampled tokens of `responses`."""
     sums: dict[tuple[str, str], list[float]] = {}
     for scores in responses:
+        sampled = scores.sampled
         for i, token in enumerate(scores.tokens):
+            if not sampled[i]:  # tool output: the model did not choose it
+                continue
             acc = sums.setdefault((scores.tokens[i - 1] if i else "", token), [0.0, 0])
             acc[0] += float(scores.entropy[i])
             acc[1] += 1
@@ -521,7 +603,7 @@ class CheckpointProbe:
 
     name: str
     path: str
-    mean_entropy: float  # over the response tokens
+    mean_entropy: float  # over the sampled response tokens (nan if a tool wrote them all)
     top_positions: list[EntropyPosition]
     distribution: NextTokenDistribution | None
 
@@ -529,17 +611,19 @@ class CheckpointProbe:
 def probe_checkpoint(
     model, tokenizer, prompt: str, response: str | Sequence[int], *, name: str, path: str = "",
     entropy_k: int = 5, position: int | None = None, dist_k: int = 5, scores: TokenScores | None = None,
-    add_special_tokens: bool = True,
+    add_special_tokens: bool = True, observation: Sequence[int] | Tensor | None = None,
 ) -> CheckpointProbe:
-    """Entropy probe of one checkpoint (`scores`: this model's TokenScores, if already computed)."""
+    """Entropy probe of one checkpoint (`scores`: this model's TokenScores, if already computed; else
+    the response is scored here, with `observation` marking tool output)."""
     if scores is None:
-        scores = token_probs(model, tokenizer, prompt, response, add_special_tokens=add_special_tokens)
+        scores = token_probs(model, tokenizer, prompt, response, add_special_tokens=add_special_tokens,
+                             observation=observation)
     dist = None
     if position is not None:
         dist = next_token_distribution(model, tokenizer, prompt, scores.token_ids, position, dist_k,
                                        add_special_tokens=add_special_tokens)
     return CheckpointProbe(
-        name=name, path=path, mean_entropy=float(scores.entropy.mean()),
+        name=name, path=path, mean_entropy=float(scores.entropy[scores.sampled].mean()),
         top_positions=top_entropy_positions(scores, entropy_k), distribution=dist,
     )
 
