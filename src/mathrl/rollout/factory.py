@@ -76,7 +76,7 @@ def build_vllm_engine(cfg, *, model, tokenizer, model_path: str | Path) -> Engin
 
     common = dict(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                   settings=cfg.rollout.vllm, seed=cfg.seed, dtype=cfg.model.dtype,
-                  max_position_embeddings=cfg.model.max_position_embeddings)
+                  max_position_embeddings=cfg.model.max_position_embeddings, tools=build_tool_use(cfg, tokenizer))
     local = Path(str(model_path)).expanduser()
     if (local / "config.json").is_file() and any(local.glob("*.safetensors")):
         return VLLMEngine(local, **common)

