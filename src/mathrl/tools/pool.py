@@ -1,0 +1,393 @@
+"""`ToolPool`: the tools of a rollout, called in parallel with a timeout per call; and the config check.
+
+    with ToolPool(specs, workers=4) as pool:
+        futures = [pool.submit(call.name, call.args) for call in calls]   # Future[ToolResult] each
+        observations = [f.result().text for f in futures]
+
+Built-ins run in the pool's threads: ``python`` waits there on its sandboxed subprocess (which the
+timeout kills), ``calculator`` computes there (bounded by its digit caps). A user's tool (an import
+path) runs in a worker *process* of the pool (spawned, one call at a time each): a hang or a crash
+(``os._exit``, a segfault) costs that process, which is killed at the call's timeout or found dead
+and replaced, and the call's result says ``timeout`` or ``error``; the pool goes on.
+
+Never raises for what a tool or the model does: an unknown tool name, an exception, a non-string
+result (str()-ed), a hang and a crash are all `ToolResult`s. Only a bad config raises, at
+construction (`check_tool_specs`), before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import inspect
+import multiprocessing
+import multiprocessing.connection
+import re
+import signal
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from mathrl.registry import load_callable
+from mathrl.tools import BUILTIN_TOOLS, ToolResult, ToolSpec
+from mathrl.tools.sandbox import sandbox_mode, sandbox_problem
+
+__all__ = ["MAX_TEXT_CHARS", "ToolPool", "check_tool_specs"]
+
+MAX_TEXT_CHARS = 65536
+"""A user tool's result is cut to this many characters (the python tool has its own byte cap)."""
+MAX_ERROR_CHARS = 300
+"""An exception's one-line message is cut to this many characters."""
+_WORKER_START_TIMEOUT_S = 120.0
+"""How long a fresh worker may take to start and import the user's tools (not part of a call's timeout)."""
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_DEFAULT_PARAMETERS = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Config check
+# ---------------------------------------------------------------------------------------------------
+
+
+def check_tool_specs(specs: list[ToolSpec]) -> list[str]:
+    """One-line problems of the tool specs, each naming its ``rollout.tools[i]`` field; empty when fine.
+
+    Imports every user function (`mathrl.registry.load_callable`), so a typo in a module path fails
+    here, at config time, and not in the middle of a rollout.
+    """
+    problems: list[str] = []
+    first_index: dict[str, int] = {}
+    for i, spec in enumerate(specs):
+        where = f"rollout.tools[{i}]"
+        if not isinstance(spec, ToolSpec):
+            problems.append(f"{where} must be a ToolSpec (name, fn, kwargs, timeout_s, description), got "
+                            f"{type(spec).__name__}")
+            continue
+        if not isinstance(spec.name, str) or not _NAME.fullmatch(spec.name):
+            problems.append(f"{where}.name={spec.name!r} must be 1 to 64 letters, digits, _ or -")
+        elif spec.name in first_index:
+            problems.append(f"{where}.name={spec.name!r} is also rollout.tools[{first_index[spec.name]}]'s; "
+                            "give each tool its own name")
+        else:
+            first_index[spec.name] = i
+        if isinstance(spec.timeout_s, bool) or not isinstance(spec.timeout_s, (int, float)) or not spec.timeout_s > 0:
+            problems.append(f"{where}.timeout_s must be a number of seconds > 0, got {spec.timeout_s!r}")
+        if not isinstance(spec.kwargs, dict):
+            problems.append(f"{where}.kwargs must be a mapping, got {type(spec.kwargs).__name__}")
+            continue
+        problems += [f"{where}.{p}" for p in _fn_problems(spec)]
+    return problems
+
+
+def _fn_problems(spec: ToolSpec) -> list[str]:
+    if not isinstance(spec.fn, str):
+        return [f"fn must be a string, got {type(spec.fn).__name__}"]
+    if spec.fn in BUILTIN_TOOLS:
+        return [f"kwargs: {p}" for p in BUILTIN_TOOLS[spec.fn].check_kwargs(spec.kwargs)]
+    if ":" not in spec.fn:
+        return [f"fn={spec.fn!r} is not a built-in tool ({', '.join(BUILTIN_TOOLS)}) nor of the form "
+                "package.module:function or path/file.py:function"]
+    try:
+        fn = load_callable(spec.fn)
+    except ValueError as e:
+        return [f"fn: {e}"]
+    return [] if callable(fn) else [f"fn={spec.fn!r} is not callable"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# User tools: worker processes
+# ---------------------------------------------------------------------------------------------------
+
+
+def _one_line(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _call_user_tool(fn, args, kwargs: dict) -> tuple[str, str]:
+    """(status, text) of one call of a user's tool function, in its worker process."""
+    try:
+        value = fn(args, **kwargs)
+        text = value if isinstance(value, str) else str(value)
+        return "ok", text[:MAX_TEXT_CHARS]
+    except BaseException as e:  # SystemExit too: a tool's sys.exit is its error, not the worker's end
+        return "error", _one_line(f"error: {type(e).__name__}: {e}")
+
+
+def _worker_main(conn: multiprocessing.connection.Connection, refs: tuple[str, ...]) -> None:
+    """A worker process: import the user's tools, say ready, then answer ``(ref, args, kwargs)``
+    messages with ``(status, text)`` until ``None`` or a closed pipe."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the trainer decides
+    functions = {}
+    for ref in refs:
+        try:
+            functions[ref] = load_callable(ref)
+        except BaseException as e:
+            functions[ref] = e
+    conn.send("ready")
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message is None:
+            return
+        ref, args, kwargs = message
+        fn = functions.get(ref)
+        if fn is None or isinstance(fn, BaseException):
+            reply = ("error", _one_line(f"error: the tool {ref!r} does not import here: {fn}"))
+        else:
+            reply = _call_user_tool(fn, args, kwargs)
+        conn.send(reply)
+
+
+class _Worker:
+    """One worker process and the parent's end of its private pipe (a pipe per worker, so killing
+    one can never leave a lock held or half a message in a channel that others use)."""
+
+    def __init__(self, context, refs: tuple[str, ...]):
+        self.conn, child = context.Pipe(duplex=True)
+        self.process = context.Process(target=_worker_main, args=(child, refs), name="mathrl-tool", daemon=True)
+        self.process.start()
+        child.close()  # so the parent's recv sees EOF when the worker dies
+        self.ready = False
+
+    def wait_ready(self) -> str | None:
+        """None once the worker is ready, else why it is not."""
+        if self.ready:
+            return None
+        if not self.conn.poll(_WORKER_START_TIMEOUT_S):
+            return f"the tool worker did not start within {_WORKER_START_TIMEOUT_S:g} s"
+        try:
+            self.ready = self.conn.recv() == "ready"
+        except (EOFError, OSError):
+            return f"the tool worker died while starting (exit code {self._exit_code()})"
+        return None if self.ready else "the tool worker sent something unexpected while starting"
+
+    def kill(self) -> None:
+        """SIGKILL (a worker stuck in C code may not honour SIGTERM), reap, close the pipe. Idempotent."""
+        self.process.kill()
+        self.process.join(timeout=5.0)
+        self.conn.close()
+
+    def _exit_code(self):
+        self.process.join(timeout=1.0)
+        return self.process.exitcode
+
+
+# ---------------------------------------------------------------------------------------------------
+# The pool
+# ---------------------------------------------------------------------------------------------------
+
+
+class ToolPool:
+    """Runs tool calls in parallel with a timeout per call.
+
+    Args:
+        specs: the tools (`ToolSpec`); checked by `check_tool_specs`, and a python tool's sandbox is
+            checked to work here: a problem raises ValueError naming ``rollout.tools[i]``.
+        workers: calls in flight at once (threads; user tools also get up to this many processes).
+    """
+
+    def __init__(self, specs: list[ToolSpec], *, workers: int = 4):
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
+        problems = check_tool_specs(specs) or _sandbox_problems(specs)
+        if problems:
+            raise ValueError("; ".join(problems))
+        self._specs = {spec.name: spec for spec in specs}
+        self._user_refs = tuple(sorted({s.fn for s in specs if s.fn not in BUILTIN_TOOLS}))
+        self._context = multiprocessing.get_context("spawn")  # forking a trainer with threads can deadlock
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mathrl-tool")
+        self._stop = threading.Event()  # set by close(): running sandboxes are killed
+        self._lock = threading.Lock()
+        self._idle: list[_Worker] = []
+        self._live: set[_Worker] = set()
+        self._pending: set[Future] = set()
+        self._closed = False
+
+    # -- public ------------------------------------------------------------------------------------
+
+    def submit(self, name: str, args: str | dict) -> Future:
+        """Start a call; the Future's result is its `ToolResult` (never an exception)."""
+        out: Future = Future()
+        spec = self._specs.get(name) if isinstance(name, str) else None
+        if spec is None:
+            out.set_result(ToolResult(f"error: unknown tool {_one_line(repr(name), 80)}; tools: "
+                                      f"{', '.join(self._specs)}", "error", 0.0))
+            return out
+        with self._lock:
+            if self._closed:
+                out.set_result(_closed_result())
+                return out
+            self._pending.add(out)
+            self._executor.submit(self._run, out, spec, args)
+        return out
+
+    def call(self, name: str, args: str | dict) -> ToolResult:
+        """`submit` and wait."""
+        return self.submit(name, args).result()
+
+    def names(self) -> list[str]:
+        return list(self._specs)
+
+    def schemas(self) -> list[dict]:
+        """The tools as OpenAI / Hugging Face function schemas, for ``apply_chat_template(tools=...)``.
+
+        A built-in declares its one string parameter (``code``, ``expression``). A user function
+        declares its JSON-schema ``parameters`` as an attribute of the function if it has one, else one
+        string parameter ``input`` (the call's arguments reach the function as that dict); its
+        description is the spec's, else the first paragraph of its docstring.
+        """
+        out = []
+        for name, spec in self._specs.items():
+            if spec.fn in BUILTIN_TOOLS:
+                builtin = BUILTIN_TOOLS[spec.fn]
+                parameters = {"type": "object", "required": [builtin.parameter], "properties": {
+                    builtin.parameter: {"type": "string", "description": builtin.parameter_description}}}
+                description = spec.description or builtin.description
+            else:
+                fn = load_callable(spec.fn)  # imported once already, by the check
+                declared = getattr(fn, "parameters", None)
+                parameters = declared if isinstance(declared, dict) else _DEFAULT_PARAMETERS
+                description = spec.description or (inspect.getdoc(fn) or "").split("\n\n")[0].replace("\n", " ")
+            out.append({"type": "function",
+                        "function": {"name": name, "description": description, "parameters": parameters}})
+        return out
+
+    def close(self) -> None:
+        """Kill running sandboxes and workers, and answer calls not yet run with an error. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._stop.set()
+            workers = list(self._live)
+        for worker in workers:
+            worker.process.kill()  # a call waiting on it sees the process end and returns
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        for worker in workers:
+            worker.kill()  # joined and its pipe closed once no thread waits on it
+        with self._lock:
+            for future in self._pending:
+                if not future.done():
+                    future.set_result(_closed_result())
+            self._pending.clear()
+            self._idle.clear()
+            self._live.clear()
+
+    def __enter__(self) -> ToolPool:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: modules may be gone already
+            pass
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _run(self, out: Future, spec: ToolSpec, args: str | dict) -> None:
+        with self._lock:
+            if out.done() or not out.set_running_or_notify_cancel():
+                self._pending.discard(out)
+                return
+        start = time.perf_counter()
+        try:
+            if spec.fn in BUILTIN_TOOLS:
+                result = BUILTIN_TOOLS[spec.fn].run(args, timeout_s=spec.timeout_s, stop=self._stop, **spec.kwargs)
+            else:
+                result = self._call_user(spec, args)
+        except BaseException as e:  # a bug of ours: still an observation, and the pool goes on
+            result = ToolResult(_one_line(f"error: {type(e).__name__}: {e}"), "error", time.perf_counter() - start)
+        with self._lock:
+            self._pending.discard(out)
+        out.set_result(result)
+
+    def _call_user(self, spec: ToolSpec, args: str | dict) -> ToolResult:
+        start = time.perf_counter()
+        worker = self._take_worker()
+        if worker is None:
+            return _closed_result()
+        problem = worker.wait_ready()  # a worker's start-up is not part of the call's timeout
+        if problem is not None:
+            self._discard(worker)
+            if self._stop.is_set():
+                return _closed_result()
+            return ToolResult(f"error: {problem}", "error", time.perf_counter() - start)
+        try:
+            worker.conn.send((spec.fn, args, spec.kwargs))
+        except Exception as e:  # unpicklable args, or the worker died while idle
+            self._discard(worker)
+            return ToolResult(_one_line(f"error: the call could not be sent to the tool: {e}"), "error",
+                              time.perf_counter() - start)
+        ready = multiprocessing.connection.wait([worker.conn, worker.process.sentinel], timeout=spec.timeout_s)
+        reply = None
+        if worker.conn in ready:
+            try:
+                reply = worker.conn.recv()
+            except (EOFError, OSError):
+                reply = None
+        seconds = time.perf_counter() - start
+        if reply is not None:
+            self._give_back(worker)
+            return ToolResult(reply[1], reply[0], seconds)
+        if self._stop.is_set():
+            self._discard(worker)
+            return _closed_result()
+        if not ready:
+            self._discard(worker)
+            return ToolResult(f"timeout: the tool {spec.name!r} gave no result within {spec.timeout_s:g} s "
+                              "and was stopped", "timeout", seconds)
+        code = worker._exit_code()
+        self._discard(worker)
+        return ToolResult(f"error: the tool {spec.name!r} crashed (its process exited with code {code})",
+                          "error", seconds)
+
+    def _take_worker(self) -> _Worker | None:
+        with self._lock:
+            if self._closed:
+                return None
+            if self._idle:
+                return self._idle.pop()
+        worker = _Worker(self._context, self._user_refs)  # started outside the lock: it takes a while
+        with self._lock:
+            if not self._closed:
+                self._live.add(worker)
+                return worker
+        worker.kill()
+        return None
+
+    def _give_back(self, worker: _Worker) -> None:
+        with self._lock:
+            if not self._closed:
+                self._idle.append(worker)
+                return
+        worker.kill()
+
+    def _discard(self, worker: _Worker) -> None:
+        with self._lock:
+            self._live.discard(worker)
+        worker.kill()
+
+
+def _closed_result() -> ToolResult:
+    return ToolResult("error: the tool pool is closed", "error", 0.0)
+
+
+def _sandbox_problems(specs: list[ToolSpec]) -> list[str]:
+    """Each python tool's sandbox must work here: an explicit mode, or at least one for ``auto``."""
+    problems = []
+    for i, spec in enumerate(specs):
+        if spec.fn != "python":
+            continue
+        mode, interpreter = spec.kwargs.get("sandbox", "auto"), spec.kwargs.get("python")
+        if mode == "auto":
+            try:
+                sandbox_mode(python=interpreter)
+            except RuntimeError as e:
+                problems.append(f"rollout.tools[{i}]: {e}")
+        elif (problem := sandbox_problem(mode, python=interpreter)) is not None:
+            problems.append(f"rollout.tools[{i}].kwargs.sandbox={mode!r} does not work here: {problem}")
+    return problems

@@ -1,0 +1,645 @@
+"""The `python` tool: model-written code run in a fresh sandboxed interpreter, REPL-style.
+
+    run_python("x = 3\\nx ** 2")                    -> ToolResult(text="9", status="ok", ...)
+    run_python("1/0")                              -> ToolResult(text="ZeroDivisionError: division by zero", status="error")
+    run_python("while True: pass", timeout_s=1)    -> ToolResult(text="timeout: ...", status="timeout")
+    python({"code": "print(2**10)"}, sandbox="bwrap")  -> "1024"    (the tool contract: str in, str out)
+    sandbox_mode()                                 -> "bwrap"   (what sandbox="auto" uses on this machine)
+
+What the model reads (like Qwen2.5-Math's tool-integrated executor, and a Python REPL):
+
+* the code's stdout, then its stderr, trailing whitespace removed;
+* if the last statement is an expression, its value as the REPL shows it (``repr``, nothing for
+  ``None``, so a final ``print(...)`` is not printed twice);
+* on an uncaught exception, the output so far and then only the exception's last traceback line
+  (``ZeroDivisionError: division by zero``); the frames name the runner, not the model's code, and
+  cost tokens;
+* at most `max_output_bytes` of output: past it the program is killed and an ``error: output
+  exceeded ...`` line ends the text (100 MB of prints costs 64 KiB of memory, never disk);
+* ``timeout: ...`` alone when the wall-clock `timeout_s` or the CPU limit `cpu_s` ran out.
+
+Every call is a new process (`python -I -S -B`: no environment variables, no site-packages, no
+bytecode written; the standard library only) in a fresh temporary directory that is its cwd and HOME
+and is deleted afterwards, with stdin from /dev/null, a stripped environment (PATH, LANG, HOME),
+resource limits (CPU seconds, address space, processes, file size, open files, no core files) and a
+wall-clock timeout that kills its whole process group. Around that, one of three sandboxes (kwarg
+`sandbox`), strongest first; ``auto`` takes the first that works here (`sandbox_mode`):
+
+* ``bwrap``: bubblewrap. New mount, pid, network, ipc and uts namespaces; the system directories
+  and the interpreter's prefix read-only, a size-limited tmpfs as /tmp (the cwd), nothing else of
+  the host's files; no network; the whole sandbox dies with its pid 1.
+* ``unshare``: ``unshare --user --map-root-user --net --pid --fork --kill-child --mount-proc``: no
+  network, its own pid namespace (killing it kills every descendant; ``kill(-1)`` reaches only the
+  sandbox), but the host's file system as the user the code runs as.
+* ``rlimit``: the plain subprocess with its limits, and **no** isolation beyond the user it runs as:
+  the fallback. An audit hook (`sys.addaudithook`) refuses sockets, subprocesses, ``os.system``,
+  signals, ctypes and file access outside the temporary directory and the interpreter's files;
+  defence in depth, not a boundary (native code can ignore it).
+
+The audit hook is on by default in the two modes without a mount namespace (``audit_hook=None``).
+
+Running as root: the kernel does not apply RLIMIT_NPROC to uid 0, so a fork bomb would not be
+bounded. As root, the code therefore runs as an unprivileged uid of its own (`ROOT_UID_BASE` and
+up, one per concurrent call on the machine, claimed with a lock file): in ``bwrap`` the runner drops
+to it inside the sandbox (bwrap keeps only CAP_SETUID/CAP_SETGID for that), in the other modes the
+subprocess starts as it. ``rlimit`` then also kills every process of that uid after the call. The
+interpreter must be readable by that uid in ``unshare`` and ``rlimit`` (a python under /root is
+not: use ``bwrap``, or ``python=/usr/bin/python3``); `sandbox_problem` says so.
+
+docs/tools_sandbox.md lists what each mode was tested to stop, and the start-up cost of each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import functools
+import logging
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from mathrl.tools import ToolResult
+
+__all__ = ["LIMIT_DEFAULTS", "ROOT_UID_BASE", "SANDBOX_MODES", "check_python_kwargs", "python", "run_python",
+           "sandbox_mode", "sandbox_problem", "sandbox_works"]
+
+log = logging.getLogger(__name__)
+
+SANDBOX_MODES = ("auto", "bwrap", "unshare", "rlimit")
+"""Values of the `sandbox` kwarg; ``auto`` is the first of the others that works (`sandbox_mode`)."""
+
+LIMIT_DEFAULTS = {
+    "cpu_s": 5.0,  # CPU seconds (RLIMIT_CPU); past it the call is a timeout
+    "memory_mb": 512,  # address space (RLIMIT_AS); past it allocations fail (MemoryError)
+    "max_processes": 32,  # processes and threads of the sandbox's user (RLIMIT_NPROC)
+    "max_file_mb": 16,  # largest file written (RLIMIT_FSIZE); bwrap's /tmp holds TMPFS_FILES times it
+    "max_open_files": 64,  # open file descriptors (RLIMIT_NOFILE)
+    "max_output_bytes": 65536,  # stdout + stderr kept; past it the program is killed
+}
+"""The sandbox's limits (kwargs of the `python` tool) and their defaults."""
+
+OTHER_KWARGS = ("sandbox", "python", "audit_hook")
+"""The `python` tool's other kwargs: the mode, the interpreter (default `sys.executable`), and the
+audit hook (None: on where there is no mount namespace)."""
+
+TMPFS_FILES = 4
+"""bwrap's writable /tmp is `TMPFS_FILES` x `max_file_mb`: the limit on all files together."""
+
+ROOT_UID_BASE = 65000
+"""As root, a call's code runs as uid/gid ROOT_UID_BASE + slot (slot < ROOT_UID_SLOTS): Debian's
+reserved 65000-65533 range, below 65536 so that a container's 64 Ki user-namespace map holds it."""
+ROOT_UID_SLOTS = 500
+
+_GRACE_S = 0.5  # after the program exits: how long its escaped descendants may keep the pipes open
+_POLL_S = 0.05  # how often the wait for output also checks the process, the deadline and `stop`
+_PROBE_TIMEOUT_S = 60.0  # a mode's first-use check may wait this long on a loaded machine
+
+
+# ---------------------------------------------------------------------------------------------------
+# The runner: the first code the sandboxed interpreter runs, before the model's
+# ---------------------------------------------------------------------------------------------------
+
+_RUNNER = r'''
+import sys
+def _prepare():
+    import os, resource, _signal
+    drop_to, code_path, limits, audit = sys.argv[1:5]
+    # The CPU limit's SIGXCPU, as an exit code the parent recognises. A handler rather than the
+    # default action because a pid namespace's init (the code, under unshare) ignores default-action
+    # signals; the hard limit's SIGKILL a second later is the enforcement either way.
+    _signal.signal(_signal.SIGXCPU, lambda *_: os._exit(128 + _signal.SIGXCPU))
+    if drop_to:  # bwrap as root kept CAP_SETUID/CAP_SETGID for this only
+        os.setgroups([])
+        os.setgid(int(drop_to))
+        os.setuid(int(drop_to))
+    for item in limits.split(","):  # set here: inside the user namespace, and once the uid is dropped
+        name, soft, hard = item.replace("=", ":").split(":")
+        resource.setrlimit(getattr(resource, name), (int(soft), int(hard)))
+    with open(code_path, encoding="utf-8", errors="replace") as f:
+        source = f.read()
+    sys.argv = [""]
+    if audit:
+        _install_hook(*audit.split("\n", 1))
+    return source
+def _install_hook(home, readable):
+    import os
+    readable = readable.split("\n")
+    deny = {"os.system", "os.exec", "os.spawn", "os.posix_spawn", "os.fork", "os.forkpty", "subprocess.Popen",
+            "os.kill", "os.killpg", "signal.pthread_kill", "socket.__new__", "socket.connect", "socket.bind",
+            "socket.sendto", "socket.sendmsg", "socket.getaddrinfo", "ctypes.dlopen", "ctypes.dlsym",
+            "ctypes.cdata", "ctypes.call_function", "sys.remote_exec"}
+    writes = {"os.remove", "os.rmdir", "os.mkdir", "os.rename", "os.link", "os.symlink", "os.chmod", "os.chown",
+              "os.truncate", "os.utime", "os.mkfifo", "os.mknod", "os.setxattr", "os.removexattr", "os.chflags",
+              "shutil.rmtree", "shutil.copyfile", "shutil.move"}
+    reads = {"os.listdir", "os.scandir", "glob.glob", "os.chdir"}
+    write_flags = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+    own_proc = ("/proc/self", "/proc/thread-self", "/proc/%d" % os.getpid())
+    realpath, fsdecode = os.path.realpath, os.fsdecode
+    def under(path, roots):
+        if isinstance(path, int):
+            return True  # an fd: it was opened under these rules
+        path = realpath(fsdecode(path))
+        return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+    def readable_path(path):
+        if isinstance(path, int):
+            return True
+        path = realpath(fsdecode(path))
+        if path == "/proc" or path.startswith("/proc/"):  # its own entries only: others' environ, cmdline
+            return path == "/proc" or under(path, own_proc)
+        return under(path, [home, *readable])
+    def hook(event, args):
+        if event in deny or (event == "import" and args[0] in ("ctypes", "_ctypes")):
+            raise PermissionError(f"{event} is not allowed in this sandbox")
+        if event == "open":
+            path, mode, flags = args
+            writing = (mode and any(c in mode for c in "wax+")) or (flags or 0) & write_flags
+            if not (under(path, [home, "/dev/null"]) if writing else readable_path(path)):
+                raise PermissionError(f"{'writing' if writing else 'reading'} {path!r} is not allowed in this sandbox")
+        elif event in writes or event in reads:
+            paths = [a for a in args[:2] if isinstance(a, (str, bytes, os.PathLike))] or [args[0]]
+            allowed = (lambda p: under(p, [home])) if event in writes else readable_path
+            if not all(allowed(p) for p in paths):
+                raise PermissionError(f"{event} {paths[0]!r} is not allowed in this sandbox")
+    sys.addaudithook(hook)
+def _run(source):
+    import _ast  # the C module: importing ast (and traceback, json, re) would double the start-up time
+    scope = {"__name__": "__main__", "__builtins__": __builtins__}
+    try:
+        body = compile(source, "<code>", "exec", _ast.PyCF_ONLY_AST).body
+        last = body[-1:] if body and isinstance(body[-1], _ast.Expr) else []
+        exec(compile(_ast.Module(body[: len(body) - len(last)], []), "<code>", "exec"), scope)
+        if last:  # REPL: the value of a final expression is shown (repr; None is not)
+            exec(compile(_ast.Interactive(last), "<code>", "single"), scope)
+    except SystemExit:
+        raise
+    except BaseException as e:
+        try:
+            sys.stdout.flush()
+        except BaseException:
+            pass
+        if isinstance(e, SyntaxError):
+            line = f"{type(e).__name__}: {e}"
+        else:
+            import traceback
+            line = traceback.format_exception_only(type(e), e)[-1].rstrip("\n")
+        sys.stderr.write(line + "\n")
+        sys.exit(1)
+_run(_prepare())
+'''
+
+
+# ---------------------------------------------------------------------------------------------------
+# The tool
+# ---------------------------------------------------------------------------------------------------
+
+
+def python(args: str | dict, **kwargs) -> str:
+    """The tool function (contract ``fn(args, **kwargs) -> str``): what the model reads.
+
+    `args` is the code or ``{"code": str}``; kwargs are `run_python`'s (`timeout_s` included).
+    """
+    return run_python(args, **kwargs).text
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One call's settings after checking: the mode resolved, limits as numbers."""
+
+    mode: str
+    python: str  # the interpreter, symlinks resolved
+    limits: dict
+    audit_hook: bool
+
+
+def run_python(args: str | dict, *, timeout_s: float = 5.0, stop: threading.Event | None = None,
+               **kwargs) -> ToolResult:
+    """Run model-written code in a sandbox; never raises.
+
+    Args:
+        args: the code, or ``{"code": str}``.
+        timeout_s: wall-clock seconds, from the start of the subprocess; then the group is killed.
+        stop: when set (e.g. by `ToolPool.close`), the running program is killed and the call ends.
+        kwargs: `sandbox` (`SANDBOX_MODES`), `python`, `audit_hook` and the limits of `LIMIT_DEFAULTS`.
+    """
+    start = time.perf_counter()
+    try:
+        code = _code_of(args)
+        problems = check_python_kwargs(kwargs)
+        if problems:
+            return ToolResult(f"error: {problems[0]}", "error", time.perf_counter() - start)
+        call = _resolve(kwargs)
+        text, status = _run_in_sandbox(code, call, timeout_s=timeout_s, stop=stop)
+    except _Refused as e:
+        text, status = f"error: {e}", "error"
+    except Exception as e:  # a broken host (no /tmp space, ...): still an observation, not a crash
+        text, status = f"error: the sandbox failed: {type(e).__name__}: {_one_line(str(e))}", "error"
+    return ToolResult(text, status, time.perf_counter() - start)
+
+
+class _Refused(Exception):
+    """A call that cannot run, with the one-line reason the model (or the log) reads."""
+
+
+def _code_of(args: str | dict) -> str:
+    if isinstance(args, dict):
+        if set(args) != {"code"} or not isinstance(args["code"], str):
+            raise _Refused('expected {"code": "<python>"}, got keys ' + ", ".join(map(repr, args)))
+        return args["code"]
+    if not isinstance(args, str):
+        raise _Refused(f"expected python code as a string, got {type(args).__name__}")
+    return args
+
+
+def check_python_kwargs(kwargs: dict) -> list[str]:
+    """One-line reasons the `python` tool's kwargs are invalid (empty when they are fine)."""
+    problems = []
+    for key, value in kwargs.items():
+        if key in LIMIT_DEFAULTS:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                problems.append(f"{key} must be a positive number, got {value!r}")
+            elif key != "cpu_s" and value != int(value):
+                problems.append(f"{key} must be a whole number, got {value!r}")
+        elif key == "sandbox":
+            if value not in SANDBOX_MODES:
+                problems.append(f"sandbox must be one of {', '.join(SANDBOX_MODES)}, got {value!r}")
+        elif key == "python":
+            if not isinstance(value, str) or not os.access(value, os.X_OK):
+                problems.append(f"python={value!r} is not an executable file")
+        elif key == "audit_hook":
+            if value not in (None, True, False):
+                problems.append(f"audit_hook must be true, false or null, got {value!r}")
+        else:
+            problems.append(f"the python tool has no option {key!r}; options: "
+                            f"{', '.join([*OTHER_KWARGS, *LIMIT_DEFAULTS])}")
+    return problems
+
+
+def _resolve(kwargs: dict) -> _Call:
+    interpreter = os.path.realpath(kwargs.get("python") or sys.executable)
+    mode = kwargs.get("sandbox", "auto")
+    if mode == "auto":
+        try:
+            mode = sandbox_mode(python=interpreter)
+        except RuntimeError as e:
+            raise _Refused(str(e)) from None
+    else:
+        problem = sandbox_problem(mode, python=interpreter)
+        if problem:
+            raise _Refused(f"sandbox {mode!r} does not work here: {problem}")
+    hook = kwargs.get("audit_hook")
+    limits = {k: kwargs.get(k, v) for k, v in LIMIT_DEFAULTS.items()}
+    return _Call(mode, interpreter, limits, mode != "bwrap" if hook is None else bool(hook))
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# ---------------------------------------------------------------------------------------------------
+# Which sandbox works here
+# ---------------------------------------------------------------------------------------------------
+
+
+def sandbox_works(mode: str, *, python: str | None = None) -> bool:
+    """Whether `mode` runs ``print(1+1)`` here with `python` (default `sys.executable`); cached."""
+    return sandbox_problem(mode, python=python) is None
+
+
+def sandbox_problem(mode: str, *, python: str | None = None) -> str | None:
+    """Why `mode` does not work here (one line), or None when it does. The first call per mode and
+    interpreter runs ``print(1+1)`` through it (tens of milliseconds); later calls are cached."""
+    if mode not in SANDBOX_MODES or mode == "auto":
+        return f"not a sandbox mode: {mode!r} (choose bwrap, unshare or rlimit)"
+    return _probe(mode, os.path.realpath(python or sys.executable), os.geteuid())
+
+
+@functools.lru_cache(maxsize=None)
+def _probe(mode: str, interpreter: str, euid: int) -> str | None:
+    tool = {"bwrap": "bwrap", "unshare": "unshare"}.get(mode)
+    if tool and _binary(tool) is None:
+        return f"{tool} is not installed (apt-get install {'bubblewrap' if tool == 'bwrap' else 'util-linux'})"
+    if mode == "bwrap" and not _bwrap_is_recent():
+        return "bubblewrap 0.8 or newer is needed (--size, --perms on --tmpfs and --dir, --disable-userns)"
+    call = _Call(mode, interpreter, dict(LIMIT_DEFAULTS), mode != "bwrap")
+    try:
+        text, status = _run_in_sandbox("print(1+1)", call, timeout_s=_PROBE_TIMEOUT_S, stop=None)
+    except _Refused as e:
+        text, status = f"error: {e}", "error"
+    except Exception as e:
+        text, status = f"error: {type(e).__name__}: {_one_line(str(e))}", "error"
+    if status == "ok" and text == "2":
+        return None
+    reason = _one_line(text.removeprefix("error: ") or f"status {status}, no output")
+    if euid == 0 and mode != "bwrap":
+        reason += (f" (as root the code runs as uid {ROOT_UID_BASE}+, which must be able to read {interpreter}; "
+                   "use sandbox=bwrap or python=/usr/bin/python3)")
+    return reason
+
+
+def sandbox_mode(*, python: str | None = None) -> str:
+    """The mode ``sandbox="auto"`` uses with `python` (default `sys.executable`): bwrap if it works,
+    else unshare, else rlimit. Logged once. Raises RuntimeError, naming each mode's problem, when none
+    works."""
+    return _auto_mode(os.path.realpath(python or sys.executable))
+
+
+@functools.lru_cache(maxsize=None)
+def _auto_mode(python: str) -> str:
+    problems = {}
+    for mode in ("bwrap", "unshare", "rlimit"):
+        problems[mode] = sandbox_problem(mode, python=python)
+        if problems[mode] is None:
+            skipped = "; ".join(f"{m}: {p}" for m, p in problems.items() if p)
+            log.info("python tool sandbox: %s%s", mode, f" ({skipped})" if skipped else "")
+            return mode
+    raise RuntimeError("no python sandbox works here: " + "; ".join(f"{m}: {p}" for m, p in problems.items()))
+
+
+def _bwrap_is_recent() -> bool:
+    """Whether bwrap has the options of 0.8 this module uses (its --help lists them)."""
+    try:
+        usage = subprocess.run([_binary("bwrap"), "--help"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return all(option in usage for option in ("--size", "--perms", "--disable-userns"))
+
+
+def _binary(name: str) -> str | None:
+    """/usr/bin/<name> (the system's: PATH may point elsewhere), else the one on PATH."""
+    return f"/usr/bin/{name}" if os.access(f"/usr/bin/{name}", os.X_OK) else shutil.which(name)
+
+
+# ---------------------------------------------------------------------------------------------------
+# One run
+# ---------------------------------------------------------------------------------------------------
+
+
+def _run_in_sandbox(code: str, call: _Call, *, timeout_s: float, stop: threading.Event | None) -> tuple[str, str]:
+    """(text, status) of running `code` under `call`'s mode and limits."""
+    root = os.geteuid() == 0
+    with tempfile.TemporaryDirectory(prefix="mathrl-py-", ignore_cleanup_errors=True) as work, \
+            _claimed_uid(root) as uid:
+        work_dir = Path(work)
+        home = work_dir / "home"
+        home.mkdir()
+        code_file = work_dir / "code.py"
+        code_file.write_text(code, encoding="utf-8", errors="replace")  # a lone surrogate from JSON: U+FFFD
+        code_file.chmod(0o644)
+        if uid is not None and call.mode != "bwrap":
+            for path in (work_dir, home, code_file):
+                os.chown(path, uid, uid)
+        argv, options = _command(call, work_dir=work_dir, uid=uid)
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True, close_fds=True, **options)
+        except OSError as e:
+            raise _Refused(f"cannot start the sandbox: {e}") from None
+        try:
+            stdout, stderr, ended = _collect(proc, deadline=time.monotonic() + timeout_s,
+                                             cap=int(call.limits["max_output_bytes"]), stop=stop)
+        finally:
+            _kill_group(proc)
+            if uid is not None and call.mode == "rlimit":
+                _kill_uid(uid, call.python)
+            proc.stdout.close()
+            proc.stderr.close()
+        return _outcome(proc.returncode, stdout, stderr, ended, call, timeout_s)
+
+
+def _limits(limits: dict) -> dict:
+    """resource.RLIMIT_* name -> (soft, hard), as the runner sets them."""
+    cpu = max(1, int(-(-limits["cpu_s"] // 1)))  # whole seconds, rounded up
+    return {
+        "RLIMIT_CPU": (cpu, cpu + 1),  # SIGXCPU at the soft limit, SIGKILL a second later
+        "RLIMIT_AS": (int(limits["memory_mb"]) << 20,) * 2,
+        "RLIMIT_NPROC": (int(limits["max_processes"]),) * 2,
+        "RLIMIT_FSIZE": (int(limits["max_file_mb"]) << 20,) * 2,
+        "RLIMIT_NOFILE": (int(limits["max_open_files"]),) * 2,
+        "RLIMIT_CORE": (0, 0),
+    }
+
+
+def _command(call: _Call, *, work_dir: Path, uid: int | None) -> tuple[list[str], dict]:
+    """The argv and Popen options that run the runner under `call.mode`."""
+    bwrap = call.mode == "bwrap"
+    home = "/tmp" if bwrap else str(work_dir / "home")
+    limits = ",".join(f"{name}={soft}:{hard}" for name, (soft, hard) in _limits(call.limits).items())
+    audit = "\n".join([home, *_readable_roots(call.python)]) if call.audit_hook else ""
+    code = "/code.py" if bwrap else str(work_dir / "code.py")
+    runner = [call.python, "-I", "-S", "-B", "-c", _RUNNER, str(uid) if bwrap and uid is not None else "", code,
+              limits, audit]
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": home}
+    options: dict = {"env": env, "cwd": str(work_dir if bwrap else home)}
+    if uid is not None and not bwrap:  # as root: start as the call's own unprivileged uid (thread-safe, no preexec)
+        options.update(user=uid, group=uid, extra_groups=[])
+    if bwrap:
+        return [_binary("bwrap"), *_bwrap_args(call, work_dir=work_dir, root=uid is not None, env=env), *runner], options
+    if call.mode == "unshare":
+        return [_binary("unshare"), "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child",
+                "--mount-proc", *runner], options
+    return runner, options
+
+
+def _bwrap_args(call: _Call, *, work_dir: Path, root: bool, env: dict) -> list[str]:
+    if root:
+        # Without a user namespace, as root: the code must run as a real unprivileged uid for
+        # RLIMIT_NPROC to apply (a user namespace would map it back to uid 0); the runner drops to it.
+        namespaces = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+                      "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        namespaces = ["--unshare-all", "--unshare-user", "--disable-userns"]
+    args = [*namespaces, "--die-with-parent", "--new-session", "--ro-bind", "/usr", "/usr"]
+    for path in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    for path in ("/etc/alternatives", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime"):
+        if os.path.exists(path):
+            args += ["--ro-bind", path, path]
+    prefix = os.path.dirname(os.path.dirname(call.python))  # <prefix>/bin/python3.x
+    if not (prefix == "/usr" or prefix.startswith("/usr/")):
+        # bwrap would create the missing parents with the host's modes (/root: 0700), which the
+        # dropped uid could not cross: create them 0755 (empty: only the prefix is bound inside)
+        parents = [str(p) for p in reversed(Path(prefix).parents) if str(p) != "/"]
+        for parent in parents:
+            args += ["--perms", "0755", "--dir", parent]
+        args += ["--ro-bind", prefix, prefix]
+    tmpfs_bytes = int(call.limits["max_file_mb"]) * TMPFS_FILES << 20
+    args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(tmpfs_bytes), "--tmpfs", "/tmp",
+             "--ro-bind", str(work_dir / "code.py"), "/code.py", "--remount-ro", "/", "--chdir", "/tmp", "--clearenv"]
+    for key, value in env.items():
+        args += ["--setenv", key, value]
+    return args
+
+
+def _readable_roots(interpreter: str) -> list[str]:
+    """What the audit hook lets the code read: the interpreter's prefix and the system's libraries."""
+    prefix = os.path.dirname(os.path.dirname(interpreter))
+    return sorted({prefix, "/usr", "/lib", "/lib64", "/dev/null", "/dev/urandom", "/dev/zero", "/etc/localtime",
+                   os.path.realpath("/usr"), os.path.realpath("/lib")})
+
+
+def _collect(proc: subprocess.Popen, *, deadline: float, cap: int,
+             stop: threading.Event | None) -> tuple[bytes, bytes, str]:
+    """Read stdout and stderr until the program has exited and both pipes are closed. Returns them
+    (each cut to `cap` bytes) and how the wait ended: ``exit``, ``timeout``, ``output`` (more than
+    `cap` bytes in all) or ``stopped``. A program that closes its pipes early still gets its time."""
+    out, err = proc.stdout.fileno(), proc.stderr.fileno()
+    buffers = {out: bytearray(), err: bytearray()}
+    total = 0
+    exited_at = None
+
+    def result(ended: str) -> tuple[bytes, bytes, str]:
+        return bytes(buffers[out]), bytes(buffers[err]), ended
+
+    with selectors.DefaultSelector() as selector, _exit_fd(proc) as exit_fd:
+        for fd in (out, err, exit_fd):
+            if fd is not None:
+                selector.register(fd, selectors.EVENT_READ)
+        while True:
+            now = time.monotonic()
+            if stop is not None and stop.is_set():
+                return result("stopped")
+            if now >= deadline:
+                return result("timeout")
+            if exited_at is None and _exited(proc):
+                exited_at = now
+                _kill_group(proc)  # descendants left in its group would hold the pipes open
+            if exited_at is not None and (not (selector.get_map().keys() & {out, err}) or now - exited_at > _GRACE_S):
+                return result("exit")  # (past the grace: a descendant that left the group holds a pipe)
+            for key, _ in selector.select(timeout=min(_POLL_S, deadline - now)):
+                if key.fd == exit_fd:
+                    selector.unregister(exit_fd)  # noticed by _exited on the next turn
+                    continue
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    selector.unregister(key.fd)
+                    continue
+                total += len(chunk)
+                buffers[key.fd] += chunk[: max(0, cap - len(buffers[key.fd]))]
+                if total > cap:
+                    return result("output")
+
+
+@contextlib.contextmanager
+def _exit_fd(proc: subprocess.Popen):
+    """A pidfd of the child (readable once it exits) so the wait wakes at its exit, or None where the
+    kernel has none (the wait then notices the exit within _POLL_S)."""
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        yield None
+        return
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _exited(proc: subprocess.Popen) -> bool:
+    """Whether the child has exited, without reaping it: until it is reaped its pid, which is also its
+    group's id, cannot be reused, so `_kill_group` cannot hit another process's group."""
+    try:
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the call's process group (its session: start_new_session), then reap the child."""
+    if proc.returncode is not None:
+        return  # reaped already, and its group killed before that
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5.0)
+
+
+def _kill_uid(uid: int, interpreter: str) -> None:
+    """Kill every process of `uid` (root, rlimit mode): also those that left the process group with
+    setsid. kill(-1) as that uid reaches exactly its processes; the uid is this call's alone."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        # no timeout: Popen.wait(timeout) polls with sleeps; this process only sends signals
+        subprocess.run([interpreter, "-I", "-S", "-c", "import os; os.kill(-1, 9)"], user=uid, group=uid,
+                       extra_groups=[], env={}, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+
+
+def _signal_of(returncode: int, mode: str) -> int | None:
+    """The signal that ended the program: Popen's negative code, bwrap's 128 + signal, or the runner's
+    128 + SIGXCPU (its handler's exit code; see _RUNNER)."""
+    if returncode < 0:
+        return -returncode
+    if (mode == "bwrap" and 128 < returncode < 128 + 65) or returncode == 128 + signal.SIGXCPU:
+        return returncode - 128
+    return None
+
+
+def _outcome(returncode: int | None, stdout: bytes, stderr: bytes, ended: str, call: _Call,
+             timeout_s: float) -> tuple[str, str]:
+    cap = int(call.limits["max_output_bytes"])
+    output = (stdout + stderr)[:cap].decode("utf-8", errors="replace").rstrip()
+    if ended == "stopped":
+        return "error: the tool pool was closed during the call", "error"
+    if ended == "timeout":
+        return f"timeout: the code ran longer than {timeout_s:g} s and was stopped", "timeout"
+    if ended == "output":
+        return f"{output}\nerror: output exceeded {cap} bytes; the program was stopped", "error"
+    number = _signal_of(returncode if returncode is not None else -signal.SIGKILL, call.mode)
+    if number == signal.SIGXCPU:
+        return f"timeout: the code used more than {call.limits['cpu_s']:g} s of CPU and was stopped", "timeout"
+    if number is not None:
+        name = signal.Signals(number).name if number in signal.Signals._value2member_map_ else f"signal {number}"
+        return (f"{output}\n" if output else "") + f"error: the program was killed by {name}", "error"
+    if returncode == 0:
+        return output, "ok"
+    return output or f"error: the program exited with code {returncode}", "error"
+
+
+# ---------------------------------------------------------------------------------------------------
+# As root: one unprivileged uid per concurrent call on the machine
+# ---------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _claimed_uid(root: bool):
+    """Yield a uid no other call on this machine is using (None when not root): RLIMIT_NPROC counts
+    per uid, so a fork bomb in one call must not use up another's processes, and kill(-1) in one
+    must not reach another. A lock file per uid, held for the call, in a directory only root uses."""
+    if not root:
+        yield None
+        return
+    # Machine-wide, whatever TMPDIR says: /run (root's, cleared at boot) where there is one
+    folder = Path("/run" if os.access("/run", os.W_OK) else "/tmp") / "mathrl-sandbox-uids"
+    with contextlib.suppress(FileExistsError):
+        folder.mkdir(mode=0o700)
+    info = os.lstat(folder)
+    if not (os.path.isdir(folder) and not os.path.islink(folder) and info.st_uid == 0 and info.st_mode & 0o077 == 0):
+        raise _Refused(f"{folder} must be a directory of root's with mode 0700")
+    for uid in range(ROOT_UID_BASE, ROOT_UID_BASE + ROOT_UID_SLOTS):
+        fd = os.open(folder / str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                continue
+            raise
+        try:
+            yield uid
+        finally:
+            os.close(fd)  # releases the lock
+        return
+    raise _Refused(f"all {ROOT_UID_SLOTS} sandbox uids are in use")
