@@ -283,3 +283,15 @@ def test_observation_tokens_reach_no_loss_ratio_or_weight(make_model, char_token
         w_dirty, _ = correction_weights(out.logprobs + obs * 9.0, out.logprobs - obs * 9.0, mask, mode="tis",
                                         level=level, cap=2.0)
         assert_close(w_clean * mask, w_dirty * mask)
+
+
+@pytest.mark.parametrize("response, expected", [
+    ("```python\n1+2\n```\n```output\n3\n```\n\\boxed{3}", 1.0),  # a real call: block, then its observation
+    ("\\boxed{3}", 0.0),  # no call
+    ("```output\n3\n```\n\\boxed{3}", 0.0),  # an output block the model wrote itself is no call
+    ("```python\n1+2\n```\n\\boxed{3}", 0.0),  # a block with no observation after it was never run
+])
+def test_tool_call_bonus_counts_calls_that_were_answered(response, expected):
+    from mathrl.reward.functions import tool_call_reward
+
+    assert tool_call_reward(["p"], [response], [{}], [[]]) == [expected]

@@ -17,7 +17,7 @@ LAYERS = [
     {"registry"},
     {"config_schema"},
     {"config", "run_dir"},
-    {"tasks", "reward", "rollout", "algo", "model", "track"},
+    {"tasks", "reward", "rollout", "algo", "model", "track", "tools"},
     {"train", "evaluation"},
     {"analysis"},
     {"cli"},

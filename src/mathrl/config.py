@@ -383,7 +383,7 @@ class RewardFunctionConfig:
     the components, before length shaping."""
 
     name: str = "math"  # the component's name in the metrics (reward/<name>/mean): letters, digits, _ and -
-    fn: str | None = None  # "package.module:function", "path/to/file.py:function", or a built-in: math, format, choice
+    fn: str | None = None  # "package.module:function", "path/to/file.py:function", or a built-in: math, format, choice, tool_call
     url: str | None = None  # instead of fn: http://host:port/path of a reward server (the JSON schema in docs/rewards.md)
     weight: float = 1.0  # the component's weight in the sum
     kwargs: dict[str, Any] = field(default_factory=dict)  # keyword arguments passed to the function (or sent to the server)

@@ -34,7 +34,7 @@ from mathrl.reward.remote import RemoteReward, check_reachable
 from mathrl.reward.verify import DEFAULT_BOX_POLICY, FunctionCall, RewardResult, Verifier, verify_one
 
 __all__ = ["Component", "Rewarder", "Scores", "build_rewarder", "choice_reward", "component_metrics", "failure_counts",
-           "format_reward", "function_ref", "math_reward", "math_scores", "problem_fields", "score_rows"]
+           "format_reward", "function_ref", "math_reward", "tool_call_reward", "math_scores", "problem_fields", "score_rows"]
 
 DEFAULT_URL_TIMEOUT_S = 30.0  # seconds per request attempt of a `url` entry without timeout_s
 DEFAULT_URL_BATCH_SIZE = 64  # samples per request of a `url` entry without batch_size
@@ -96,9 +96,23 @@ def choice_reward(prompts: list[str], responses: list[str], fields: list[dict], 
     return scores
 
 
+def tool_call_reward(prompts: list[str], responses: list[str], fields: list[dict], tokens: list[list[int]], *,
+                     call_open: str = "```python\n", call_close: str = "```\n", observation_open: str = "```output\n",
+                     min_calls: int = 1) -> list[float]:
+    """1.0 where the episode called a tool at least `min_calls` times, else 0.0: a call bonus, as a
+    component with a small weight (0.1 in verl's tool-agent example, where a model that had learnt to
+    skip its tool went from 0.608 to 0.717 validation accuracy with it). A call is a call block followed
+    at once by an observation; the tags are the tool format's (rollout.tool_tags; the defaults are
+    python_blocks'). A model cannot write that itself: generation stops at the closing tag of a call
+    and the observation that follows is the tool's."""
+    pattern = re.compile(re.escape(call_open) + ".*?" + re.escape(call_close + observation_open), re.DOTALL)
+    return [1.0 if len(pattern.findall(r)) >= min_calls else 0.0 for r in responses]
+
+
 REWARD_FUNCTIONS.register("math", math_reward)
 REWARD_FUNCTIONS.register("format", format_reward)
 REWARD_FUNCTIONS.register("choice", choice_reward)
+REWARD_FUNCTIONS.register("tool_call", tool_call_reward)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -156,6 +156,18 @@ def rank_rows(num_groups: int, n: int, ranks: Ranks) -> list[int] | None:
     return list(range(lo * n, hi * n))
 
 
+def kept_groups(ds, total: torch.Tensor, group_ids: torch.Tensor, correct: torch.Tensor, counts: dict[str, int]) -> list[int]:
+    """The groups dynamic sampling keeps (data.dynamic_sampling `ds`; all with mode none), adding its drops
+    to `counts`. It filters on the components' total, before length shaping, so that shaping cannot make
+    an all-correct group look informative."""
+    if ds.mode == "none":
+        return list(range(int(group_ids.max()) + 1 if len(group_ids) else 0))
+    gf = group_filter(total, group_ids, mode=ds.mode, band=(ds.band_low, ds.band_high), correct=correct)
+    for k in ("dropped_all_correct", "dropped_all_wrong", "dropped_out_of_band"):
+        counts[k] += getattr(gf, k)
+    return gf.group_order[gf.keep].tolist()
+
+
 def collect_rollouts(cfg: Config, step: int, *, train_stream: ProblemStream, engine, tokenizer, verifier,
                      ranks: Ranks = SINGLE) -> Collected:
     """Generate, score and (with dynamic sampling) filter groups until the batch is full or
@@ -168,10 +180,10 @@ def collect_rollouts(cfg: Config, step: int, *, train_stream: ProblemStream, eng
     n, want, ds = cfg.rollout.n, cfg.rollout.prompts_per_step, cfg.data.dynamic_sampling
     parts, kept, counts = [], 0, {"kept_groups": 0, "dropped_all_correct": 0, "dropped_all_wrong": 0, "dropped_out_of_band": 0}
     t_gen = t_rew = 0.0
-    rounds, generated_tokens = 0, 0
+    rounds = generated_tokens = 0
     shaping_metrics: dict[str, list[float]] = {}
     failed: dict[str, float] = {}  # reward/<name>/errors and /timeouts, summed over the rounds
-    episodes = []  # (rollout, void flags) of every round: the tool metrics count every episode sampled
+    episodes = []  # (rollout, void flags) of every round with tools: tool/* count every episode sampled
     while kept < want and rounds < (ds.max_rounds if ds.mode != "none" else 1):
         rounds += 1
         problems, prompt_ids, prompts_text = train_stream.next_batch(want)
@@ -184,8 +196,7 @@ def collect_rollouts(cfg: Config, step: int, *, train_stream: ProblemStream, eng
         t_gen, t_rew = t_gen + gen_s, t_rew + rew_s
         generated_tokens += int(rollout.response_lengths.sum())  # kept or not: the compute spent
         void = void_turns(rollout, tokenizer, has_answer=has_final_answer)
-        if rollout.observation_mask is not None:
-            episodes.append((rollout, void))
+        episodes += [(rollout, void)] if rollout.observation_mask is not None else []
         results = scores.results
         for k, v in failure_counts(scores).items():  # every scored sample, kept or not
             failed[k] = failed.get(k, 0.0) + v
@@ -196,14 +207,7 @@ def collect_rollouts(cfg: Config, step: int, *, train_stream: ProblemStream, eng
         rewards, shaped = shape_rewards(cfg, step, rollout, correct, group_ids, total=total)
         for k, v in shaped.items():
             shaping_metrics.setdefault(k, []).append(v)
-        if ds.mode == "none":
-            keep = list(range(len(problems)))
-        else:  # filter on the components' total, before length shaping, so that shaping cannot make an all-correct group look informative
-            gf = group_filter(total, group_ids, mode=ds.mode, band=(ds.band_low, ds.band_high), correct=correct)
-            for k in ("dropped_all_correct", "dropped_all_wrong", "dropped_out_of_band"):
-                counts[k] += getattr(gf, k)
-            keep = gf.group_order[gf.keep].tolist()
-        keep = keep[: want - kept]
+        keep = kept_groups(ds, total, group_ids, correct, counts)[: want - kept]
         kept += len(keep)
         rows = [g * n + j for g in keep for j in range(n)]
         parts.append(([problems[g] for g in keep], [prompts_text[g] for g in keep], select_rollout_rows(rollout, rows),
@@ -214,9 +218,8 @@ def collect_rollouts(cfg: Config, step: int, *, train_stream: ProblemStream, eng
     metrics["filter/gen_rounds"] = float(rounds)
     metrics["rollout/generated_tokens"] = float(generated_tokens)
     metrics.update({k: sum(v) / len(v) for k, v in shaping_metrics.items()})
-    if episodes:
-        metrics.update(episode_metrics(concat_rollouts([e[0] for e in episodes], tokenizer.pad_token_id),
-                                       [v for e in episodes for v in e[1]]))
+    metrics.update(episode_metrics(concat_rollouts([e[0] for e in episodes], tokenizer.pad_token_id),
+                                   [v for e in episodes for v in e[1]]) if episodes else {})
     kept_scores = Scores.concat([p[7] for p in parts])
     if getattr(verifier, "logs_components", False):  # not the default math checker alone
         metrics.update(failed)
