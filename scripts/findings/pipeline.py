@@ -104,12 +104,12 @@ def _tool_runs() -> tuple[RunStep, ...]:
     """Finding 14's guided start: a few hundred tool traces, SFT on them per seed (the SFT model's own
     held-out pass@1 is arm d), then RL with the tool from the SFT model (arm c)."""
     traces = "{out}/tool_traces.jsonl"
-    steps = [RunStep("tool_traces", ("{python}", "-m", "mathrl.train.sft", traces, "--rows", "400", "--min-digits", "5",
+    steps = [RunStep("tool_traces", ("{python}", "-m", "mathrl.train.sft", traces, "--rows", "500", "--min-digits", "5",
                                      "--max-digits", "6", "--tool-share", "1.0"), traces)]
     for s in range(TOOL_SEEDS):
         sft, rl = f"tools_sft_seed{s}", f"tools_sft_rl_seed{s}"
-        steps.append(RunStep(sft, ("{python}", "-m", "mathrl.cli", "sft", TOOL_RECIPE, f"data.train={traces}", "sft.steps=100",
-                                   "eval.every=50", "data.eval_size=100", f"seed={s}", "--run-dir", f"{{out}}/{sft}"),
+        steps.append(RunStep(sft, ("{python}", "-m", "mathrl.cli", "sft", TOOL_RECIPE, f"data.train={traces}", "sft.steps=300",
+                                   "eval.every=100", "data.eval_size=100", f"seed={s}", "--run-dir", f"{{out}}/{sft}"),
                              f"{{out}}/{sft}/summary.json", ("tool_traces",)))
         steps.append(RunStep(rl, ("{python}", "-m", "mathrl.cli", "train", TOOL_RECIPE, f"model.path={{out}}/{sft}/final",
                                   "eval.every=10", "data.eval_size=100", f"seed={s}", "--run-dir", f"{{out}}/{rl}"),
@@ -152,10 +152,11 @@ FINDINGS: tuple[Finding, ...] = (
     Finding("clip_binds", "clip_binds", analyses=(curves("clip_binds"),)),
     Finding("tools", "tools", runs=_tool_runs(), analyses=(
         Analysis("curves_tools", (*FINDINGS_CMD, "curves", *seeds("no_tools", TOOL_SEEDS), *seeds("tools_from_base", TOOL_SEEDS),
-                                  *seeds("tools_void_filter", TOOL_SEEDS), *seeds("tools_sft_rl", TOOL_SEEDS, zero_suffix=True),
+                                  *seeds("tools_sft_rl", TOOL_SEEDS, zero_suffix=True),
                                   "--group", *["(a) RL without tools"] * TOOL_SEEDS, *["(b) RL with the tool, from base"] * TOOL_SEEDS,
-                                  *["(b') as b, void-turn filter"] * TOOL_SEEDS, *["(c) SFT on tool traces, then RL"] * TOOL_SEEDS,
-                                  "--metrics", "eval/arith_heldout/pass@1", "tool/call_rate", "tool/void_turn_rate", "actor/grad_norm",
+                                  *["(c) SFT on tool traces, then RL"] * TOOL_SEEDS,
+                                  "--metrics", "eval/arith_heldout/pass@1", "eval/arith_heldout/tool/call_rate", "tool/call_rate",
+                                  "tool/void_turn_rate", "actor/grad_norm",
                                   "--fig", "{fig}/tools.png"), "{fig}/tools.png", needs=("tools",)),
     )),
     Finding("entropy_long", "entropy_long", analyses=(

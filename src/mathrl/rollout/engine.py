@@ -219,7 +219,7 @@ class TorchEngine:
         prompt_ids, prompt_mask = left_pad(prompts, self.pad_token_id)
         prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
         n = prompt_ids.shape[0]
-        episodes = self.tools.start(n) if self.tools is not None else None
+        episodes = self.tools.start(n, prompts) if self.tools is not None else None
 
         attention_mask = prompt_mask
         position_ids = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # [N, P]; left padding does not shift positions

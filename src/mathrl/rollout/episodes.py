@@ -139,8 +139,15 @@ class ToolUse:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def start(self, rows: int) -> Episodes:
-        return Episodes(self, rows)
+    def start(self, rows: int, prompts: list[list[int]] | None = None) -> Episodes:
+        """The episodes of one call's `rows`. With `prompts`, a prompt that ends inside an open call
+        (e.g. "...```python\n", to make every row use the tool) counts: each row's first turn starts
+        with its prompt's last tokens, as many as the call's opening tag holds."""
+        episodes = Episodes(self, rows)
+        if prompts is not None:
+            width = len(self.encode(self.fmt.call_open))
+            episodes.turn = [list(p[len(p) - width :]) if width else [] for p in prompts]
+        return episodes
 
 
 @dataclass

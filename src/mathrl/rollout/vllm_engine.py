@@ -238,7 +238,7 @@ class VLLMEngine:
         from vllm import SamplingParams, TokensPrompt
 
         n, eos = len(prompts), self.eos_token_id
-        episodes = self.tools.start(n)
+        episodes = self.tools.start(n, prompts)
         ids = [[] for _ in range(n)]  # each row's response span: model and observation tokens
         logprobs = [[] for _ in range(n)]  # 0.0 at observation tokens
         observed = [[] for _ in range(n)]  # 1.0 at observation tokens
