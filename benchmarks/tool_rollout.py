@@ -74,9 +74,11 @@ def rollout_rates(cfg, model, tokenizer, *, batch: int, repeats: int, tool_fns: 
         engine.close()
         k = times.index(statistics.median(times))
         out[name] = {"seconds": times[k], "model_tokens": tokens[k], "model_tokens_per_s": tokens[k] / times[k],
-                     "calls": calls[k], "observation_tokens": observed[k]}
+                     "calls": calls[k], "observation_tokens": observed[k],
+                     "all_tokens_per_s": (tokens[k] + observed[k]) / times[k]}  # observations cost a forward too
     for name in tool_fns:
         out[name]["ratio_to_no_tool"] = out[name]["model_tokens_per_s"] / out["none"]["model_tokens_per_s"]
+        out[name]["all_tokens_ratio_to_no_tool"] = out[name]["all_tokens_per_s"] / out["none"]["all_tokens_per_s"]
     return out
 
 
@@ -122,7 +124,8 @@ def main() -> None:
     }
     print(f"rollout of {a.batch} rows, max {cfg.rollout.max_new_tokens} tokens, {a.threads} threads (median of {a.repeats}):")
     for name, r in result["rollout"].items():
-        ratio = f"  {r['ratio_to_no_tool']:.2f}x the no-tool rate" if "ratio_to_no_tool" in r else ""
+        ratio = (f"  {r['ratio_to_no_tool']:.2f}x the no-tool rate ({r['all_tokens_ratio_to_no_tool']:.2f}x counting "
+                 "observation tokens)") if "ratio_to_no_tool" in r else ""
         print(f"  tool={name:10s} {r['model_tokens_per_s']:8.0f} model tokens/s  ({r['model_tokens']} tokens, "
               f"{r['calls']} calls, {r['observation_tokens']} observation tokens, {r['seconds']:.2f} s){ratio}")
     print(f"tool latency per call ({a.calls} calls, {cfg.rollout.tool_workers} workers):")

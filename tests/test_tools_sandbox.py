@@ -3,7 +3,7 @@ this machine (bwrap, unshare, rlimit; the others skip with the reason).
 
 Each hostile case runs with the mode's default audit hook, and again with the hook off where this
 setting has a boundary that does not depend on the hook (the hook is defence in depth: native code can
-bypass it), so that what docs/tools_sandbox.md claims for each mode is what these tests saw.
+bypass it), so that what docs/tools.md claims for each mode is what these tests saw.
 
 Run: python -m pytest tests/test_tools_sandbox.py -q
 """
@@ -323,3 +323,14 @@ def test_contract_function_and_registry():
     # why: the registry entry is callable by the tool contract fn(args, **kwargs) -> str
     assert BUILTIN_TOOLS["python"]("6 * 7") == "42"
     assert BUILTIN_TOOLS["python"].parameter == "code"
+
+
+def test_site_packages_makes_the_interpreters_packages_importable():
+    # Qwen2.5-Math's tool code imports sympy; without site_packages the sandbox has the standard library only
+    pytest.importorskip("sympy")
+    from mathrl.tools import run_python, sandbox_mode
+
+    mode = sandbox_mode()
+    assert run_python("import sympy", sandbox=mode).status == "error"
+    got = run_python("import sympy\nsympy.factorint(360)", sandbox=mode, site_packages=True, memory_mb=1024, timeout_s=30)
+    assert (got.status, got.text) == ("ok", "{2: 3, 3: 2, 5: 1}")

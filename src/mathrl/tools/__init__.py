@@ -18,7 +18,7 @@ A tool function's contract (built-ins and the user's alike)::
 
 Modules: `calculator` (exact arithmetic, no eval), `sandbox` (model-written python in a subprocess
 under bubblewrap, unshare or resource limits alone; `sandbox_mode()` says which), `pool` (`ToolPool`,
-`check_tool_specs`). docs/tools_sandbox.md says what each sandbox mode guarantees.
+`check_tool_specs`). docs/tools.md says what each sandbox mode guarantees.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ subprocess starts as it. ``rlimit`` then also kills every process of that uid af
 interpreter must be readable by that uid in ``unshare`` and ``rlimit`` (a python under /root is
 not: use ``bwrap``, or ``python=/usr/bin/python3``); `sandbox_problem` says so.
 
-docs/tools_sandbox.md lists what each mode was tested to stop, and the start-up cost of each.
+docs/tools.md lists what each mode was tested to stop, and the start-up cost of each.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ LIMIT_DEFAULTS = {
 }
 """The sandbox's limits (kwargs of the `python` tool) and their defaults."""
 
-OTHER_KWARGS = ("sandbox", "python", "audit_hook")
+OTHER_KWARGS = ("sandbox", "python", "audit_hook", "site_packages")
 """The `python` tool's other kwargs: the mode, the interpreter (default `sys.executable`), and the
 audit hook (None: on where there is no mount namespace)."""
 
@@ -219,6 +219,7 @@ class _Call:
     python: str  # the interpreter, symlinks resolved
     limits: dict
     audit_hook: bool
+    site_packages: bool = False  # the interpreter's site-packages importable (sympy, numpy): no -S
 
 
 def run_python(args: str | dict, *, timeout_s: float = 5.0, stop: threading.Event | None = None,
@@ -278,6 +279,9 @@ def check_python_kwargs(kwargs: dict) -> list[str]:
         elif key == "audit_hook":
             if value not in (None, True, False):
                 problems.append(f"audit_hook must be true, false or null, got {value!r}")
+        elif key == "site_packages":
+            if not isinstance(value, bool):
+                problems.append(f"site_packages must be true or false, got {value!r}")
         else:
             problems.append(f"the python tool has no option {key!r}; options: "
                             f"{', '.join([*OTHER_KWARGS, *LIMIT_DEFAULTS])}")
@@ -298,7 +302,8 @@ def _resolve(kwargs: dict) -> _Call:
             raise _Refused(f"sandbox {mode!r} does not work here: {problem}")
     hook = kwargs.get("audit_hook")
     limits = {k: kwargs.get(k, v) for k, v in LIMIT_DEFAULTS.items()}
-    return _Call(mode, interpreter, limits, mode != "bwrap" if hook is None else bool(hook))
+    return _Call(mode, interpreter, limits, mode != "bwrap" if hook is None else bool(hook),
+                 site_packages=bool(kwargs.get("site_packages", False)))
 
 
 def _one_line(text: str, limit: int = 300) -> str:
@@ -437,7 +442,7 @@ def _command(call: _Call, *, work_dir: Path, uid: int | None) -> tuple[list[str]
     limits = ",".join(f"{name}={soft}:{hard}" for name, (soft, hard) in _limits(call.limits).items())
     audit = "\n".join([home, *_readable_roots(call.python)]) if call.audit_hook else ""
     code = "/code.py" if bwrap else str(work_dir / "code.py")
-    runner = [call.python, "-I", "-S", "-B", "-c", _RUNNER, str(uid) if bwrap and uid is not None else "", code,
+    runner = [call.python, "-I", *([] if call.site_packages else ["-S"]), "-B", "-c", _RUNNER, str(uid) if bwrap and uid is not None else "", code,
               limits, audit]
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": home}
     options: dict = {"env": env, "cwd": str(work_dir if bwrap else home)}
