@@ -295,3 +295,23 @@ def test_tool_call_bonus_counts_calls_that_were_answered(response, expected):
     from mathrl.reward.functions import tool_call_reward
 
     assert tool_call_reward(["p"], [response], [{}], [[]]) == [expected]
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (["rollout.tools=[{name: python, fn: nosuch}]"], "fn='nosuch' is not a built-in tool"),
+    (["rollout.tools=[{name: python, fn: calculator}, {name: python, fn: python}]"], "the name 'python' is used twice"),
+    (["rollout.tools=[{name: python, fn: python, kwargs: {sandbox: docker}}]"], "sandbox must be one of"),
+    (["rollout.tools=[{name: python, fn: calculator, timeout_s: 0}]"], "timeout_s=0.0 must be > 0"),
+    (["rollout.tools=[{name: python, fn: calculator}]", "rollout.max_turns=1"], "rollout.max_turns=1 leaves no turn"),
+    (["rollout.tools=[{name: python, fn: calculator}]", "rollout.max_tool_calls=0"], "rollout.max_tool_calls=0 runs no call"),
+    (["rollout.tools=[{name: calc, fn: calculator}]"], "name one rollout.tools entry python"),
+    (["rollout.tools=[{name: python, fn: calculator}]", "rollout.tool_format=xml"], "rollout.tool_format"),
+    (["rollout.tools=[{name: python, fn: calculator}]", "rollout.observation_max_tokens=48"], "must be below rollout.max_new_tokens"),
+])
+def test_tool_config_errors_are_one_line_and_name_the_field(overrides, words):
+    from mathrl.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as e:
+        load_config(None, overrides).validate(check_paths=False)
+    assert words in str(e.value)
+    assert all(line.startswith(("rollout.", "  ")) or "rollout." in line for line in str(e.value).splitlines())

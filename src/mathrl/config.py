@@ -610,6 +610,8 @@ class Config:
                     load_callable(t.fn)
                 except ValueError as e:
                     errors.append(f"{where}: fn={t.fn!r}: {e}")
+            else:  # a built-in checks its own options (the python tool: sandbox mode, limits)
+                errors += [f"{where}: {problem}" for problem in TOOLS.get(t.fn).check_kwargs(t.kwargs)]
         if not r.tools:
             return errors
         if r.max_turns < 2:
