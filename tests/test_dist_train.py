@@ -344,3 +344,22 @@ def test_vllm_rollouts_under_two_ranks_match_one_process(env, tmp_path: Path) ->
     evals = [[json.loads(line)["pass_at_1"] for line in (run / "evals.jsonl").read_text().splitlines()] for run in (one, two)]
     assert evals[0] == evals[1]
     assert (two / "final" / "model.safetensors").is_file() and (two / "summary.json").is_file()
+
+
+TOOLS = ["base.tool_share=0.5", "rollout.tools=[{name: python, fn: calculator}]", "rollout.max_new_tokens=40",
+         "rollout.observation_max_tokens=12", "train.steps=2", "eval.every=2"]
+
+
+def test_two_ranks_with_tools_match_one_process(env, tmp_path: Path) -> None:
+    # Episodes are sampled per rank (each rank's groups, its own tool pool) and gathered: the step's
+    # batch, tool metrics included, is one process's. tool/seconds is a wall time, not compared.
+    one, two = tmp_path / "tools_one", tmp_path / "tools_two"
+    mathrl_train(env, one, *TOOLS)
+    mathrl_train(env, two, *TOOLS, nproc=2)
+    a, b = metrics(one), metrics(two)
+    assert any(a[s].get("tool/calls_mean", 0) > 0 for s in (1, 2)), "the tool base model should call its tool"
+    for s in (1, 2):
+        for x in (a, b):
+            x[s] = {k: v for k, v in x[s].items() if not k.endswith("tool/seconds")}
+    assert_same_steps(a, b, steps=[1, 2])
+    assert {k for k in b[1] if k.startswith("tool/")} >= {"tool/call_rate", "tool/void_turn_rate"}
