@@ -324,3 +324,22 @@ def test_a_run_keeps_the_weights_of_every_evaluated_step_for_its_eval_curve(tmp_
     assert found[0].path == str(start) and found[0].label == "run/start"
     evaluated = {json.loads(line)["step"] for line in (tmp_path / "run" / "evals.jsonl").read_text().splitlines()}
     assert evaluated == {0, 2, 4, 6} and evaluated <= {c.step for c in found}
+
+
+def test_tool_columns_appear_only_when_a_row_has_tool_metrics():
+    # mathrl eval of a run with rollout.tools reports its tool calls per set; other runs keep their table
+    from mathrl.evaluation.sweep import _columns
+
+    def row(**extra):
+        m = {k: {"mean": 0.5} for k in ("pass@2", "maj@2", "no_answer_rate", "repetitive_rate", "garbled_rate",
+                                         "response_length", *extra)}
+        m["pass@1"] = {"mean": 0.5, "std": 0.0, "ci95": 0.0, "ci95_low": 0.4, "ci95_high": 0.6}
+        return {"checkpoint": "c", "step": 1, "dataset": "d", "metrics": m}
+
+    settings = {"n": 2, "ks": [1, 2], "seeds": [0]}
+    headers, cells = _columns({"settings": settings, "results": [row()]})
+    assert "call rate" not in headers and len(cells(row())) == len(headers)
+    with_tools = row(**{"tool/calls_mean": 1, "tool/call_rate": 1})
+    headers, cells = _columns({"settings": settings, "results": [with_tools, row()]})
+    assert headers[-2:] == ["tool calls", "call rate"]
+    assert cells(with_tools)[-2:] == ["0.50", "0.50"] and cells(row())[-2:] == ["", ""]

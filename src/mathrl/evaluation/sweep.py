@@ -350,6 +350,7 @@ def _seed_record(seed: int, result, texts: list[str], repetitive: list[bool], ga
     record["repetitive_rate"] = sum(repetitive) / len(texts)
     record["garbled_rate"] = sum(garbled) / len(texts)
     record.update({f"reward/{k}": v for k, v in (result.rewards or {}).items()})  # reward.functions' components
+    record.update(result.tools or {})  # with rollout.tools: tool/call_rate, tool/calls_mean, ... (docs/metrics.md)
     record["samples"] = [{**s, "response": _clip(s["response"])} for s in result.samples[:_EXAMPLES]]
     return record
 
@@ -588,15 +589,17 @@ def _columns(report: dict) -> tuple[list[str], list]:
     n = report["settings"]["n"]
     ks = [k for k in report["settings"]["ks"] if k > 1]
     seeds = len(report["settings"]["seeds"])
+    tools = any("tool/call_rate" in r["metrics"] for r in report["results"])
     headers = ["checkpoint", "step", "dataset", PASS1_HEADER, *(f"pass@{k}" for k in ks), f"maj@{n}",
-               "no-answer", "repetitive", "garbled", "length"]
+               "no-answer", "repetitive", "garbled", "length", *(["tool calls", "call rate"] if tools else [])]
 
     def cells(r: dict) -> list[str]:
         m = r["metrics"]
+        calls = [f"{m[k]['mean']:.2f}" if k in m else "" for k in ("tool/calls_mean", "tool/call_rate")] if tools else []
         return [r["checkpoint"], "" if r["step"] is None else str(r["step"]), r["dataset"], _pass1_cell(m["pass@1"], seeds),
                 *(f"{m[f'pass@{k}']['mean']:.3f}" for k in ks), f"{m[f'maj@{n}']['mean']:.3f}",
                 f"{m['no_answer_rate']['mean']:.3f}", f"{m['repetitive_rate']['mean']:.3f}",
-                f"{m['garbled_rate']['mean']:.3f}", f"{m['response_length']['mean']:.1f}"]
+                f"{m['garbled_rate']['mean']:.3f}", f"{m['response_length']['mean']:.1f}", *calls]
 
     return headers, cells
 
