@@ -315,3 +315,23 @@ def test_tool_config_errors_are_one_line_and_name_the_field(overrides, words):
         load_config(None, overrides).validate(check_paths=False)
     assert words in str(e.value)
     assert all(line.startswith(("rollout.", "  ")) or "rollout." in line for line in str(e.value).splitlines())
+
+
+def test_chat_tool_call_prompts_list_the_tools_schemas(char_tokenizer):
+    # with tool_format chat_tool_call the chat template receives the tools' schemas
+    # (apply_chat_template(tools=...)), as TRL's and verl's tool users expect
+    import copy
+
+    from mathrl.config import load_config
+    from mathrl.tasks.base import Problem
+    from mathrl.tasks.sources import prompt_encoder
+
+    tok = copy.deepcopy(char_tokenizer)
+    tok.chat_template = ("{% if tools %}T:{% for t in tools %}{{ t.function.name }}({{ t.function.parameters.required[0] }})"
+                         "{% endfor %};{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}=")
+    cfg = load_config(None, ["data.template=chat", "rollout.tools=[{name: calc, fn: calculator}]",
+                             "rollout.tool_format=chat_tool_call"])
+    _, _, texts = prompt_encoder(cfg, tok, max_new_tokens=8).encode([Problem(id="1", question="1+2", answer="3")])
+    assert texts == ["T:calc(expression);1+2="]
+    plain = load_config(None, ["data.template=chat"])
+    assert prompt_encoder(plain, tok, max_new_tokens=8).encode([Problem(id="1", question="1+2", answer="3")])[2] == ["1+2="]

@@ -206,7 +206,7 @@ class RolloutConfig:
     tool_tags: ToolTagsConfig = field(default_factory=ToolTagsConfig)  # override the format's call and observation tags
     max_turns: int = 4  # model turns per episode (a turn ends at a tool call or at the end of the response)
     max_tool_calls: int = 3  # tool calls run per episode; a call past it gets an observation saying so, and is not run
-    observation_max_tokens: int = 64  # longer observations are cut in the middle, with a note saying how much was cut
+    observation_max_tokens: int = 32  # longer observations are cut in the middle, with a note saying how much was cut
     tool_workers: int = 4  # tool calls run in parallel
 
 

@@ -131,7 +131,7 @@ class ToolUse:
     tokenizer: object
     max_turns: int = 4
     max_tool_calls: int = 3
-    observation_max_tokens: int = 64
+    observation_max_tokens: int = 32
 
     def __post_init__(self) -> None:
         self._close_width = len(self.tokenizer(self.fmt.call_close, add_special_tokens=False)["input_ids"]) + 2

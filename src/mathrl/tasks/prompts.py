@@ -67,13 +67,14 @@ def render_prompt(question: str, *, template: str) -> str:
     return text.replace(PLACEHOLDER, question)
 
 
-def render_chat(question: str, tokenizer: Any, *, system: str | None = None) -> str:
+def render_chat(question: str, tokenizer: Any, *, system: str | None = None, tools: list[dict] | None = None) -> str:
     """The question as a user turn in the tokenizer's own chat format, ending where the assistant's
     reply starts (add_generation_prompt=True). For instruct models; pass e.g.
     system=BOXED_INSTRUCTION to ask for a boxed answer.
 
     `tokenizer` is a Hugging Face tokenizer (anything with `chat_template` and
-    `apply_chat_template`).
+    `apply_chat_template`). `tools`: function schemas the template lists for the model (rollout.tools
+    with tool_format chat_tool_call; `mathrl.tools.tool_schemas`).
     """
     if not getattr(tokenizer, "chat_template", None):
         name = getattr(tokenizer, "name_or_path", type(tokenizer).__name__)
@@ -85,7 +86,8 @@ def render_chat(question: str, tokenizer: Any, *, system: str | None = None) -> 
     if system is not None:
         messages.append({"role": "system", "content": system})
     messages.append({"role": "user", "content": question})
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    extra = {"tools": tools} if tools else {}
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)
 
 
 def model_context_length(tokenizer: Any) -> int | None:
@@ -115,8 +117,10 @@ class PromptEncoder:
     """
 
     def __init__(self, tokenizer: Any, *, template: str, max_prompt_tokens: int, max_new_tokens: int,
-                 context_length: int | None = None, warn: Callable[[str], None] = _warn, suffix: str = ""):
+                 context_length: int | None = None, warn: Callable[[str], None] = _warn, suffix: str = "",
+                 tools: list[dict] | None = None):
         self.template, self.tokenizer, self.warn, self.suffix = template, tokenizer, warn, suffix
+        self.tools = tools  # function schemas for the chat template (tool_format chat_tool_call)
         self.max_tokens = max_prompt_tokens
         self.limit = f"data.max_prompt_tokens={max_prompt_tokens}"
         context = context_length if context_length is not None else model_context_length(tokenizer)
@@ -136,7 +140,7 @@ class PromptEncoder:
         if self.suffix:  # data.question_suffix, e.g. DeepScaleR's instruction after every problem
             question = f"{question} {self.suffix}"
         if self.template == "chat":
-            return render_chat(question, self.tokenizer)
+            return render_chat(question, self.tokenizer, tools=self.tools)
         return render_prompt(question, template=self.template)
 
     def lost_chars(self, text: str) -> list[str]:

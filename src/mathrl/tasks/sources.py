@@ -74,9 +74,15 @@ def field_map(cfg: Config, path: str) -> FieldMap:
 def prompt_encoder(cfg: Config, tokenizer, *, max_new_tokens: int) -> PromptEncoder:
     """The config's prompt template and limits (data.max_prompt_tokens, and the model's context minus
     `max_new_tokens`: model.max_position_embeddings, else read from the tokenizer's model directory)."""
+    tools = None
+    if cfg.rollout.tools and cfg.rollout.tool_format == "chat_tool_call":  # the template lists the tools' schemas
+        from mathrl.tools import ToolSpec, tool_schemas
+
+        tools = tool_schemas([ToolSpec(name=t.name, fn=t.fn, kwargs=dict(t.kwargs), timeout_s=t.timeout_s,
+                                       description=t.description) for t in cfg.rollout.tools])
     return PromptEncoder(tokenizer, template=cfg.data.template, max_prompt_tokens=cfg.data.max_prompt_tokens,
                          max_new_tokens=max_new_tokens, context_length=cfg.model.max_position_embeddings,
-                         suffix=cfg.data.question_suffix)
+                         suffix=cfg.data.question_suffix, tools=tools)
 
 
 class ProblemStream:

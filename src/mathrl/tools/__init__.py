@@ -100,10 +100,10 @@ BUILTIN_TOOLS: dict[str, Builtin] = {
 }
 """The built-in tools by the name a `ToolSpec.fn` gives them."""
 
-from mathrl.tools.pool import ToolPool, check_tool_specs  # noqa: E402
+from mathrl.tools.pool import ToolPool, check_tool_specs, tool_schemas  # noqa: E402
 
 __all__ = ["BUILTIN_TOOLS", "SANDBOX_MODES", "Builtin", "Status", "ToolPool", "ToolResult", "ToolSpec", "calculate",
-           "check_tool_specs", "python", "run_python", "sandbox_mode", "sandbox_problem", "sandbox_works"]
+           "check_tool_specs", "tool_schemas", "python", "run_python", "sandbox_mode", "sandbox_problem", "sandbox_works"]
 
 from mathrl.registry import TOOLS as _TOOLS  # noqa: E402
 

@@ -178,6 +178,31 @@ class _Worker:
 # ---------------------------------------------------------------------------------------------------
 
 
+def tool_schemas(specs: list[ToolSpec]) -> list[dict]:
+    """The tools as OpenAI / Hugging Face function schemas, for ``apply_chat_template(tools=...)``.
+
+    A built-in declares its one string parameter (``code``, ``expression``). A user function
+    declares its JSON-schema ``parameters`` as an attribute of the function if it has one, else one
+    string parameter ``input`` (the call's arguments reach the function as that dict); its
+    description is the spec's, else the first paragraph of its docstring.
+    """
+    out = []
+    for spec in specs:
+        name = spec.name
+        if spec.fn in BUILTIN_TOOLS:
+            builtin = BUILTIN_TOOLS[spec.fn]
+            parameters = {"type": "object", "required": [builtin.parameter], "properties": {
+                builtin.parameter: {"type": "string", "description": builtin.parameter_description}}}
+            description = spec.description or builtin.description
+        else:
+            fn = load_callable(spec.fn)
+            declared = getattr(fn, "parameters", None)
+            parameters = declared if isinstance(declared, dict) else _DEFAULT_PARAMETERS
+            description = spec.description or (inspect.getdoc(fn) or "").split("\n\n")[0].replace("\n", " ")
+        out.append({"type": "function", "function": {"name": name, "description": description, "parameters": parameters}})
+    return out
+
+
 class ToolPool:
     """Runs tool calls in parallel with a timeout per call.
 
@@ -230,28 +255,8 @@ class ToolPool:
         return list(self._specs)
 
     def schemas(self) -> list[dict]:
-        """The tools as OpenAI / Hugging Face function schemas, for ``apply_chat_template(tools=...)``.
-
-        A built-in declares its one string parameter (``code``, ``expression``). A user function
-        declares its JSON-schema ``parameters`` as an attribute of the function if it has one, else one
-        string parameter ``input`` (the call's arguments reach the function as that dict); its
-        description is the spec's, else the first paragraph of its docstring.
-        """
-        out = []
-        for name, spec in self._specs.items():
-            if spec.fn in BUILTIN_TOOLS:
-                builtin = BUILTIN_TOOLS[spec.fn]
-                parameters = {"type": "object", "required": [builtin.parameter], "properties": {
-                    builtin.parameter: {"type": "string", "description": builtin.parameter_description}}}
-                description = spec.description or builtin.description
-            else:
-                fn = load_callable(spec.fn)  # imported once already, by the check
-                declared = getattr(fn, "parameters", None)
-                parameters = declared if isinstance(declared, dict) else _DEFAULT_PARAMETERS
-                description = spec.description or (inspect.getdoc(fn) or "").split("\n\n")[0].replace("\n", " ")
-            out.append({"type": "function",
-                        "function": {"name": name, "description": description, "parameters": parameters}})
-        return out
+        """The tools as OpenAI / Hugging Face function schemas (`tool_schemas`)."""
+        return tool_schemas(list(self._specs.values()))
 
     def close(self) -> None:
         """Kill running sandboxes and workers, and answer calls not yet run with an error. Idempotent."""
