@@ -276,6 +276,8 @@ def test_hostile(mode, case, hook, context):
 
 def test_auto_mode_is_one_that_works():
     # why: auto takes the strongest mode that works here, and logs it once
+    if not any(sandbox_works(mode) for mode in MODES):  # e.g. no bubblewrap, as root with an interpreter under /root
+        pytest.skip("no sandbox mode works on this machine: " + "; ".join(f"{m}: {sandbox_problem(m)}" for m in MODES))
     chosen = sandbox_mode()
     assert chosen in MODES and sandbox_works(chosen)
     assert run_python("1 + 1").text == "2"
@@ -330,7 +332,10 @@ def test_site_packages_makes_the_interpreters_packages_importable():
     pytest.importorskip("sympy")
     from mathrl.tools import run_python, sandbox_mode
 
-    mode = sandbox_mode()
+    try:
+        mode = sandbox_mode()
+    except RuntimeError as e:  # no mode works on this machine (the other tests skip their modes alike)
+        pytest.skip(str(e))
     assert run_python("import sympy", sandbox=mode).status == "error"
     got = run_python("import sympy\nsympy.factorint(360)", sandbox=mode, site_packages=True, memory_mb=1024, timeout_s=30)
     assert (got.status, got.text) == ("ok", "{2: 3, 3: 2, 5: 1}")
