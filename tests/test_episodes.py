@@ -299,9 +299,9 @@ def test_tool_call_bonus_counts_calls_that_were_answered(response, expected):
 
 @pytest.mark.parametrize("overrides, words", [
     (["rollout.tools=[{name: python, fn: nosuch}]"], "fn='nosuch' is not a built-in tool"),
-    (["rollout.tools=[{name: python, fn: calculator}, {name: python, fn: python}]"], "the name 'python' is used twice"),
+    (["rollout.tools=[{name: python, fn: calculator}, {name: python, fn: python}]"], "rollout.tools[1].name='python' is also rollout.tools[0]'s"),
     (["rollout.tools=[{name: python, fn: python, kwargs: {sandbox: docker}}]"], "sandbox must be one of"),
-    (["rollout.tools=[{name: python, fn: calculator, timeout_s: 0}]"], "timeout_s=0.0 must be > 0"),
+    (["rollout.tools=[{name: python, fn: calculator, timeout_s: 0}]"], "rollout.tools[0].timeout_s must be a number of seconds > 0, got 0.0"),
     (["rollout.tools=[{name: python, fn: calculator}]", "rollout.max_turns=1"], "rollout.max_turns=1 leaves no turn"),
     (["rollout.tools=[{name: python, fn: calculator}]", "rollout.max_tool_calls=0"], "rollout.max_tool_calls=0 runs no call"),
     (["rollout.tools=[{name: calc, fn: calculator}]"], "name one rollout.tools entry python"),

@@ -133,7 +133,11 @@ SPEC_PROBLEMS = [
     ([ToolSpec("t", "python", kwargs={"sandbox": "docker"})],
      ["rollout.tools[0].kwargs: sandbox must be one of auto, bwrap, unshare, rlimit, got 'docker'"], "an unknown mode"),
     ([ToolSpec("has space", "calculator")],
-     ["rollout.tools[0].name='has space' must be 1 to 64 letters, digits, _ or -"], "chat templates' name rule"),
+     ["rollout.tools[0].name='has space' must be 1 to 64 letters, digits, _ or -, the first a letter or _"],
+     "chat templates' name rule"),
+    ([ToolSpec("1calc", "calculator")],
+     ["rollout.tools[0].name='1calc' must be 1 to 64 letters, digits, _ or -, the first a letter or _"],
+     "a name starts with a letter or _, as the config has always asked"),
     ([{"name": "t", "fn": "python"}], ["rollout.tools[0] must be a ToolSpec (name, fn, kwargs, timeout_s, description), got dict"],
      "a raw mapping is the caller's bug, named"),
 ]

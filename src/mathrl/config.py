@@ -592,26 +592,9 @@ class Config:
     def _tool_errors(self) -> list[str]:
         """rollout.tools and the limits of an episode: unique names, a built-in or importable fn, limits
         that leave room for a call and an answer after it."""
-        r, errors, names = self.rollout, [], set()
-        for i, t in enumerate(r.tools):
-            where = f"rollout.tools[{i}] ({t.name})"
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", t.name):
-                errors.append(f"{where}: name {t.name!r} must start with a letter or _ and hold letters, digits, _ or -")
-            elif t.name in names:
-                errors.append(f"{where}: the name {t.name!r} is used twice; give each tool its own name")
-            names.add(t.name)
-            if not (math.isfinite(t.timeout_s) and t.timeout_s > 0):
-                errors.append(f"{where}: timeout_s={t.timeout_s!r} must be > 0 seconds")
-            if ":" not in t.fn and t.fn not in TOOLS.names():
-                errors.append(f"{where}: fn={t.fn!r} is not a built-in tool ({', '.join(TOOLS.names())}) nor a "
-                              "package.module:function")
-            elif ":" in t.fn:
-                try:
-                    load_callable(t.fn)
-                except ValueError as e:
-                    errors.append(f"{where}: fn={t.fn!r}: {e}")
-            else:  # a built-in checks its own options (the python tool: sandbox mode, limits)
-                errors += [f"{where}: {problem}" for problem in TOOLS.get(t.fn).check_kwargs(t.kwargs)]
+        r = self.rollout
+        errors = tool_entry_problems([(t.name, t.fn, t.kwargs, t.timeout_s) for t in r.tools])
+        names = {t.name for t in r.tools}
         if not r.tools:
             return errors
         if r.max_turns < 2:
@@ -762,6 +745,48 @@ class Config:
         sources = [("data.train", self.data.train), *(("data.eval", s) for s in self.data.eval)]
         builtin = {"data.train": ["arith"], "data.eval": ARITH_SOURCES.names()}
         return [(where, s) for where, s in sources if s not in builtin[where] and not s.startswith("hf:")]
+
+
+TOOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")  # a chat template's function name rule, starting with a letter or _
+
+
+def tool_entry_problems(entries: list[tuple[Any, Any, Any, Any]]) -> list[str]:
+    """One-line problems of tool entries (name, fn, kwargs, timeout_s), each naming its
+    ``rollout.tools[i]`` field: names unique and of the chat templates' form, a timeout > 0, a built-in
+    `fn` (`registry.TOOLS`) with options it takes, or a "package.module:function" that imports and is
+    callable. The config (`Config.validate`) and `tools.ToolPool` both check with it."""
+    problems: list[str] = []
+    first: dict[str, int] = {}
+    for i, (name, fn, kwargs, timeout_s) in enumerate(entries):
+        where = f"rollout.tools[{i}]"
+        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
+            problems.append(f"{where}.name={name!r} must be 1 to 64 letters, digits, _ or -, the first a letter or _")
+        elif name in first:
+            problems.append(f"{where}.name={name!r} is also rollout.tools[{first[name]}]'s; give each tool its own name")
+        else:
+            first[name] = i
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not (math.isfinite(timeout_s) and timeout_s > 0):
+            problems.append(f"{where}.timeout_s must be a number of seconds > 0, got {timeout_s!r}")
+        if not isinstance(kwargs, dict):
+            problems.append(f"{where}.kwargs must be a mapping, got {type(kwargs).__name__}")
+            continue
+        problems += [f"{where}.{p}" for p in _tool_fn_problems(fn, kwargs)]
+    return problems
+
+
+def _tool_fn_problems(fn: Any, kwargs: dict) -> list[str]:
+    if not isinstance(fn, str):
+        return [f"fn must be a string, got {type(fn).__name__}"]
+    if fn in TOOLS.names():
+        return [f"kwargs: {p}" for p in TOOLS.get(fn).check_kwargs(kwargs)]  # a built-in checks its own options
+    if ":" not in fn:
+        return [f"fn={fn!r} is not a built-in tool ({', '.join(TOOLS.names())}) nor of the form "
+                "package.module:function or path/file.py:function"]
+    try:
+        function = load_callable(fn)
+    except ValueError as e:
+        return [f"fn: {e}"]
+    return [] if callable(function) else [f"fn={fn!r} is not callable"]
 
 
 def _reward_function_problem(fn: str, kwargs: dict[str, Any]) -> tuple[str | None, bool]:

@@ -20,12 +20,12 @@ from __future__ import annotations
 import inspect
 import multiprocessing
 import multiprocessing.connection
-import re
 import signal
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from mathrl.config import tool_entry_problems
 from mathrl.registry import load_callable
 from mathrl.tools import BUILTIN_TOOLS, ToolResult, ToolSpec
 from mathrl.tools.sandbox import sandbox_mode, sandbox_problem
@@ -38,7 +38,6 @@ MAX_ERROR_CHARS = 300
 """An exception's one-line message is cut to this many characters."""
 _WORKER_START_TIMEOUT_S = 120.0
 """How long a fresh worker may take to start and import the user's tools (not part of a call's timeout)."""
-_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _DEFAULT_PARAMETERS = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
 
 
@@ -48,48 +47,12 @@ _DEFAULT_PARAMETERS = {"type": "object", "properties": {"input": {"type": "strin
 
 
 def check_tool_specs(specs: list[ToolSpec]) -> list[str]:
-    """One-line problems of the tool specs, each naming its ``rollout.tools[i]`` field; empty when fine.
-
-    Imports every user function (`mathrl.registry.load_callable`), so a typo in a module path fails
-    here, at config time, and not in the middle of a rollout.
-    """
-    problems: list[str] = []
-    first_index: dict[str, int] = {}
-    for i, spec in enumerate(specs):
-        where = f"rollout.tools[{i}]"
-        if not isinstance(spec, ToolSpec):
-            problems.append(f"{where} must be a ToolSpec (name, fn, kwargs, timeout_s, description), got "
-                            f"{type(spec).__name__}")
-            continue
-        if not isinstance(spec.name, str) or not _NAME.fullmatch(spec.name):
-            problems.append(f"{where}.name={spec.name!r} must be 1 to 64 letters, digits, _ or -")
-        elif spec.name in first_index:
-            problems.append(f"{where}.name={spec.name!r} is also rollout.tools[{first_index[spec.name]}]'s; "
-                            "give each tool its own name")
-        else:
-            first_index[spec.name] = i
-        if isinstance(spec.timeout_s, bool) or not isinstance(spec.timeout_s, (int, float)) or not spec.timeout_s > 0:
-            problems.append(f"{where}.timeout_s must be a number of seconds > 0, got {spec.timeout_s!r}")
-        if not isinstance(spec.kwargs, dict):
-            problems.append(f"{where}.kwargs must be a mapping, got {type(spec.kwargs).__name__}")
-            continue
-        problems += [f"{where}.{p}" for p in _fn_problems(spec)]
-    return problems
-
-
-def _fn_problems(spec: ToolSpec) -> list[str]:
-    if not isinstance(spec.fn, str):
-        return [f"fn must be a string, got {type(spec.fn).__name__}"]
-    if spec.fn in BUILTIN_TOOLS:
-        return [f"kwargs: {p}" for p in BUILTIN_TOOLS[spec.fn].check_kwargs(spec.kwargs)]
-    if ":" not in spec.fn:
-        return [f"fn={spec.fn!r} is not a built-in tool ({', '.join(BUILTIN_TOOLS)}) nor of the form "
-                "package.module:function or path/file.py:function"]
-    try:
-        fn = load_callable(spec.fn)
-    except ValueError as e:
-        return [f"fn: {e}"]
-    return [] if callable(fn) else [f"fn={spec.fn!r} is not callable"]
+    """One-line problems of the tool specs, each naming its ``rollout.tools[i]`` field; empty when fine:
+    the config's rules (`config.tool_entry_problems`), which import every user function, so a typo in a
+    module path fails at construction and not in the middle of a rollout."""
+    wrong = [f"rollout.tools[{i}] must be a ToolSpec (name, fn, kwargs, timeout_s, description), got {type(s).__name__}"
+             for i, s in enumerate(specs) if not isinstance(s, ToolSpec)]
+    return wrong or tool_entry_problems([(s.name, s.fn, s.kwargs, s.timeout_s) for s in specs])
 
 
 # ---------------------------------------------------------------------------------------------------
