@@ -123,6 +123,23 @@ def test_sweep_writes_results_ordered_by_step(report: dict, run_dir: Path) -> No
     assert "Neighbourhood averages" in md
 
 
+def test_results_show_right_and_wrong_samples_beside_their_gold_answers(report: dict, run_dir: Path) -> None:
+    # a user checking their data reads a few responses first: right ones and wrong ones, each under its gold
+    md = (run_dir / "eval" / "results.md").read_text()
+    kinds = set()
+    for row in report["results"]:
+        ex = row["examples"]
+        assert len(ex["right"]) <= 3 and len(ex["wrong"]) <= 3
+        for kind in ("right", "wrong"):
+            for e in ex[kind]:
+                # the stub marks a response correct from its text alone: the verdict shown is the one scored
+                assert (e["reason"] == "correct") == (kind == "right")
+                assert e["gold"] and e["response"] in md and f"gold `{e['gold']}`" in md
+                kinds.add(kind)
+        assert f"## Sampled responses: {row['checkpoint']}, {row['dataset']}" in md
+    assert kinds == {"right", "wrong"}  # the stub's verdicts vary, so both kinds were shown
+
+
 def test_seed_statistics_match_mean_std_ci95(report: dict) -> None:
     values_seen = set()
     for row in report["results"]:

@@ -337,6 +337,18 @@ def _clip(text: str) -> str:
     return text if len(text) <= _EXAMPLE_CHARS else text[:_EXAMPLE_CHARS] + f"... [{len(text)} chars]"
 
 
+def _keep_sampled(examples: dict[str, list], seed: int, samples: list[dict], problems: Sequence) -> None:
+    """Add the first sample of each problem (`EvalResult.samples`, in problem order) to `examples`,
+    right and wrong answers apart, up to `_EXAMPLES` of each, with the gold answer beside what was boxed:
+    what a user reads first to see whether the data and the prompt make sense to the model."""
+    for sample, problem in zip(samples, problems):
+        kind = "right" if sample["reason"] == "correct" else "wrong"
+        if len(examples[kind]) < _EXAMPLES:
+            examples[kind].append({"seed": seed, "problem_id": problem.id, "gold": problem.answer,
+                                   "boxed": sample["extracted"], "reason": sample["reason"],
+                                   "response": _clip(sample["response"])})
+
+
 def _seed_record(seed: int, result, texts: list[str], repetitive: list[bool], garbled: list[bool]) -> dict:
     record: dict = {"seed": seed}
     record.update({f"pass@{k}": v for k, v in result.pass_at_k.items()})
@@ -390,7 +402,8 @@ def _evaluate_checkpoint(ckpt: Checkpoint, settings: SweepSettings, *, verifier,
     rows = []
     # a file is scored whole unless --limit is given (not cut at the training loop's data.eval_size)
     for source, es in zip(cfg.data.eval, build_eval_sets(cfg, tokenizer, limit=settings.limit)):
-        per_seed, per_problem, examples = [], [], {"repetitive": [], "garbled": []}
+        per_seed, per_problem = [], []
+        examples: dict[str, list] = {"right": [], "wrong": [], "repetitive": [], "garbled": []}
         for seed in settings.seeds:
             progress.update(task, info=f"{ckpt.label} | {es.name} | seed {seed}")
             result = evaluate(
@@ -409,6 +422,7 @@ def _evaluate_checkpoint(ckpt: Checkpoint, settings: SweepSettings, *, verifier,
                     if flagged and len(examples[kind]) < _EXAMPLES:
                         examples[kind].append({"seed": seed, "problem_id": es.problems[i // settings.n].id,
                                                "response": _clip(texts[i])})
+            _keep_sampled(examples, seed, result.samples, es.problems)
             per_seed.append(_seed_record(seed, result, texts, repetitive, garbled))
             per_problem.append(result.problem_pass_at_1)
             progress.advance(task)
@@ -627,9 +641,28 @@ def results_markdown(report: dict) -> str:
         for a in report["neighbourhood"]:
             per = ", ".join(f"{v:.3f}" for v in a["pass@1_per_step"])
             lines.append(f"| {a['run']} | {a['dataset']} | {a['step']} | {a['steps']} | {per} | {a['pass@1']:.3f} |")
+    lines += _sampled_markdown(report["results"])
     if not report["complete"]:
         lines += ["", "_Partial results: the sweep has not finished._"]
     return "\n".join(lines) + "\n"
+
+
+def _sampled_markdown(rows: Sequence[dict]) -> list[str]:
+    """A few sampled responses per checkpoint and set, right and wrong ones, each under its gold answer."""
+    lines = []
+    for r in rows:
+        ex = r.get("examples", {})
+        shown = [(kind, e) for kind in ("right", "wrong", "repetitive", "garbled") for e in ex.get(kind, [])]
+        if not shown:
+            continue
+        lines += ["", f"## Sampled responses: {r['checkpoint']}, {r['dataset']}", ""]
+        for kind, e in shown:
+            head = f"**{kind}**, problem `{e['problem_id']}`, seed {e['seed']}"
+            if "gold" in e:
+                head += f": gold `{e['gold']}`, boxed `{e['boxed']}` ({e['reason']})"
+            fence = "~~~~" if "```" in e["response"] else "```"  # a response with its own code blocks
+            lines += [head, "", fence + "text", e["response"], fence, ""]
+    return lines
 
 
 def results_table(report: dict) -> Table:
