@@ -55,7 +55,8 @@ class PlainProgress:
     def add_task(self, description: str, *, total: int, completed: int = 0, **fields) -> int:
         task_id = len(self._tasks)
         self._tasks[task_id] = {"total": total, "completed": completed, "start_done": completed,
-                                "t0": time.monotonic(), "last": float("-inf"), "fields": dict(fields)}
+                                "t0": time.monotonic(), "last": float("-inf"), "first_at": None,
+                                "fields": dict(fields)}
         return task_id
 
     def update(self, task_id: int, *, completed: int | None = None, advance: int = 0, **fields) -> None:
@@ -77,12 +78,27 @@ class PlainProgress:
             return
         task["last"] = now
         elapsed = now - task["t0"]
-        rate = (done - task["start_done"]) / elapsed if elapsed > 0 else 0.0
-        eta = _clock((total - done) / rate) if rate > 0 else "?"
+        if task["first_at"] is None:
+            task["first_at"] = now
+        remaining = remaining_seconds(done - task["start_done"], total - done, elapsed, now - task["first_at"])
+        eta = _clock(remaining) if remaining is not None else "?"
         info = " | ".join(str(v) if k == "info" else f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
                           for k, v in task["fields"].items() if v != "")
         self.console.print(f"{self.label} {done}/{total}" + (f" | {info}" if info else "")
                            + f" | elapsed {_clock(elapsed)} | eta {eta}", markup=False, highlight=False)
+
+
+def remaining_seconds(done: int, left: int, elapsed: float, since_first: float) -> float | None:
+    """Seconds left for `left` units, at the mean time per unit of the `done` units of this session.
+
+    The first unit carries the start-up (model loading, the step-0 evaluation), so once two units are
+    done the mean is over the units after it (`since_first`: seconds since the first one ended). A
+    mean over every unit so far moves little from one unit to the next, where a rate over the last few
+    units jumps with each evaluation step and each change of load on the machine. None: no estimate yet.
+    """
+    if done >= 2 and since_first > 0:
+        return left * since_first / (done - 1)
+    return left * elapsed / done if done >= 1 and elapsed > 0 else None
 
 
 def make_progress(console: Console, label: str, *fields: str, every_s: float = 30.0) -> Progress | PlainProgress:
@@ -95,7 +111,9 @@ def make_progress(console: Console, label: str, *fields: str, every_s: float = 3
     # the info text takes the width that is left (ratio=1 with expand=True) and is the one cut
     columns += [TextColumn(text, table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis")) for text in fields
                 or ("{task.fields[info]}",)]
-    return Progress(*columns, console=console, expand=True)
+    # rich estimates the speed over the last `speed_estimate_period` seconds (30 by default: a few RL
+    # steps, so the remaining time jumped with every evaluation step); ten minutes smooths it
+    return Progress(*columns, console=console, expand=True, speed_estimate_period=600.0)
 
 
 class BuildProgress:
