@@ -192,6 +192,24 @@ def test_best_pass_at_1_is_marked_only_among_runs_evaluated_alike(tmp_path):
     assert "evaluated on different numbers" not in page
 
 
+def test_eval_sections_say_which_evaluations_they_show(tmp_path):
+    # Bug story: the report's table showed the training-time evaluations while `mathrl eval` had written
+    # other numbers (other problems, samples and seeds) into the run, with nothing saying which was which.
+    a = write_run(tmp_path / "a", eps_high=0.2, lift=0.2)
+    page = build_report([a], tmp_path / "r.html", pngs=False).read_text()
+    assert "During training" in page and "From <code>mathrl eval</code>" not in page
+    (a / "eval").mkdir()
+    (a / "eval" / "results.json").write_text(json.dumps({"results": [
+        {"checkpoint": "a/final", "step": 6, "dataset": "math500", "num_problems": 500, "n": 4, "seeds": [0, 1, 2],
+         "metrics": {"pass@1": {"mean": 0.4567, "std": 0.01, "ci95": 0.02, "ci95_low": 0.41, "ci95_high": 0.5}}}]}))
+    page = build_report([a], tmp_path / "r.html", pngs=False).read_text()
+    sweep = page.split("From <code>mathrl eval</code>", 1)[1].split("</table>", 1)[0]
+    assert "<td>math500</td><td class='num'>500</td><td class='num'>4</td><td class='num'>3</td>" in sweep
+    assert "0.457 [0.410, 0.500]" in sweep
+    (a / "eval" / "results.json").write_text('{"results": [')  # being rewritten by a running sweep
+    assert "During training" in build_report([a], tmp_path / "r.html", pngs=False).read_text()
+
+
 def test_page_is_self_contained(report):
     _, page = report
     assert "http" not in page.lower()

@@ -11,6 +11,7 @@
       final/               the trained model, a plain Hugging Face directory (critic/ for PPO)
       parent.json          the checkpoint a `train.init_from` run continued
       summary.json         base vs final held-out scores and wall time (written last: the run is done)
+      eval/                `mathrl eval <run_dir>`'s default output: results.json, results.md
 
     run = RunDir("runs/x")
     run.metrics(), run.evals(), run.summary(), run.rollouts(step=3)
@@ -140,6 +141,7 @@ class RunDir:
         self.parent_path = self.path / "parent.json"
         self.checkpoints = self.path / "checkpoints"
         self.final = self.path / "final"
+        self.sweep_path = self.path / "eval" / "results.json"
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
@@ -193,6 +195,14 @@ class RunDir:
 
     def summary(self) -> dict[str, Any] | None:
         return json.loads(self.summary_path.read_text()) if self.summary_path.exists() else None
+
+    def sweep_results(self) -> dict[str, Any] | None:
+        """`mathrl eval`'s results.json for this run (its default output directory), None without one or
+        while its first write is under way (the file is rewritten after each checkpoint)."""
+        try:
+            return json.loads(self.sweep_path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
 
     def model_dirs(self) -> list[tuple[str, Path, int | None, bool]]:
         """(name, directory, step or None, is_final) of every model the run saved: checkpoints/step_*/

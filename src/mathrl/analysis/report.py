@@ -91,6 +91,7 @@ class Run:
     config: dict[str, Any]  # config.yaml flattened to dotted keys
     config_text: str | None
     inspect_pages: list[Path] = field(default_factory=list)
+    sweep: dict[str, Any] | None = None  # `mathrl eval`'s results.json in <run>/eval/, when it was run
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
         """Steps and values of one metric, in step order; non-finite values kept as nan/inf."""
@@ -195,6 +196,7 @@ def load_run(path: Path, *, label: str, color: str) -> Run:
         config=flatten(yaml.safe_load(config_text) or {}) if config_text else {},
         config_text=config_text,
         inspect_pages=sorted(path.glob("inspect*.html")),
+        sweep=run.sweep_results(),
     )
 
 
@@ -598,6 +600,28 @@ def eval_tables(runs: list[Run]) -> str:
     return "\n".join(out)
 
 
+def sweep_tables(runs: list[Run]) -> str:
+    """The evaluations `mathrl eval` wrote into each run's eval/ directory, apart from the training-time
+    ones above: other problems, samples and seeds, so their numbers are not comparable cell by cell."""
+    rows = []
+    for run in runs:
+        for r in (run.sweep or {}).get("results", []):
+            p1 = r["metrics"]["pass@1"]
+            ci = f" [{p1['ci95_low']:.3f}, {p1['ci95_high']:.3f}]" if "ci95_low" in p1 else ""
+            rows.append(f"<tr>{_run_cell(run)}<td>{html.escape(str(r['checkpoint']))}</td>"
+                        f"<td class='num'>{r['step'] if r['step'] is not None else '—'}</td>"
+                        f"<td>{html.escape(r['dataset'])}</td><td class='num'>{r['num_problems']}</td>"
+                        f"<td class='num'>{r['n']}</td><td class='num'>{len(r['seeds'])}</td>"
+                        f"<td class='num'>{p1['mean']:.3f}{ci}</td></tr>")
+    if not rows:
+        return ""
+    head = ("<tr><th>run</th><th>checkpoint</th><th>step</th><th>set</th><th>problems</th><th>n</th>"
+            "<th>seeds</th><th>pass@1 [95% CI over problems]</th></tr>")
+    return ("<h3>From <code>mathrl eval</code></h3><p class='note'>Written by <code>mathrl eval &lt;run&gt;</code> "
+            "into the run's eval/results.json: its own problems, samples per problem and seeds.</p>"
+            f"<table>{head}{''.join(rows)}</table>")
+
+
 def config_differences(runs: list[Run]) -> list[str]:
     """The dotted config keys whose value differs between runs (or that some runs lack), in file order."""
     keys: list[str] = []
@@ -687,7 +711,10 @@ director{"y" if len(runs) == 1 else "ies"}. Metric names are defined in docs/met
 <h2>Runs</h2>
 {runs_table(runs)}
 <h2>Held-out evaluation</h2>
+<p class="note">During training: the evaluations of the training loop (evals.jsonl; data.eval_size problems,
+eval.n samples each).</p>
 {eval_tables(runs)}
+{sweep_tables(runs)}
 <h2>Config differences</h2>
 {config_table(runs)}
 <h2>Curves</h2>
