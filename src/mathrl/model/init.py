@@ -42,6 +42,7 @@ __all__ = [
 ]
 
 from mathrl.config import CONFIG_PREFIX, parse_config_path
+from mathrl.model.dtypes import DTYPES
 from mathrl.registry import ARCHITECTURES
 
 CONFIG_DIR = Path(__file__).with_name("configs")
@@ -137,8 +138,6 @@ def build_random_model(
     from transformers import AutoModelForCausalLM
 
     head = head or AutoModelForCausalLM
-    from mathrl.model.io import DTYPES
-
     config = architecture_config(name_or_config) if isinstance(name_or_config, (str, Path)) else name_or_config
     for key, value in (overrides or {}).items():  # config fields changed at load time (model.max_position_embeddings)
         setattr(config, key, value)

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import torch
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from mathrl.config import Config
+from mathrl.model.dtypes import DTYPES
 
 
 class ModelLoadError(ValueError):
@@ -55,6 +56,14 @@ def load_model_and_tokenizer(path: str | Path, *, dtype: str = "float32", device
     if tokenizer.eos_token_id is None:
         raise ModelLoadError(f"the tokenizer at {str(path)!r} has no EOS token; rollouts could never stop")
     return model.to(device), tokenizer
+
+
+def model_overrides(cfg: Config) -> dict | None:
+    """Changes to the model's config.json made at load time (model.max_position_embeddings), for the
+    trainer's models and the generators' copies; the vLLM engine gets the same through hf_overrides."""
+    if cfg.model.max_position_embeddings is None:
+        return None
+    return {"max_position_embeddings": cfg.model.max_position_embeddings}
 
 
 def save_model(model, tokenizer, out_dir: str | Path) -> Path:

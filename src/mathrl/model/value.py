@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from mathrl.model.io import DTYPES, ModelLoadError
+from mathrl.model.dtypes import DTYPES
+from mathrl.model.io import ModelLoadError
 from mathrl.model.scoring import packed_inputs
 
 __all__ = ["load_critic", "response_values"]

@@ -44,6 +44,7 @@ from mathrl.run_dir import complete_checkpoints  # the layout of checkpoints/ is
 from mathrl.train.dist import Ranks, barrier, broadcast_object, full_state_dict, is_sharded
 
 FORMAT_VERSION = 1
+VERSIONS_FILE = "generator_versions.safetensors"  # fixed-lag generation: the older versions the next steps sample from
 
 
 class CheckpointError(RuntimeError):

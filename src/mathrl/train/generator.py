@@ -45,7 +45,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -53,9 +53,12 @@ from mathrl.config import Config
 from mathrl.rollout import weight_sync as ws
 from mathrl.rollout.placement import child_cuda_env, generator_gpus, weight_backend
 from mathrl.train import dist as tdist
+from mathrl.train.checkpoint import VERSIONS_FILE
 from mathrl.train.collect import Collected
 
-VERSIONS_FILE = "generator_versions.safetensors"  # in a checkpoint: the older versions the next steps sample from
+if TYPE_CHECKING:  # for annotations only: the trainer imports nothing of this module
+    from mathrl.train.trainer import Trainer
+
 POLL_S = 0.5  # how often the trainer looks at its generators while it waits for a batch
 
 
@@ -179,12 +182,11 @@ def _die_with_parent() -> None:
 
 
 def _generate(spec: WorkerSpec, out, announced, closed) -> None:
-    from mathrl.model.io import load_model_and_tokenizer
+    from mathrl.model.io import load_model_and_tokenizer, model_overrides
     from mathrl.reward.functions import build_rewarder
     from mathrl.rollout.factory import build_engine, engine_samples_from_module
     from mathrl.tasks.sources import build_train_stream
     from mathrl.train.collect import collect_rollouts
-    from mathrl.train.trainer import model_overrides
 
     cfg = spec.cfg
     import threading
@@ -228,8 +230,8 @@ def _generate(spec: WorkerSpec, out, announced, closed) -> None:
 
     lag, free = cfg.rollout.max_staleness, cfg.rollout.async_mode == "free"
     want = cfg.rollout.prompts_per_step
-    verifier = build_rewarder(cfg.reward, check_servers=False)  # the trainer checked the reward servers at start
-    with verifier:
+    rewarder = build_rewarder(cfg.reward, check_servers=False)  # the trainer checked the reward servers at start
+    with rewarder:
         for step in range(spec.start_step, cfg.train.steps + 1):
             if (step - spec.start_step) % spec.workers != spec.index:
                 stream.next_batch(want)  # another generator's step: its draws, so that this stream stays in step
@@ -238,7 +240,7 @@ def _generate(spec: WorkerSpec, out, announced, closed) -> None:
             if free:  # the freshest version sent so far, never one newer than the step's own (step - 1)
                 target = max(target, min(announced.value, step - 1))
             have = receive_through(target)
-            got = collect_rollouts(cfg, step, train_stream=stream, engine=engine, tokenizer=tokenizer, verifier=verifier)
+            got = collect_rollouts(cfg, step, train_stream=stream, engine=engine, tokenizer=tokenizer, verifier=rewarder)
             out.put(pickle.dumps(Generated(step, spec.index, have, got, stream.state_dict())))
     # the trainer may still send versions (free mode, several workers) until it closes: take them (into the
     # engine, which is still open), then meet it at the barrier, then close the engine
@@ -320,6 +322,13 @@ class Generator:
             self.send(version, flats)
             sent = sum(b.nbytes for b in self.buckets)
         return {"perf/weight_sync_seconds": time.time() - t0, "perf/weight_sync_bytes": float(sent)}
+
+    def send_restored(self, version: int, tensors: list[torch.Tensor]) -> None:
+        """Send `version`, an older policy version a resumed run's first steps sample from (read from its
+        checkpoint, in `specs` order), and keep it for the next checkpoint. Sent whether or not `useful`:
+        a generator receives the versions in order, from the first one the trainer sends."""
+        self.kept[version] = ws.pack(self.buckets, tensors)
+        self.send(version, self.kept[version])
 
     def useful(self, version: int) -> bool:
         """Whether a step still to be generated may sample from `version`."""
@@ -403,7 +412,7 @@ def _free_port() -> int:
 
 
 # ---- the loop's calls ----------------------------------------------------------------------------------------
-def model_tensors(trainer) -> list[tuple[str, torch.Tensor]]:
+def model_tensors(trainer: Trainer) -> list[tuple[str, torch.Tensor]]:
     """The policy's full weights (Hugging Face names): gathered on rank 0 when sharded (a collective:
     every rank calls it), the model's own tensors in one process."""
     if tdist.is_sharded(trainer.model):
@@ -411,7 +420,7 @@ def model_tensors(trainer) -> list[tuple[str, torch.Tensor]]:
     return list(trainer.model.state_dict().items())
 
 
-def start_generator(trainer) -> Generator | None:
+def start_generator(trainer: Trainer) -> Generator | None:
     """Spawn the generator processes of trainer.cfg (none: rollout.generator.workers is 0) and send them
     the versions their first steps sample from. Every trainer rank calls it; rank 0 holds the result."""
     cfg, ranks = trainer.cfg, trainer.ranks
@@ -474,11 +483,9 @@ def start_generator(trainer) -> Generator | None:
     trainer.console.print(f"generating while training: {workers} generator(s) ({where}; {placement.worker_threads} "
                           f"thread(s) each), trainer {placement.trainer_threads} thread(s); rollout.max_staleness={lag} "
                           f"{cfg.rollout.async_mode}")
-    tensors = [t for _, t in named]
     for v in range(first, start - 1):
-        gen.kept[v] = ws.pack(gen.buckets, [older[f"{v}:{s.name}"] for s in specs])
-        gen.send(v, gen.kept[v])
-    gen.push(start - 1, tensors)
+        gen.send_restored(v, [older[f"{v}:{s.name}"] for s in specs])
+    gen.push(start - 1, [t for _, t in named])
     return gen
 
 
@@ -572,7 +579,7 @@ def load_versions(checkpoint: Path | None, named, versions: range, console) -> d
     return out
 
 
-def next_batch(trainer, step: int) -> Collected:
+def next_batch(trainer: Trainer, step: int) -> Collected:
     """Step `step`'s batch from the generators (on every trainer rank), with each row's policy version in
     `Collected.versions`; the trainer's problem stream moves to where the generator's is."""
     t0 = time.time()
@@ -584,7 +591,7 @@ def next_batch(trainer, step: int) -> Collected:
     return got.collected
 
 
-def push_weights(trainer, step: int) -> dict[str, float]:
+def push_weights(trainer: Trainer, step: int) -> dict[str, float]:
     """After step `step`'s update: version `step` to the generators (every trainer rank calls it)."""
     named = model_tensors(trainer)
     if not trainer.ranks.main:

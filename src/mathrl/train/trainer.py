@@ -32,7 +32,7 @@ from mathrl.algo.controllers import (
 )
 from mathrl.config import Config, dump_yaml
 from mathrl.evaluation.evaluate import EvalResult
-from mathrl.model.io import load_model_and_tokenizer
+from mathrl.model.io import load_model_and_tokenizer, model_overrides
 from mathrl.model.lora import adapter_params, add_adapters, has_adapter, is_lora, load_adapter_weights, stream_plain_weights
 from mathrl.model.paths import resolve_model_path
 from mathrl.model.value import load_critic
@@ -43,7 +43,7 @@ from mathrl.rollout.factory import build_engine, engine_samples_from_module
 from mathrl.rollout.on_demand import OnDemandEngine
 from mathrl.run_dir import RunDir, open_run_dir
 from mathrl.tasks.sources import EvalSet, PretrainText, ProblemStream, build_eval_sets, build_train_stream
-from mathrl.train.checkpoint import load_trainer_state, save_checkpoint, set_rng_state
+from mathrl.train.checkpoint import VERSIONS_FILE, load_trainer_state, save_checkpoint, set_rng_state
 from mathrl.train.collect import CollapseWatch, SignalWatch
 from mathrl.train.dist import Ranks, broadcast_object, shard_model
 from mathrl.train.preempt import StopSignal, agree, time_save_due
@@ -151,8 +151,6 @@ class Trainer:
         """The older policy versions the generators' next steps sample from, for checkpoint `step`."""
         if self.generator is None:
             return {}
-        from mathrl.train.generator import VERSIONS_FILE
-
         tensors = self.generator.checkpoint_tensors(step)
         return {VERSIONS_FILE: tensors} if tensors else {}
 
@@ -314,14 +312,6 @@ def load_policy(cfg: Config, source: Path | str, *, model_path: str, overrides: 
     if adapter:
         load_adapter_weights(model, source)
     return model, tokenizer
-
-
-def model_overrides(cfg: Config) -> dict | None:
-    """Changes to the model's config.json made at load time (model.max_position_embeddings), for the
-    trainer's models; the vLLM engine gets the same through hf_overrides."""
-    if cfg.model.max_position_embeddings is None:
-        return None
-    return {"max_position_embeddings": cfg.model.max_position_embeddings}
 
 
 def shard(model, cfg: Config, ranks: Ranks):
