@@ -1,10 +1,13 @@
 """The package's rooms import one way only (docs/architecture.md): every `import mathrl.X` in
 src/mathrl, read from the source with `ast` (function-level imports included), must point to the
-module's own room or a room in a lower layer."""
+module's own room or a room in a lower layer. Inside a room, modules import each other without
+circles: the module graph, every import statement an edge (deferred ones inside functions and
+`if TYPE_CHECKING:` ones included, since a circle hides behind them), has no cycle."""
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "mathrl"
@@ -96,3 +99,123 @@ def test_no_function_in_train_is_over_80_lines():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 80:
                 long.append(f"{path.name}:{node.name} ({node.end_lineno - node.lineno + 1} lines)")
     assert not long, long
+
+
+# ---- circles between modules --------------------------------------------------------------------------
+# Each entry: the modules of one circle, with why it stays. A new circle is broken (a name moved to the
+# lower module, or to a leaf module both import), not added here.
+KNOWN_CYCLES: dict[frozenset[str], str] = {
+    frozenset({"mathrl.tools", "mathrl.tools.calculator", "mathrl.tools.pool", "mathrl.tools.sandbox"}):
+        "tools/__init__.py defines ToolResult, ToolSpec and Builtin, then imports the modules that import them "
+        "back; a leaf module holding those classes ends it",
+}
+
+
+def module_name(path: Path, root: Path) -> str:
+    """mathrl.train.step for <root>/mathrl/train/step.py; a package's __init__.py is the package."""
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_graph(root: Path, package: str = "mathrl") -> dict[str, dict[str, int]]:
+    """{module: {imported module: line}} over the package under `root`: every import statement, wherever
+    it stands. `from a.b import c` is an edge to a.b.c when that is a module, else to a.b; a name that is
+    not one of the package's modules goes to the longest module prefix it has."""
+    files = {module_name(p, root): p for p in sorted((root / package).rglob("*.py"))}
+
+    def resolve(name: str) -> str | None:
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for module, path in files.items():
+        edges: dict[str, int] = {}
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the module's package, one level up per extra dot
+                    here = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+                    base = ".".join(here[: len(here) - node.level + 1] + ([base] if base else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names]
+            else:
+                continue
+            for target in targets:
+                dst = resolve(target) if target.split(".")[0] == package else None
+                if dst is not None and dst != module:
+                    edges.setdefault(dst, node.lineno)
+        graph[module] = edges
+    return graph
+
+
+def cycles(graph: dict[str, dict[str, int]]) -> list[frozenset[str]]:
+    """The circles of `graph`: its strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(frozenset(component))
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10 * len(graph)))
+    try:
+        for v in sorted(graph):
+            if v not in index:
+                visit(v)
+    finally:
+        sys.setrecursionlimit(limit)
+    return found
+
+
+def describe(component: frozenset[str], graph: dict[str, dict[str, int]]) -> str:
+    return "; ".join(f"{a}:{graph[a][b]} imports {b}" for a in sorted(component) for b in sorted(graph[a]) if b in component)
+
+
+def test_no_module_imports_itself_in_a_circle():
+    graph = module_graph(PACKAGE.parent)
+    found = cycles(graph)
+    new = [describe(c, graph) for c in found if c not in KNOWN_CYCLES]
+    assert new == [], "import circles (move the shared name to the lower module or to a leaf module):\n" + "\n".join(new)
+    assert sorted(map(sorted, set(KNOWN_CYCLES) - set(found))) == [], "KNOWN_CYCLES lists circles that are gone"
+
+
+def test_the_check_sees_a_circle_behind_deferred_and_type_checking_imports(tmp_path):
+    # the shape of the circle this check was written for: a trainer that imports a name of the generator
+    # inside a method, and a generator that imports a function of the trainer inside a function
+    pkg = tmp_path / "mathrl" / "train"
+    pkg.mkdir(parents=True)
+    (tmp_path / "mathrl" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "trainer.py").write_text("class Trainer:\n    def f(self):\n        from mathrl.train.generator import FILE\n")
+    (pkg / "generator.py").write_text("FILE = 'x'\ndef g():\n    from mathrl.train.trainer import Trainer\n")
+    (pkg / "step.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import loop\n")
+    (pkg / "loop.py").write_text("from mathrl.train import step\n")
+    graph = module_graph(tmp_path)
+    assert graph["mathrl.train.trainer"] == {"mathrl.train.generator": 3}
+    assert graph["mathrl.train.step"] == {"mathrl.train.loop": 3}  # relative, and under TYPE_CHECKING
+    assert sorted(map(sorted, cycles(graph))) == [["mathrl.train.generator", "mathrl.train.trainer"],
+                                                  ["mathrl.train.loop", "mathrl.train.step"]]
+    # one way only: no circle
+    (pkg / "trainer.py").write_text("class Trainer:\n    pass\n")
+    (pkg / "loop.py").write_text("")
+    assert cycles(module_graph(tmp_path)) == []
