@@ -9,10 +9,19 @@ never depends on what else was drawn before it (nor on how many processes drew i
 
 The constants are primes far apart, so that the streams of different uses do not meet for any
 realistic step, round, row or shard count. Changing any of them changes every run's samples.
-This module imports nothing: every layer may use it.
+
+The process-wide generators (Python's, NumPy's, torch's) are saved and put back as a whole by
+`rng_state` / `set_rng_state`: a checkpoint keeps them, and code that lets a library reseed them
+(vLLM's start) restores them after it.
+
+This module imports nothing of mathrl, and NumPy and torch only when the RNG states are asked for:
+every layer may use it.
 """
 
 from __future__ import annotations
+
+import random
+from typing import Any
 
 SEED_MULTIPLIER = 1_000_003
 """Spreads consecutive run seeds apart: seed s's streams start at s * 1_000_003."""
@@ -35,3 +44,36 @@ def derive_seed(seed: int, stream: int = 0, *, modulus: int | None = None) -> in
     reduced modulo `modulus` when given (Python's %, so never negative)."""
     s = seed * SEED_MULTIPLIER + stream
     return s if modulus is None else s % modulus
+
+
+def rng_state(*, cuda: bool = False) -> dict[str, Any]:
+    """The global RNG states of Python, NumPy and torch (the CPU generator; with `cuda`, also every CUDA
+    device's, None without CUDA), as tensors, lists and numbers that torch.load(weights_only=True) reads."""
+    import numpy as np
+    import torch
+
+    version, internal, gauss = random.getstate()
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    state = {
+        "python": {"version": version, "internal": list(internal), "gauss": gauss},
+        "numpy": {"keys": torch.from_numpy(np_keys.astype(np.int64)), "pos": int(np_pos),
+                  "has_gauss": int(np_has_gauss), "gauss": float(np_gauss)},
+        "torch": torch.get_rng_state(),
+    }
+    if cuda:
+        state["cuda"] = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Put back the global RNG states `rng_state` returned (the CUDA devices' when it holds them)."""
+    import numpy as np
+    import torch
+
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["internal"]), py["gauss"]))
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None:
+        torch.cuda.set_rng_state_all(state["cuda"])

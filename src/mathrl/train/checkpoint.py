@@ -30,17 +30,16 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from mathrl.model.lora import is_lora, plain_weights, unwrap
 from mathrl.run_dir import complete_checkpoints  # the layout of checkpoints/ is the run directory's
+from mathrl.seeds import rng_state
 from mathrl.train.dist import Ranks, barrier, broadcast_object, full_state_dict, is_sharded
 
 FORMAT_VERSION = 1
@@ -49,26 +48,6 @@ VERSIONS_FILE = "generator_versions.safetensors"  # fixed-lag generation: the ol
 
 class CheckpointError(RuntimeError):
     pass
-
-
-def rng_state() -> dict[str, Any]:
-    """Python, NumPy and torch global RNG states as tensors/lists (loadable with weights_only=True)."""
-    version, internal, gauss = random.getstate()
-    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
-    return {
-        "python": {"version": version, "internal": list(internal), "gauss": gauss},
-        "numpy": {"keys": torch.from_numpy(np_keys.astype(np.int64)), "pos": int(np_pos),
-                  "has_gauss": int(np_has_gauss), "gauss": float(np_gauss)},
-        "torch": torch.get_rng_state(),
-    }
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    py = state["python"]
-    random.setstate((py["version"], tuple(py["internal"]), py["gauss"]))
-    n = state["numpy"]
-    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
-    torch.set_rng_state(state["torch"])
 
 
 def _fsync_tree(path: Path) -> None:

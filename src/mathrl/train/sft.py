@@ -40,7 +40,7 @@ from mathrl.run_dir import RunDir, open_run_dir, release_run_dir
 from mathrl.tasks.loading import load_problems
 from mathrl.tasks.sources import build_eval_sets, field_map, prompt_encoder
 from mathrl.train.batching import TrainBatch, micro_batches
-from mathrl.train.checkpoint import load_trainer_state, save_checkpoint, set_rng_state
+from mathrl.train.checkpoint import load_trainer_state, save_checkpoint
 from mathrl.train.shared import (
     SkipCount,
     build_optimizer,
@@ -48,6 +48,7 @@ from mathrl.train.shared import (
     eval_due,
     evals_from_log,
     log_evals,
+    resume_from,
     run_evals,
     save_due,
     seed_everything,
@@ -273,11 +274,7 @@ def build_sft(cfg: Config, console: Console, *, resume: bool) -> SFTRun:
                optimizer, scheduler)
     if checkpoint is not None:  # exact resume: weights (loaded above), optimizer, schedule, data order, RNG
         state = load_trainer_state(checkpoint, optimizers={"optimizer": optimizer, "scheduler": scheduler}, controllers={})
-        set_rng_state(state["rng"])
-        s.stream.load_state_dict(state["data"])
-        run.truncate_after(state["step"])
-        s.start_step = state["step"] + 1
-        console.print(f"[bold]resuming[/bold] from {checkpoint} (step {state['step']} of {cfg.sft.steps})")
+        s.start_step = resume_from(checkpoint, state, stream=s.stream, run=run, console=console, steps=cfg.sft.steps)
     s.tracker = build_tracker(cfg, run)
     return s
 

@@ -1,6 +1,6 @@
 """What `train` (the RL run) and `sft` both use: seeding, the optimizer, the tracker, the count of
-steps skipped for a non-finite loss or gradient, the evaluation and checkpoint due checks, the
-evaluation logs and the run summary."""
+steps skipped for a non-finite loss or gradient, the evaluation and checkpoint due checks, resuming
+from a checkpoint, the evaluation logs and the run summary."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from mathrl.run_dir import RunDir
 from mathrl.tasks.sources import EvalSet
 from mathrl.track.sinks import Tracker
 from mathrl.run_dir import latest_checkpoint
+from mathrl.seeds import set_rng_state
 from mathrl.train.dist import Ranks, all_gather_objects
 
 
@@ -94,6 +95,20 @@ def eval_due(cfg: Config, step: int, *, last: int) -> bool:
 def save_due(cfg: Config, step: int, *, last: int) -> bool:
     """Whether step `step` ends with a checkpoint: every train.save_every steps and after the last (0: never)."""
     return bool(cfg.train.save_every) and (step % cfg.train.save_every == 0 or step == last)
+
+
+def resume_from(checkpoint: Path, state: dict, *, stream, run: RunDir, console: Console, steps: int,
+                main: bool = True) -> int:
+    """Resume the run at `checkpoint`, whose trainer state `state` is (`checkpoint.load_trainer_state`,
+    which put the optimizers back): the RNG states and the data stream's position come back, and the
+    run's logs lose the rows written after the checkpoint (by rank 0, `main`); returns the step to run
+    next. `steps` is the run's length, for the message."""
+    set_rng_state(state["rng"])
+    stream.load_state_dict(state["data"])
+    if main:
+        run.truncate_after(state["step"])  # rows a killed run wrote after this checkpoint
+    console.print(f"[bold]resuming[/bold] from {checkpoint} (step {state['step']} of {steps})")
+    return state["step"] + 1
 
 
 def run_evals(eval_sets: list[EvalSet], *, engine, tokenizer, verifier, cfg: Config,

@@ -43,11 +43,11 @@ from mathrl.rollout.factory import build_engine, engine_samples_from_module
 from mathrl.rollout.on_demand import OnDemandEngine
 from mathrl.run_dir import RunDir, open_run_dir
 from mathrl.tasks.sources import EvalSet, PretrainText, ProblemStream, build_eval_sets, build_train_stream
-from mathrl.train.checkpoint import VERSIONS_FILE, load_trainer_state, save_checkpoint, set_rng_state
+from mathrl.train.checkpoint import VERSIONS_FILE, load_trainer_state, save_checkpoint
 from mathrl.train.collect import CollapseWatch, SignalWatch
 from mathrl.train.dist import Ranks, broadcast_object, shard_model
 from mathrl.train.preempt import StopSignal, agree, time_save_due
-from mathrl.train.shared import SkipCount, build_optimizer, build_tracker, save_due, seed_everything
+from mathrl.train.shared import SkipCount, build_optimizer, build_tracker, resume_from, save_due, seed_everything
 
 
 @dataclass
@@ -271,15 +271,11 @@ def _restore(t: Trainer) -> None:
     state = load_trainer_state(checkpoint or parent, optimizers=t.optimizers, controllers=t.controllers,
                                models={"optimizer": t.model, "critic_optimizer": t.critic})
     if checkpoint is not None:  # everything the next step depends on comes back from the checkpoint
-        set_rng_state(state["rng"])
-        t.train_stream.load_state_dict(state["data"])
+        t.start_step = resume_from(checkpoint, state, stream=t.train_stream, run=t.run, console=t.console,
+                                   steps=cfg.train.steps, main=t.ranks.main)
         if t.ptx is not None:
             t.ptx.load_state_dict(state["ptx"])
         t.skips.total = int(state.get("skipped_steps", 0))
-        if t.ranks.main:
-            t.run.truncate_after(state["step"])  # rows a killed run wrote after this checkpoint
-        t.start_step = state["step"] + 1
-        t.console.print(f"[bold]resuming[/bold] from {checkpoint} (step {state['step']} of {cfg.train.steps})")
     else:  # staged growth (e.g. a longer rollout.max_new_tokens): optimizer, schedule, controllers kept
         if t.ranks.main:
             t.run.write_parent(parent, state["step"])
