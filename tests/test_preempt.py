@@ -119,3 +119,66 @@ def test_the_launcher_passes_sigterm_on_to_torchrun():
     finally:
         if child.poll() is None:
             child.kill()
+
+
+TORCHRUN_TRACEBACK = """Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+  File "/x/torch/distributed/elastic/multiprocessing/api.py", line 86, in _terminate_process_handler
+    raise SignalException(f"Process {os.getpid()} got signal: {sigval}", sigval=sigval)
+torch.distributed.elastic.multiprocessing.api.SignalException: Process 12021 got signal: 15
+"""
+
+
+def test_torchruns_own_signal_traceback_is_dropped_and_every_other_line_kept():
+    from mathrl.train.launch import SignalTraceback
+
+    other = 'Traceback (most recent call last):\n  File "a.py", line 1, in <module>\nValueError: a rank failed\n'
+    lines = ["W1204 Received 15 death signal, shutting down workers\n", "mathrl: stopped by SIGTERM after step 3\n",
+             *other.splitlines(keepends=True), *TORCHRUN_TRACEBACK.splitlines(keepends=True), "after\n"]
+    filt = SignalTraceback()
+    out = [o for line in lines for o in filt.feed(line)] + filt.flush()
+    assert "".join(out) == "".join(lines[:2]) + other + "after\n"
+    assert filt.dropped
+    cut = SignalTraceback()  # a traceback cut off by the end of the stream is printed, not lost
+    assert [o for line in other.splitlines(keepends=True)[:2] for o in cut.feed(line)] + cut.flush() == \
+        other.splitlines(keepends=True)[:2] and not cut.dropped
+
+
+def launch_two_ranks(tmp_path: Path, run_dir: Path, *, term_after: int | None = None) -> subprocess.CompletedProcess:
+    """`mathrl train --nproc 2`; with term_after, SIGTERM to the launcher once step `term_after` is logged
+    (a scheduler stops the job from outside, at whatever point the ranks have reached)."""
+    import time
+
+    env = {**os.environ, "MATHRL_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, "-m", "mathrl.cli", *ARGS, "train.steps=6", "--nproc", "2", "--run-dir", str(run_dir)]
+    job = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while term_after is not None and job.poll() is None:
+        logged = run_dir / "metrics.jsonl"
+        if logged.exists() and any(r.get("step", 0) >= term_after and "reward/mean" in r
+                                   for r in map(json.loads, logged.read_text().splitlines())):
+            job.send_signal(signal.SIGTERM)
+            break
+        time.sleep(0.05)
+    out, err = job.communicate(timeout=600)
+    return subprocess.CompletedProcess(argv, job.returncode, out, err)
+
+
+@pytest.mark.slow
+def test_sigterm_at_two_ranks_saves_exits_143_and_the_rerun_matches_an_uninterrupted_run(tmp_path):
+    done = launch_two_ranks(tmp_path, tmp_path / "uninterrupted")
+    assert done.returncode == 0, done.stderr[-2000:]
+    run_dir = tmp_path / "preempted"
+    stopped = launch_two_ranks(tmp_path, run_dir, term_after=2)
+    if stopped.returncode == 0:  # the run ended before the signal reached it: nothing to check
+        pytest.skip("the run finished before SIGTERM arrived")
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr, stopped.stderr
+    checkpoint = latest_checkpoint(run_dir / "checkpoints")
+    assert checkpoint is not None
+    step = int(checkpoint.name.removeprefix("step_"))
+    last = [ln for ln in stopped.stderr.splitlines() if ln.strip()][-1]
+    assert last == (f"mathrl: stopped by SIGTERM after step {step}; rerun the same command to resume from step "
+                    f"{step} ({checkpoint})"), last
+    resumed = launch_two_ranks(tmp_path, run_dir)  # the same command again
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert training_rows(run_dir) == training_rows(tmp_path / "uninterrupted")

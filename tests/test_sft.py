@@ -248,3 +248,35 @@ def test_arith_sft_rows_are_training_split_and_clean(tmp_path):
         a, b = map(int, row["problem"].split("+"))
         assert not task.is_heldout(a, b)
         assert int(_last_boxed(row["response"])) == a + b == int(row["answer"])
+
+
+def test_sigterm_saves_the_step_in_progress_and_the_rerun_matches(sft_setup, monkeypatch):
+    # A scheduler's SIGTERM during step 3 (train.save_every=2: no checkpoint due there) ends the step,
+    # saves it and stops with Preempted (exit 143 at the command line); the rerun finishes as if never stopped.
+    import os
+    import signal
+
+    import mathrl.train.sft as sft_module
+    from mathrl.train.preempt import Preempted
+
+    root, overrides, reference = sft_setup
+    monkeypatch.setenv("MATHRL_CACHE", str(root / "cache"))
+    cfg = load_config(None, [*overrides, f"run_dir={root / 'preempted'}"])
+    real, calls = sft_module.sft_backward, []
+
+    def term_at_step_3(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)  # only a flag: the step goes on
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sft_module, "sft_backward", term_at_step_3)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Preempted) as stopped:
+        sft(cfg, console=quiet())
+    assert stopped.value.step == 3 and stopped.value.exit_code == 143
+    assert (root / "preempted" / "checkpoints" / "step_000003").is_dir()
+    assert signal.getsignal(signal.SIGTERM) == before  # the run's handler is gone with the run
+    monkeypatch.setattr(sft_module, "sft_backward", real)
+    sft(cfg, console=quiet())
+    assert _rows(root / "preempted") == _rows(reference)

@@ -11,8 +11,11 @@ sets OMP_NUM_THREADS to the machine's core count runs N ranks x that many thread
 ranks on 2 cores).
 
 SIGTERM to `mathrl train --nproc N` is passed on to torchrun, which passes it to every rank: the ranks
-agree to stop after the step in progress and save it (train/preempt.py); the job's exit status is
-torchrun's.
+agree to stop after the step in progress and save it (train/preempt.py), rank 0 prints the resume line,
+and the job exits 143 like a single process. torchrun itself ends with a traceback of the signal it got
+(SignalException): that traceback is left out of the output, its other lines are kept. torchrun kills
+ranks that are still running 30 s after it passed the SIGTERM on: a step longer than that is lost, and
+the rerun resumes from the checkpoint before it.
 """
 
 from __future__ import annotations
@@ -67,20 +70,80 @@ def launch(nproc: int, args: list[str]) -> int:
     warning = oversubscription(nproc, omp_num_threads=env["OMP_NUM_THREADS"], cpus=cpus)
     if warning:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
-    job = subprocess.Popen(torchrun_command(nproc, args), env=env)
-    with forward_sigterm(job):
-        return job.wait()
+    job = subprocess.Popen(torchrun_command(nproc, args), env=env, stderr=subprocess.PIPE, text=True, bufsize=1)
+    quiet = SignalTraceback()
+    pump = threading.Thread(target=_copy_lines, args=(job.stderr, quiet), daemon=True)
+    pump.start()
+    with forward_sigterm(job) as forwarded:
+        code = job.wait()
+    pump.join()
+    if forwarded.sent and quiet.dropped:  # torchrun stopped on the SIGTERM it passed on: a preemption
+        from mathrl.train.preempt import EXIT_PREEMPTED
+
+        return EXIT_PREEMPTED
+    return code
+
+
+class SignalTraceback:
+    """A line filter that drops a traceback ending in torchrun's `SignalException` (the signal torchrun
+    got, which its ranks already handled) and passes every other line, other tracebacks included.
+    `feed(line)` returns the lines to print now; `dropped` says whether such a traceback was seen."""
+
+    def __init__(self) -> None:
+        self._held: list[str] = []
+        self.dropped = False
+
+    def feed(self, line: str) -> list[str]:
+        if not self._held:
+            if line.startswith("Traceback (most recent call last):"):
+                self._held = [line]
+                return []
+            return [line]
+        self._held.append(line)
+        if line.startswith((" ", "\t")) or not line.strip():
+            return []  # inside the traceback
+        held, self._held = self._held, []  # its last line: the exception
+        if "SignalException" in line:
+            self.dropped = True
+            return []
+        return held
+
+    def flush(self) -> list[str]:
+        held, self._held = self._held, []
+        return held
+
+
+def _copy_lines(stream, filt: SignalTraceback) -> None:
+    for line in stream:
+        for out in filt.feed(line):
+            sys.stderr.write(out)
+        sys.stderr.flush()
+    for out in filt.flush():
+        sys.stderr.write(out)
+    sys.stderr.flush()
+
+
+class Forwarded:
+    """Whether `forward_sigterm` passed a SIGTERM on (`sent`)."""
+
+    sent = False
 
 
 @contextlib.contextmanager
-def forward_sigterm(child: subprocess.Popen) -> Iterator[None]:
+def forward_sigterm(child: subprocess.Popen) -> Iterator[Forwarded]:
     """SIGTERM to this process (a scheduler's preemption) goes on to `child` (torchrun, which passes it
     to its ranks: they save their step and stop, train/preempt.py) instead of ending this process alone."""
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield Forwarded()
         return
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signal.SIGTERM))
+    forwarded = Forwarded()
+
+    def handle(signum, frame) -> None:
+        forwarded.sent = True
+        child.send_signal(signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, handle)
     try:
-        yield
+        yield forwarded
     finally:
         signal.signal(signal.SIGTERM, previous)

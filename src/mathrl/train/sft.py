@@ -41,6 +41,7 @@ from mathrl.tasks.loading import load_problems
 from mathrl.tasks.sources import build_eval_sets, field_map, prompt_encoder
 from mathrl.train.batching import TrainBatch, micro_batches
 from mathrl.train.checkpoint import load_trainer_state, save_checkpoint
+from mathrl.train.preempt import Preempted, StopSignal, time_save_due
 from mathrl.train.shared import (
     SkipCount,
     build_optimizer,
@@ -307,16 +308,27 @@ def sft(cfg: Config, *, console: Console | None = None, resume: bool = True) -> 
             base = s.evaluate(0, verifier)
         elif s.eval_sets:  # a resumed run's evaluations so far are in its log
             base, last, _ = evals_from_log(s.run)
-        for step in range(s.start_step, cfg.sft.steps + 1):
-            sft_step(s, step)
-            if eval_due(cfg, step, last=cfg.sft.steps):
-                last = s.evaluate(step, verifier)
-            # no checkpoint while updates are being skipped: the last one stays the last good one
-            if save_due(cfg, step, last=cfg.sft.steps) and not s.skips.in_a_row:
-                save_checkpoint(s.run.checkpoints, step, model=s.model, tokenizer=s.tokenizer, optimizer=s.optimizer,
-                                scheduler=s.scheduler, state={"controllers": {}, "data": s.stream.state_dict()},
-                                keep_last=cfg.train.keep_last, keep_every=cfg.keep_every_steps)
-            s.skips.stop_if_over(cfg.train.max_skipped_steps, s.run.checkpoints)
+        with StopSignal() as stop:  # SIGTERM: stop after the step in progress, saved (train/preempt.py)
+            last_save = time.monotonic()
+            for step in range(s.start_step, cfg.sft.steps + 1):
+                sft_step(s, step)
+                if eval_due(cfg, step, last=cfg.sft.steps):
+                    last = s.evaluate(step, verifier)
+                late = time_save_due(cfg.train.save_every_minutes, last_save=last_save, now=time.monotonic())
+                checkpoints_on = bool(cfg.train.save_every or cfg.train.save_every_minutes)
+                # no checkpoint while updates are being skipped: the last one stays the last good one
+                due = save_due(cfg, step, last=cfg.sft.steps) or late or (stop.requested and checkpoints_on)
+                if due and not s.skips.in_a_row:
+                    save_checkpoint(s.run.checkpoints, step, model=s.model, tokenizer=s.tokenizer, optimizer=s.optimizer,
+                                    scheduler=s.scheduler, state={"controllers": {}, "data": s.stream.state_dict()},
+                                    keep_last=cfg.train.keep_last, keep_every=cfg.keep_every_steps)
+                    last_save = time.monotonic()
+                s.skips.stop_if_over(cfg.train.max_skipped_steps, s.run.checkpoints)
+                if stop.requested and step < cfg.sft.steps:
+                    if s.engine is not None:
+                        s.engine.close()
+                    s.tracker.close()
+                    raise Preempted(step)
     finish_sft(s, base=base, last=last, wall_seconds=time.time() - t_start)
     release_run_dir(s.run.path)  # finished: the writer's lock goes before the process does
     return s.run.path
