@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from mathrl.run_dir import RunDir
+from mathrl.track.sinks import flatten
 
 # ---- what to chart ----------------------------------------------------------------------------------
 # Sections of the page, in order, and the metric keys they chart (docs/metrics.md). "eval/*" expands to
@@ -114,16 +115,6 @@ def _as_float(value: Any) -> float | None:
     if isinstance(value, str) and value in ("nan", "inf", "-inf"):
         return float(value)
     return None
-
-
-def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """{"algo": {"clip": {"eps_high": 0.28}}} -> {"algo.clip.eps_high": 0.28}; lists stay values."""
-    if not isinstance(tree, dict) or (prefix and not tree):
-        return {prefix: tree}
-    out: dict[str, Any] = {}
-    for k, v in tree.items():
-        out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-    return out
 
 
 def _eval_point_from_row(row: dict[str, Any]) -> EvalPoint:

@@ -60,13 +60,14 @@ class TensorBoardSink:
         self._writer.close()
 
 
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """{"algo": {"clip": {"eps_high": 0.28}}} -> {"algo.clip.eps_high": 0.28}; lists (and empty dicts) stay
+    values. A config's parameters for MLflow, and the report's config table."""
+    if not isinstance(tree, dict) or (prefix and not tree):
+        return {prefix: tree}
     out: dict[str, Any] = {}
     for k, v in tree.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
+        out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
     return out
 
 
@@ -118,7 +119,7 @@ class MlflowSink:
         resumed = ids.ids.get("mlflow")
         self.run = mlflow.start_run(run_id=resumed, run_name=None if resumed else Path(run_dir).name)
         if not resumed:
-            mlflow.log_params({k: str(v)[:500] for k, v in _flatten(config).items()})
+            mlflow.log_params({k: str(v)[:500] for k, v in flatten(config).items()})
         ids.save("mlflow", self.run.info.run_id)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
