@@ -26,7 +26,6 @@ the caller's random state is untouched.
 from __future__ import annotations
 
 import json
-import string
 from functools import lru_cache
 from pathlib import Path
 
@@ -94,26 +93,11 @@ _PAD_ID, _EOS_ID = 0, 1  # ids of <pad> and <eos> in the character tokenizer (mo
 
 @lru_cache(maxsize=4)
 def random_init_tokenizer(vocab_size: int):
-    """The character tokenizer padded with placeholder tokens `<id>` to `vocab_size` entries.
+    """The character tokenizer padded with placeholder tokens `<id>` to `vocab_size` entries
+    (`model.tiny.build_char_tokenizer`)."""
+    from mathrl.model.tiny import build_char_tokenizer
 
-    Encoding is unchanged (one token per character: the placeholders have no merges, so text never
-    maps onto them); decoding shows a sampled placeholder as its id in angle brackets.
-    """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    from mathrl.model.tiny import EOS, PAD, UNK, _byte_level_symbols
-
-    to_symbol = _byte_level_symbols()
-    chars = list(string.printable[:95]) + ["\n"]
-    tokens = [PAD, EOS, UNK, *(to_symbol[ord(c)] for c in chars)]
-    if vocab_size < len(tokens):
-        raise ValueError(f"vocab_size {vocab_size} is smaller than the character tokenizer ({len(tokens)} tokens)")
-    tokens += [f"<{i}>" for i in range(len(tokens), vocab_size)]
-    tok = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, [], unk_token=UNK))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    out = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=UNK)
+    out = build_char_tokenizer(vocab_size)
     assert (out.pad_token_id, out.eos_token_id) == (_PAD_ID, _EOS_ID)
     return out
 

@@ -43,21 +43,30 @@ PretrainingText = Callable[[int, random.Random], list[tuple[str, str]]]
 """(count, rng) -> `count` (prompt, solution) text pairs, drawn from `rng` only."""
 
 
-def build_char_tokenizer():
+def build_char_tokenizer(vocab_size: int | None = None):
     """A character-level tokenizer over printable ASCII (one token per character), built locally.
 
     Tokens are spelled in the byte-level alphabet (space is "Ġ", newline "Ċ") with a byte-level
     pre-tokenizer and decoder: transformers 5 loads any `model_type: qwen2` directory with the
     Qwen2 byte-level tokenizer class, which would silently drop whitespace from a vocabulary written
     in plain characters. A BPE model with no merges then gives exactly one token per character.
+
+    `vocab_size` pads the vocabulary with placeholder tokens `<id>` up to that many entries (a
+    random-init model's, `model.init.random_init_tokenizer`): encoding is unchanged (the placeholders
+    have no merges, so text never maps onto them); a sampled placeholder decodes as its id in angle
+    brackets.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     to_symbol = _byte_level_symbols()
     chars = list(string.printable[:95]) + ["\n"]  # digits, letters, punctuation, space, newline
-    vocab = {token: i for i, token in enumerate([PAD, EOS, UNK, *(to_symbol[ord(c)] for c in chars)])}
-    tok = Tokenizer(models.BPE(vocab, [], unk_token=UNK))
+    tokens = [PAD, EOS, UNK, *(to_symbol[ord(c)] for c in chars)]
+    if vocab_size is not None:
+        if vocab_size < len(tokens):
+            raise ValueError(f"vocab_size {vocab_size} is smaller than the character tokenizer ({len(tokens)} tokens)")
+        tokens += [f"<{i}>" for i in range(len(tokens), vocab_size)]
+    tok = Tokenizer(models.BPE({token: i for i, token in enumerate(tokens)}, [], unk_token=UNK))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=UNK)
