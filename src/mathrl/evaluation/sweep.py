@@ -370,11 +370,11 @@ def _seed_record(seed: int, result, texts: list[str], repetitive: list[bool], ga
 def _checkpoint_engine(ckpt: Checkpoint, model, tokenizer, engines: dict):
     """The configured rollout engine (rollout.engine) for a loaded checkpoint. A vLLM engine is started
     once per architecture and settings, and later checkpoints are synced into it (seconds instead of a
-    restart per checkpoint); the torch engine simply samples from the loaded model."""
-    from mathrl.rollout.factory import build_engine
+    restart per checkpoint); an engine that samples from the loaded model itself (torch) is simply built on it."""
+    from mathrl.rollout.factory import build_engine, engine_samples_from_module
 
     cfg = ckpt.cfg
-    if cfg.rollout.engine == "torch":
+    if engine_samples_from_module(cfg.rollout.engine):
         return build_engine(cfg, model=model, tokenizer=tokenizer, model_path=ckpt.path)
     key = (cfg.rollout.engine, repr(cfg.rollout.vllm), cfg.model.dtype,
            tuple((k, tuple(v.shape)) for k, v in model.state_dict().items()))
