@@ -17,7 +17,7 @@ from mathrl.evaluation.metrics import answer_forms, avg_at_n, default_ks, maj_at
 from mathrl.reward.extract import has_final_answer
 from mathrl.reward.numeric import answer_form
 from mathrl.reward.reflection import reflection_stats
-from mathrl.reward.functions import Scores, component_metrics, failure_counts, score_rows
+from mathrl.reward.functions import Rewarder, Scores, component_metrics, failure_counts, score_rows
 from mathrl.reward.verify import Verifier
 from mathrl.rollout.base import concat_rollouts
 from mathrl.rollout.episodes import episode_metrics, void_turns
@@ -78,7 +78,7 @@ def evaluate(
     *,
     engine,
     tokenizer,
-    verifier: Verifier,
+    verifier: Verifier | Rewarder,
     n: int,
     max_new_tokens: int,
     temperature: float,

@@ -13,6 +13,8 @@ from rich.console import Console
 
 from mathrl.config import Config, to_dict
 from mathrl.evaluation.evaluate import EvalResult, evaluate
+from mathrl.reward.functions import Rewarder
+from mathrl.reward.verify import Verifier
 from mathrl.run_dir import RunDir
 from mathrl.tasks.sources import EvalSet
 from mathrl.track.sinks import Tracker
@@ -111,7 +113,7 @@ def resume_from(checkpoint: Path, state: dict, *, stream, run: RunDir, console: 
     return state["step"] + 1
 
 
-def run_evals(eval_sets: list[EvalSet], *, engine, tokenizer, verifier, cfg: Config,
+def run_evals(eval_sets: list[EvalSet], *, engine, tokenizer, verifier: Verifier | Rewarder, cfg: Config,
               ranks: Ranks | None = None) -> dict[str, EvalResult]:
     """Every eval set evaluated; with several ranks each samples a block of the rows and every rank gets
     the whole result (`evaluation.evaluate.evaluate`), so no rank waits alone in a collective."""

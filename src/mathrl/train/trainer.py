@@ -1,7 +1,7 @@
 """`build_trainer`: everything an RL run holds, built in one place, in a fixed order.
 
     trainer = build_trainer(cfg, ranks, console=console, resume=True)
-    with trainer.verifier:
+    with trainer.rewarder:
         metrics = rl_step(trainer, trainer.start_step)     # train/step.py
 
 The order of the builds below is part of the run's reproducibility: the tiny base model, a fresh
@@ -76,7 +76,7 @@ class Trainer:
     critic_optimizer: Any = None
     critic_scheduler: Any = None
     tracker: Any = None
-    verifier: Rewarder | None = None
+    rewarder: Rewarder | None = None  # the reward components (reward.functions), scoring in its Verifier's workers
     generator: Any = None  # train/generator.py:Generator, on rank 0, when generator processes sample (rollout.max_staleness)
     start_step: int = 1
     skips: SkipCount = field(default_factory=SkipCount)
@@ -106,6 +106,12 @@ class Trainer:
             "ptx": self.ptx.state_dict() if self.ptx is not None else None,
             "skipped_steps": self.skips.total,
         }
+
+    @property
+    def verifier(self) -> Rewarder | None:
+        """The rewarder, by the keyword the scoring functions take it under (`verifier=`: a Verifier or a
+        Rewarder, whose `score` both have)."""
+        return self.rewarder
 
     @contextlib.contextmanager
     def reference(self) -> Iterator[Any]:
@@ -157,9 +163,9 @@ class Trainer:
 
 def build_trainer(cfg: Config, ranks: Ranks, *, console: Console, resume: bool = True) -> Trainer:
     """Open (or resume) the run directory and build the models, engine, optimizers, controllers, data,
-    tracker and verifier of an RL run. Enter `trainer.verifier` before the first step."""
+    tracker and rewarder of an RL run. Enter `trainer.rewarder` before the first step."""
     t_start = time.time()
-    # reward.functions in the verifier's workers (started on first use): a dead reward server stops
+    # reward.functions in the rewarder's worker processes (started on first use): a dead reward server stops
     # the run here, in one line, before the run directory or a model is touched
     rewarder = build_rewarder(cfg.reward)
     run, checkpoint = _open_run(cfg, ranks, console=console, resume=resume)
@@ -215,7 +221,7 @@ def build_trainer(cfg: Config, ranks: Ranks, *, console: Console, resume: bool =
         engine.update_weights(trainer.engine_weights())
     trainer.tracker = build_tracker(cfg, run, ranks)
     _print_data_notes(trainer)
-    trainer.verifier = rewarder
+    trainer.rewarder = rewarder
     return trainer
 
 
