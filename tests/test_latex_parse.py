@@ -2,10 +2,13 @@
 
 Each string is parsed both ways in this process; the expressions must print the same under
 ``sympy.srepr`` (symbol assumptions and float precision included), and a string LL rejects must be
-rejected with the same message.
+rejected with the same message. The fast way must really predict with SLL (a spy on ANTLR's
+prediction), and a latex2sympy2 or ANTLR whose private API changed must leave the checks working.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import pytest
 
@@ -80,3 +83,99 @@ def test_install_is_idempotent_and_done_by_the_checker(restore_parsing) -> None:
     assert latex2sympy2._Latex2Sympy.create_parser is installed  # not wrapped twice
     latex_parse.uninstall_two_stage_parsing()
     assert not latex_parse.two_stage_installed()
+
+
+# ---- the fast path runs ---------------------------------------------------------------------------------
+@pytest.fixture
+def prediction_modes(monkeypatch):
+    """The prediction mode of every ANTLR prediction made while the test runs (a spy on the simulator)."""
+    from antlr4.atn.ParserATNSimulator import ParserATNSimulator
+
+    modes = []
+    predict = ParserATNSimulator.adaptivePredict
+
+    def spy(self, *args, **kwargs):
+        modes.append(self.predictionMode)
+        return predict(self, *args, **kwargs)
+
+    monkeypatch.setattr(ParserATNSimulator, "adaptivePredict", spy)
+    return modes
+
+
+def test_the_two_stage_parser_predicts_with_sll(restore_parsing, prediction_modes) -> None:
+    from antlr4.atn.PredictionMode import PredictionMode
+
+    latex_parse.uninstall_two_stage_parsing()
+    latex2sympy2.latex2sympy("(15,-28)")
+    assert prediction_modes and set(prediction_modes) == {PredictionMode.LL}  # latex2sympy2's own way
+    assert latex_parse.install_two_stage_parsing() and latex_parse.fast_parse_active()  # its probe parses both ways
+    prediction_modes.clear()
+    latex2sympy2.latex2sympy("(15,-28)")
+    # a parse that SLL can do is done by SLL alone: no LL prediction at all
+    assert prediction_modes and set(prediction_modes) == {PredictionMode.SLL}
+
+
+def test_the_checker_parses_with_sll(restore_parsing, prediction_modes) -> None:
+    from antlr4.atn.PredictionMode import PredictionMode
+
+    from mathrl.reward import verify_one
+
+    latex_parse.uninstall_two_stage_parsing()
+    assert verify_one("\\boxed{5\\sqrt{3}}", "\\sqrt{75}").detail == "math-verify"  # installs it first
+    assert PredictionMode.SLL in prediction_modes
+
+
+# ---- a changed private API falls back ----------------------------------------------------------------
+class _ParserWithoutPrivateFields:
+    """A parser as a latex2sympy2 whose parser object hides ANTLR's fields would return: the start rule only."""
+
+    def __init__(self, parser):
+        self._parser = parser
+
+    def math(self):
+        return self._parser.math()
+
+
+def _bail_strategy_gone(monkeypatch) -> None:
+    import antlr4.error.ErrorStrategy
+
+    monkeypatch.delattr(antlr4.error.ErrorStrategy, "BailErrorStrategy")  # ANTLR moved or renamed it
+
+
+def _parser_fields_gone(monkeypatch) -> None:
+    create_parser = latex2sympy2._Latex2Sympy.create_parser
+    monkeypatch.setattr(latex2sympy2._Latex2Sympy, "create_parser",
+                        lambda self, latex: _ParserWithoutPrivateFields(create_parser(self, latex)))
+
+
+@pytest.mark.parametrize("break_api", [_bail_strategy_gone, _parser_fields_gone], ids=["antlr", "latex2sympy2"])
+def test_a_changed_private_api_falls_back_with_one_warning_and_still_scores(break_api, restore_parsing,
+                                                                            monkeypatch) -> None:
+    from mathrl.reward import verify_one
+
+    latex_parse.uninstall_two_stage_parsing()
+    break_api(monkeypatch)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        # answers only math-verify decides (the detail says so), each parsed for the first time here
+        right = [verify_one("\\boxed{4\\sqrt{7}}", "\\sqrt{112}"), verify_one("\\boxed{x^2+4x+4}", "(x+2)^2"),
+                 verify_one("\\boxed{(6,-29)}", "(6,-29)")]
+        wrong = verify_one("\\boxed{4\\sqrt{5}}", "\\sqrt{112}")
+    assert [r.score for r in right] == [1.0, 1.0, 1.0], right
+    assert (wrong.score, wrong.reason) == (0.0, "wrong")
+    assert right[0].detail == "math-verify"
+    fallbacks = [w for w in caught if issubclass(w.category, RuntimeWarning) and "two-stage" in str(w.message)]
+    assert len(fallbacks) == 1, [str(w.message) for w in caught]
+    assert not latex_parse.two_stage_installed() and not latex_parse.fast_parse_active()
+    assert latex_parse.install_two_stage_parsing() is False  # at once, and silent
+
+
+def test_the_verifier_reports_whether_its_workers_parse_fast() -> None:
+    from mathrl.reward import Verifier
+
+    with Verifier(num_workers=1, timeout_s=30.0) as verifier:
+        assert verifier.latex_fast_parse is None  # no worker has started yet
+        assert verifier.score(["\\boxed{2\\sqrt{6}}"], ["\\sqrt{24}"])[0].score == 1.0
+        assert verifier.latex_fast_parse is True
+    assert Verifier(num_workers=0).latex_fast_parse is True
+    assert Verifier(num_workers=0, checker="math-verify").latex_fast_parse is None  # parses as math-verify does

@@ -12,13 +12,31 @@ again from scratch exactly as latex2sympy2 does (LL, its error listener), so tha
 every error is LL's. This is the strategy of Parr, "The Definitive ANTLR 4 Reference", section 13.7.
 
     >>> install_two_stage_parsing()   # idempotent; `equivalence` calls it before its first parse
+    True
 
-`tests/test_latex_parse.py` checks that both ways give the same expressions and the same errors.
+The patch replaces latex2sympy2's private ``_Latex2Sympy.create_parser`` and sets the ANTLR parser's
+private ``_interp.predictionMode`` and ``_errHandler``; pyproject.toml pins the versions it is tested
+with. Before it is installed, one probe parse goes the two-stage way and is compared with LL's tree.
+Where the private API is not what it expects (another version of either package), the probe fails and
+latex2sympy2 keeps its own LL parsing: every answer is still checked the same way, only slower, and
+one RuntimeWarning per process says so. `fast_parse_active()` says which way this process parses
+(the Verifier's workers report it: `Verifier.latex_fast_parse`).
+
+`tests/test_latex_parse.py` checks that both ways give the same expressions and the same errors, that
+the fast way really predicts with SLL, and that a changed private API falls back.
 """
 
 from __future__ import annotations
 
-__all__ = ["install_two_stage_parsing", "two_stage_installed", "uninstall_two_stage_parsing"]
+import warnings
+
+__all__ = ["fast_parse_active", "install_two_stage_parsing", "two_stage_installed", "uninstall_two_stage_parsing"]
+
+PROBE = "(15,-29)"
+"""Parsed both ways before the patch goes in: a tuple, the ambiguity that SLL prediction speeds up."""
+
+_fallback: str | None = None
+"""Why this process parses with latex2sympy2's own LL parsing (the probe failed); None: it did not."""
 
 
 def two_stage_installed() -> bool:
@@ -28,18 +46,58 @@ def two_stage_installed() -> bool:
     return getattr(latex2sympy2._Latex2Sympy.create_parser, "two_stage", False)
 
 
-def install_two_stage_parsing() -> None:
-    """Make latex2sympy2 (and so math-verify) parse SLL-first in this process. Idempotent."""
+def fast_parse_active() -> bool:
+    """Whether LaTeX parses in this process go SLL-first: False before `install_two_stage_parsing` (the
+    first check that reaches math-verify calls it) and after a fallback to latex2sympy2's own parsing."""
+    try:
+        return _fallback is None and two_stage_installed()
+    except Exception:  # latex2sympy2 itself does not import: nothing parses SLL-first
+        return False
+
+
+def install_two_stage_parsing() -> bool:
+    """Make latex2sympy2 (and so math-verify) parse SLL-first in this process; returns whether it does.
+    Idempotent. Where latex2sympy2's or ANTLR's private API is not the tested one, latex2sympy2 keeps
+    its own parsing, with one RuntimeWarning; later calls then return False at once."""
+    global _fallback
+    if _fallback is not None:
+        return False
+    try:
+        if not two_stage_installed():
+            _install()
+    except Exception as e:  # noqa: BLE001 - any change of the private API: the checks go on, unpatched
+        _fallback = f"{type(e).__name__}: {e}"[:300]
+        warnings.warn(f"math-verify's LaTeX parser stays on latex2sympy2's own (slower) parsing: the two-stage "
+                      f"patch does not fit the installed latex2sympy2_extended / antlr4-python3-runtime "
+                      f"({_fallback}); answers are checked the same way", RuntimeWarning, stacklevel=2)
+        return False
+    return True
+
+
+def uninstall_two_stage_parsing() -> None:
+    """Back to latex2sympy2's own LL parsing, and a fallback forgotten (for the tests that compare both)."""
+    global _fallback
+    from latex2sympy2_extended import latex2sympy2
+
+    _fallback = None
+    if two_stage_installed():
+        latex2sympy2._Latex2Sympy.create_parser = latex2sympy2._Latex2Sympy.create_parser.ll
+
+
+def _install() -> None:
+    """Probe the private API, then wrap `create_parser` (raises, changing nothing, if the probe fails)."""
+    from antlr4.atn.PredictionMode import PredictionMode
+    from antlr4.error.ErrorStrategy import BailErrorStrategy
     from latex2sympy2_extended import latex2sympy2
 
     converter = latex2sympy2._Latex2Sympy
-    if two_stage_installed():
-        return
     create_ll_parser = converter.create_parser
+    _probe(converter, create_ll_parser, PredictionMode.SLL, BailErrorStrategy)
 
     def create_parser(self, latex_str: str):
         parser = create_ll_parser(self, latex_str)
-        parser.math = lambda: _math_two_stage(parser, lambda: create_ll_parser(self, latex_str))
+        parser.math = lambda: _math_two_stage(parser, lambda: create_ll_parser(self, latex_str),
+                                              sll=PredictionMode.SLL, bail=BailErrorStrategy)
         return parser
 
     create_parser.two_stage = True
@@ -47,22 +105,29 @@ def install_two_stage_parsing() -> None:
     converter.create_parser = create_parser
 
 
-def uninstall_two_stage_parsing() -> None:
-    """Back to latex2sympy2's own LL parsing (for the tests that compare both)."""
-    from latex2sympy2_extended import latex2sympy2
+def _probe(converter, create_ll_parser, sll, bail) -> None:
+    """PROBE parsed by the first stage alone (SLL, bail-out) must succeed and give the tree LL gives."""
+    ll_parser = create_ll_parser(converter(), PROBE)
+    expected = ll_parser.math().toStringTree(recog=ll_parser)
+    parser = create_ll_parser(converter(), PROBE)
+    for name in ("_interp", "_errHandler"):
+        if not hasattr(parser, name):
+            raise AttributeError(f"{type(parser).__name__} has no {name}")
+    got = _sll_parse(parser, sll=sll, bail=bail).toStringTree(recog=parser)
+    if got != expected:
+        raise RuntimeError(f"the SLL parse of {PROBE!r} differs from LL's")
 
-    if two_stage_installed():
-        latex2sympy2._Latex2Sympy.create_parser = latex2sympy2._Latex2Sympy.create_parser.ll
+
+def _sll_parse(parser, *, sll, bail):
+    """The grammar's start rule ``math`` with SLL prediction and bail-out at the first error."""
+    parser._interp.predictionMode = sll
+    parser._errHandler = bail()
+    return type(parser).math(parser)
 
 
-def _math_two_stage(parser, create_ll_parser):
-    """The grammar's start rule ``math``: SLL with bail-out on a fresh parser, else LL on another."""
-    from antlr4.atn.PredictionMode import PredictionMode
-    from antlr4.error.ErrorStrategy import BailErrorStrategy
-
-    parser._interp.predictionMode = PredictionMode.SLL
-    parser._errHandler = BailErrorStrategy()
+def _math_two_stage(parser, create_ll_parser, *, sll, bail):
+    """The start rule: SLL with bail-out on a fresh parser, else LL on another."""
     try:
-        return type(parser).math(parser)
+        return _sll_parse(parser, sll=sll, bail=bail)
     except Exception:  # a syntax error, or SLL not strong enough: LL decides, errors included
         return type(parser).math(create_ll_parser())

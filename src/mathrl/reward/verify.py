@@ -39,6 +39,7 @@ from typing import Literal
 
 from mathrl.reward.equivalence import UnparsableReference, answers_equal
 from mathrl.reward.extract import BOX_POLICIES, BoxPolicy, extract_boxed, final_answers
+from mathrl.reward.latex_parse import install_two_stage_parsing
 
 __all__ = ["CHECKERS", "DEFAULT_BOX_POLICY", "CallResult", "FunctionCall", "RewardResult", "Reason", "Verifier",
            "call_reward_function", "math_verify_plain", "verify_one"]
@@ -246,19 +247,22 @@ def _encode(text: str) -> bytes:
     return text.encode("utf-8", errors="replace")
 
 
-def _warm_up() -> None:
-    """Import math-verify and run one parse, so a worker's first item does not pay the SymPy import
-    and ANTLR set-up inside its timeout."""
+def _warm_up(fast_latex: bool) -> bool | None:
+    """Run one check, and with `fast_latex` (the mathrl checker) install math-verify's two-stage LaTeX
+    parsing (`latex_parse`; it imports latex2sympy2 and SymPy), so that a worker's first item does not
+    pay those imports inside its timeout. Returns whether LaTeX parses SLL-first here (None: the plain
+    math-verify checker, which parses as math-verify does)."""
     verify_one("\\boxed{\\frac{1}{2}}", "0.5")
+    return install_two_stage_parsing() if fast_latex else None
 
 
-def _worker_main(conn: multiprocessing.connection.Connection, item_fn: ItemFn) -> None:
-    """Loop of a worker process: receive ``(completion, reference)`` as UTF-8 bytes, send back a
-    ``RewardResult``; ``None`` or a closed pipe ends it."""
+def _worker_main(conn: multiprocessing.connection.Connection, item_fn: ItemFn, fast_latex: bool) -> None:
+    """Loop of a worker process: say ``("ready", latex fast parse)`` once warmed up, then receive
+    ``(completion, reference)`` as UTF-8 bytes and send back a ``RewardResult``; ``None`` or a closed
+    pipe ends it."""
     # Ctrl-C goes to the whole process group; let the parent decide, instead of N tracebacks.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _warm_up()
-    conn.send("ready")
+    conn.send(("ready", _warm_up(fast_latex)))
     while True:
         try:
             message = conn.recv()
@@ -284,10 +288,10 @@ class _Worker:
     leave a lock held or a half-written message in a channel other workers use.
     """
 
-    def __init__(self, context: multiprocessing.context.BaseContext, item_fn: ItemFn) -> None:
+    def __init__(self, context: multiprocessing.context.BaseContext, item_fn: ItemFn, fast_latex: bool) -> None:
         self.conn, child_conn = context.Pipe(duplex=True)
         self.process = context.Process(
-            target=_worker_main, args=(child_conn, item_fn), name="mathrl-verifier", daemon=True
+            target=_worker_main, args=(child_conn, item_fn, fast_latex), name="mathrl-verifier", daemon=True
         )
         self.process.start()
         child_conn.close()  # so that recv() in the parent sees EOF when the child dies
@@ -356,12 +360,27 @@ class Verifier:
         self.boxed = boxed
         # A partial of a module-level function pickles by name, so spawned workers can receive it.
         self._item_fn: ItemFn = _item_fn if _item_fn is not None else functools.partial(verify_one, boxed=boxed, checker=checker)
+        self._fast_latex = checker == "mathrl"  # plain math-verify parses as math-verify does
         self._context = multiprocessing.get_context("spawn")
         self._workers: list[_Worker] = []
+        self._latex_fast_parse: bool | None = None
         self._lock = threading.Lock()
         self._closed = False
 
     # -- public ------------------------------------------------------------------------------------
+
+    @property
+    def latex_fast_parse(self) -> bool | None:
+        """Whether math-verify's LaTeX parsing goes SLL-first where the checks run (`latex_parse`): False
+        when latex2sympy2's or ANTLR's private API did not fit the patch there and it fell back to the
+        slower stock parsing (the scores are the same). None for the plain math-verify checker, and with
+        workers until one has started (the first `score` or `call`). With ``num_workers=0`` the patch is
+        installed in this process when asked."""
+        if not self._fast_latex:
+            return None
+        if self.num_workers == 0:
+            return install_two_stage_parsing()
+        return self._latex_fast_parse
 
     def score(self, completions: Sequence[str], references: Sequence[str]) -> list[RewardResult]:
         """Score each completion against the reference at the same index; never raises on model text.
@@ -431,7 +450,7 @@ class Verifier:
 
     def _replace(self, worker: _Worker, *, kill: bool) -> None:
         worker.stop(kill=kill)
-        self._workers[self._workers.index(worker)] = _Worker(self._context, self._item_fn)
+        self._workers[self._workers.index(worker)] = _Worker(self._context, self._item_fn, self._fast_latex)
 
     def _score_in_workers(
         self, completions: Sequence[str], references: Sequence[str]
@@ -466,7 +485,7 @@ class Verifier:
         `results` with their answers; `failed(index, reason, detail)` is the result of an item whose
         worker ran past its timeout (reason ``timeout``) or died (``error``)."""
         while len(self._workers) < self.num_workers:
-            self._workers.append(_Worker(self._context, self._item_fn))
+            self._workers.append(_Worker(self._context, self._item_fn, self._fast_latex))
 
         pending: collections.deque[int] = collections.deque(i for i, r in enumerate(results) if r is None)
         while pending or any(w.item is not None for w in self._workers):
@@ -521,7 +540,9 @@ class Verifier:
 
         if got_message:
             if not worker.ready:
-                worker.ready = message == "ready"
+                worker.ready = isinstance(message, tuple) and message[0] == "ready"
+                if worker.ready and self._fast_latex:  # every worker must parse SLL-first for True
+                    self._latex_fast_parse = bool(message[1]) and self._latex_fast_parse is not False
             elif worker.item is not None:
                 results[worker.item] = message
                 worker.item = None
