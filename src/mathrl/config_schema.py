@@ -1,13 +1,19 @@
-"""The domain of every config field, the fields' docs, and the reference that `mathrl config` prints.
+"""The vocabulary of field domains, the check of every field against its own, the fields' docs, and
+the reference that `mathrl config` prints.
 
-`DOMAINS` maps each dotted key to the values it allows (a range, a length, a rule for strings);
-`Config.validate` checks every one of them before anything is built or loaded, and each message
-names the key, the value and what is allowed:
+A field's domain (the values it allows: a range, a length, a rule for strings) is part of its type
+annotation in the config tree (mathrl/config/tree.py), beside its default and its `#` doc:
+
+    lr: Positive[float] = 1e-4  # AdamW learning rate
+    max_grad_norm: Annotated[float, positive("gradients are clipped to this norm; ...")] = 1.0  # ...
+
+`check_domains` reads them from the annotations (`typing.Annotated` metadata) and `Config.validate`
+runs it before anything is built or loaded; each message names the key, the value and what is allowed:
 
     train.max_grad_norm=-1.0: must be > 0 (gradients are clipped to this norm; a negative limit flips their sign)
 
-The docs are the `#` comments beside the fields in config.py (and each section's docstring); they are
-read from the source once, so the file stays the one place where a field is documented.
+The docs are the `#` comments beside the fields (and each section's docstring); they are read from the
+source once, so the tree stays the one place where a field is declared.
 
     from mathrl.config import Config
     from mathrl.config_schema import reference
@@ -23,19 +29,21 @@ import functools
 import inspect
 import io
 import math
-import os
-import re
 import textwrap
 import tokenize
+import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypeVar
 
-from mathrl.registry import ADVANTAGE_ESTIMATORS, ENGINES, PROMPT_TEMPLATES, TOOL_FORMATS, Registry
+from mathrl.registry import Registry
 
-__all__ = ["DOMAINS", "Domain", "FieldInfo", "Range", "Registered", "Rule", "check_domains", "config_changes", "field_docs", "model_path_problem", "plain", "reference"]
+__all__ = [
+    "COUNT", "FINITE", "NONNEG", "NON_EMPTY", "SEED", "Count", "Domain", "FieldInfo", "Finite", "NonNeg", "Positive",
+    "Range", "Registered", "Rule", "Seed", "Text", "ZeroToOne", "at_least", "check_domains", "config_changes",
+    "domain_of", "domains", "field_docs", "plain", "positive", "reference", "unit",
+]
 
 INF = math.inf
 SEED_MAX = 2**32 - 1  # numpy's seeds are 32-bit
@@ -145,195 +153,81 @@ SEED = Range(0, SEED_MAX)
 NON_EMPTY = Rule(lambda v: isinstance(v, str) and bool(v.strip()), "a non-empty string")
 
 
-def _template_ok(value: Any) -> bool:
-    return value == "chat" or value in PROMPT_TEMPLATES.names() or "{question}" in str(value)
+# The domains most fields take, as annotations: `steps: Count = 50`, `lr: Positive[float] = 1e-4`,
+# `slip_prob: ZeroToOne = 0.3`, `keep_every: NonNeg[int] | None = None`. Any other domain is written out:
+# `Annotated[float, Range(1, open_low=True, why="...")]`.
+_T = TypeVar("_T")
+Count = Annotated[int, COUNT]  # a size, a number of steps or samples: >= 1
+NonNeg = Annotated[_T, NONNEG]  # >= 0
+Positive = Annotated[_T, positive()]  # > 0
+Finite = Annotated[float, FINITE]  # any finite number
+ZeroToOne = Annotated[float, unit()]  # in [0, 1]: a probability, a share, a lambda
+Seed = Annotated[int, SEED]
+Text = Annotated[str, NON_EMPTY]
 
 
-def _schedule_ok(value: Any) -> bool:
-    return all(isinstance(p, list) and len(p) == 2 and p[0] >= 0 and p[1] >= 1 for p in value)
-
-
-# Every int and float field has an entry (tests/test_config.py checks it); strings and lists where a
-# value can be wrong beyond its type. Cross-field rules (min <= max, batch divisibility, ...) live in
-# Config.validate.
-DOMAINS: dict[str, Domain] = {
-    "seed": SEED,
-    "model.path": NON_EMPTY,
-    "model.logprob_chunk_size": COUNT,
-    "model.max_position_embeddings": at_least(2),
-    "model.lora.r": NONNEG,
-    "model.lora.alpha": positive(),
-    "model.lora.dropout": unit(open_high=True),
-    "model.lora.target_modules": Rule(lambda v: bool(v) and all(isinstance(s, str) and s.strip() for s in v),
-                                      "a non-empty list of module names"),
-    "base.seed": SEED,
-    "base.min_digits": Range(1, 18),
-    "base.max_digits": Range(1, 18),
-    "base.hidden_size": COUNT,
-    "base.intermediate_size": COUNT,
-    "base.num_layers": COUNT,
-    "base.num_heads": COUNT,
-    "base.num_kv_heads": COUNT,
-    "base.max_positions": at_least(2),
-    "base.steps": NONNEG,
-    "base.batch_size": COUNT,
-    "base.lr": positive(),
-    "base.warmup_steps": NONNEG,
-    "base.slip_prob": unit(),
-    "base.check_prob": unit(),
-    "base.decimal_share": unit(),
-    "base.tool_share": unit(),
-    "data.train": NON_EMPTY,
-    "data.eval": Rule(lambda v: bool(v) and all(isinstance(s, str) and s.strip() for s in v),
-                      "a non-empty list of sources (arith, arith_decimal, arith_hard, files, hf: datasets)"),
-    "data.question_field": NON_EMPTY,
-    "data.template": Rule(_template_ok, "arith, zero, plain, chat, or a string containing {question}"),
-    "data.max_prompt_tokens": COUNT,
-    "data.eval_size": COUNT,
-    "data.dynamic_sampling.band_low": unit(),
-    "data.dynamic_sampling.band_high": unit(),
-    "data.dynamic_sampling.max_rounds": COUNT,
-    "data.dynamic_sampling.max_empty_steps": NONNEG,
-    "data.arith.min_digits": Range(1, 18),
-    "data.arith.max_digits": Range(1, 18),
-    "data.arith.heldout_permille": Range(1, 999),
-    "data.arith.decimal_share": unit(),
-    "data.arith.min_carries": Range(0, 18, why="at most data.arith.max_digits"),
-    "data.arith.hard_min_carries": Range(0, 18, why="at most data.arith.max_digits"),
-    "rollout.engine": Registered(ENGINES),
-    "rollout.prompts_per_step": COUNT,
-    "rollout.n": COUNT,
-    "rollout.temperature": positive(
-        "training samples from the policy: at 0 (greedy) every sample of a group is the same, its advantages are 0, "
-        "and the sampling logprobs the loss needs are undefined; eval.temperature=0 is allowed"),
-    "rollout.top_p": unit(open_low=True),
-    "rollout.max_new_tokens": COUNT,
-    "rollout.batch_size": COUNT,
-    "rollout.max_staleness": at_least(0, "policy versions between the sampling weights and the trainer's"),
-    "rollout.generator.workers": NONNEG,
-    "rollout.generator.threads": NONNEG,
-    "rollout.generator.devices": at_least(0, "CUDA device indices"),
-    "rollout.generator.bucket_mb": positive(),
-    "rollout.tool_format": Registered(TOOL_FORMATS),
-    "rollout.max_turns": COUNT,
-    "rollout.max_tool_calls": NONNEG,
-    "rollout.observation_max_tokens": COUNT,
-    "rollout.tool_workers": COUNT,
-    "rollout.vllm.gpu_memory_utilization": unit(open_low=True, why="a share of the GPU's memory"),
-    "rollout.vllm.kv_cache_gb": positive("null lets vLLM size it"),
-    "rollout.vllm.max_model_len": at_least(2),
-    "rollout.vllm.tensor_parallel_size": COUNT,
-    "rollout.vllm.max_num_seqs": COUNT,
-    "rollout.vllm.max_num_batched_tokens": COUNT,
-    "algo.adv.estimator": Registered(ADVANTAGE_ESTIMATORS),
-    "algo.clip.eps_low": unit(open_high=True),
-    "algo.clip.eps_high": NONNEG,
-    "algo.clip.dual_clip_c": Range(1, open_low=True, why="the dual-clip bound sits above the ratio clip"),
-    "algo.critic.lr": positive(),
-    "algo.critic.gamma": unit(open_low=True),
-    "algo.critic.lam_actor": unit(),
-    "algo.critic.lam_critic": unit(),
-    "algo.critic.length_adaptive_alpha": positive("VAPO uses 0.05; null is off"),
-    "algo.critic.value_clip": positive("null is off"),
-    "algo.critic.pretrain_steps": NONNEG,
-    "algo.entropy.coef": NONNEG,
-    "algo.entropy.target": NONNEG,
-    "algo.entropy.kp": NONNEG,
-    "algo.entropy.step": NONNEG,
-    "algo.entropy.min_coef": NONNEG,
-    "algo.entropy.max_coef": NONNEG,
-    "algo.entropy.ref_gain_clip.max_gain": FINITE,
-    "algo.entropy.ref_gain_clip.max_ratio": positive(),
-    "algo.kl.coef": NONNEG,
-    "algo.kl.target": positive("null is a fixed coefficient"),
-    "algo.kl.horizon": COUNT,
-    "algo.ptx.coef": NONNEG,
-    "algo.ptx.data": NON_EMPTY,
-    "algo.ptx.batch_size": COUNT,
-    "algo.ptx.max_tokens": at_least(2),
-    "algo.pos_lm.coef": NONNEG,
-    "algo.rollout_correction.cap": Range(1, open_low=True, why="a ratio of 1 is on-policy; 2.0 is common"),
-    "algo.rollout_correction.lower": unit(open_low=True, open_high=True, why="a ratio of 1 is on-policy; 0.5 is IcePop's"),
-    "train.steps": COUNT,
-    "train.mini_batch_size": COUNT,
-    "train.epochs": COUNT,
-    "train.micro_batch_tokens": COUNT,
-    "train.lr": positive(),
-    "train.warmup_steps": NONNEG,
-    "train.weight_decay": NONNEG,
-    "train.betas": Range(0, 1, open_high=True, length=2, why="Adam's beta1 and beta2"),
-    "train.max_grad_norm": positive("gradients are clipped to this norm; a negative limit flips their sign"),
-    "train.save_every": NONNEG,
-    "train.save_every_minutes": NONNEG,
-    "train.keep_last": COUNT,
-    "train.keep_every": NONNEG,
-    "train.max_skipped_steps": COUNT,
-    "train.dist.timeout_s": positive("seconds a collective may wait for the other ranks"),
-    "reward.num_workers": NONNEG,
-    "reward.timeout_s": positive(),
-    "reward.incorrect": Range(-INF, 1, open_high=True, why="a wrong answer must score below a right one (1)"),
-    "reward.overlong.cache_len": COUNT,
-    "reward.kimi_length_coef": NONNEG,
-    "reward.length_bonus_coef": FINITE,
-    "reward.length_schedule": Rule(_schedule_ok, "a list of [step >= 0, target_length >= 1] pairs"),
-    "reward.length_schedule_coef": NONNEG,
-    "eval.every": COUNT,
-    "eval.n": COUNT,
-    "eval.temperature": Range(0, why="0 is greedy decoding"),
-    "eval.top_p": unit(open_low=True),
-    "eval.max_new_tokens": COUNT,
-    "eval.seed": SEED,
-    "log.rollouts_per_step": NONNEG,
-    "sft.steps": COUNT,
-    "sft.batch_size": COUNT,
-    "sft.lr": positive(),
-    "sft.warmup_steps": NONNEG,
-    "sft.response_field": NON_EMPTY,
-    "sft.max_response_tokens": COUNT,
-    "sft.eval_rows": NONNEG,
-}
-
-
-def check_domains(cfg: Any, domains: dict[str, Domain] = DOMAINS) -> list[str]:
-    """One message per field of `cfg` whose value is outside its domain: "key=value: must be ..."."""
-    errors = []
-    for key, domain in domains.items():
-        value = cfg
-        for part in key.split("."):
-            value = getattr(value, part)
-        problem = domain.problem(value)
-        if problem:
-            errors.append(f"{key}={value!r}: {problem}")
-    return errors
-
-
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # org/name
-_OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-
-
-def model_path_problem(path: str) -> str | None:
-    """Why `path` cannot be a model to load, or None: a local Hugging Face directory (with config.json),
-    or a hub id `org/name` (which must be in the local cache when HF_HUB_OFFLINE is set). Checked before
-    anything loads: a bare name that is neither would otherwise be tried against the hub, with retries."""
-    local = Path(path).expanduser()
-    if local.is_dir():
-        if not (local / "config.json").is_file():
-            return ("is a directory but not a Hugging Face model (no config.json); give the directory that holds "
-                    "config.json, the weights and the tokenizer files")
-        return None
-    if local.exists():
-        return "is a file; give a Hugging Face model directory (with config.json) or a hub id such as Qwen/Qwen2.5-Math-1.5B"
-    hint = "give a Hugging Face model directory, a hub id such as Qwen/Qwen2.5-Math-1.5B, or tiny-arith"
-    if path.startswith(("/", ".", "~")) or not _HUB_ID.match(path) or Path(path.split("/")[0]).is_dir():
-        return f"does not exist ({hint})"
-    if any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on") for v in _OFFLINE_VARS):
-        try:
-            from huggingface_hub import try_to_load_from_cache
-        except ImportError:  # pragma: no cover - transformers depends on it
-            return None
-        if not isinstance(try_to_load_from_cache(path, "config.json"), str):
-            return "is a hub id that is not in the local cache, and HF_HUB_OFFLINE is set (download it first, or unset it)"
+def domain_of(tp: Any) -> Domain | None:
+    """The domain an annotation declares: the `Domain` in `Annotated[T, domain]`, also where that is the
+    non-null side of an optional (`Count | None`); None when only the type constrains the field."""
+    if typing.get_origin(tp) is Annotated:
+        return next((m for m in tp.__metadata__ if isinstance(m, Domain)), None)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return next((d for d in map(domain_of, typing.get_args(tp)) if d is not None), None)
     return None
+
+
+@functools.cache
+def _annotations(cls: type) -> dict[str, Any]:
+    """{field: its annotation, `Annotated` metadata kept} of a config dataclass, in declaration order."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def domains(cls: type, prefix: str = "") -> dict[str, Domain]:
+    """{dotted key: domain} of every field of the config dataclass `cls` that declares one, sections
+    descended, in declaration order."""
+    out: dict[str, Domain] = {}
+    hints = typing.get_type_hints(cls)
+    for name, tp in _annotations(cls).items():
+        if dataclasses.is_dataclass(hints[name]):
+            out.update(domains(hints[name], f"{prefix}{name}."))
+        elif (domain := domain_of(tp)) is not None:
+            out[prefix + name] = domain
+    return out
+
+
+def _problems(obj: Any, prefix: str = "") -> Iterator[tuple[str, Any, str]]:
+    """(dotted key, value, problem) of every field of the dataclass `obj` outside its domain, sections
+    descended; the items of a list of sections are checked by `check_domains`."""
+    for name, tp in _annotations(type(obj)).items():
+        value = getattr(obj, name)
+        if dataclasses.is_dataclass(value):
+            yield from _problems(value, f"{prefix}{name}.")
+        elif (domain := domain_of(tp)) is not None and (problem := domain.problem(value)):
+            yield prefix + name, value, problem
+
+
+def _items(obj: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(where, item) of every item of a list of sections in `obj` (reward.functions), named as the
+    entry's other rules name it: `reward.functions[0] (math)`."""
+    for name in _annotations(type(obj)):
+        value = getattr(obj, name)
+        if dataclasses.is_dataclass(value):
+            yield from _items(value, f"{prefix}{name}.")
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if dataclasses.is_dataclass(item):
+                    label = getattr(item, "name", None)
+                    yield f"{prefix}{name}[{i}]" + (f" ({label})" if isinstance(label, str) else ""), item
+
+
+def check_domains(cfg: Any) -> list[str]:
+    """One message per field of the config `cfg` whose value is outside its domain, "key=value: must be
+    ...", and per field of a list item, "reward.functions[0] (math): weight=inf must be ..."."""
+    errors = [f"{key}={value!r}: {problem}" for key, value, problem in _problems(cfg)]
+    for where, item in _items(cfg):
+        errors += [f"{where}: {key}={value!r} {problem}" for key, value, problem in _problems(item)]
+    return errors
 
 
 def config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
@@ -415,7 +309,7 @@ def plain(value: Any) -> Any:
 def reference(cls: type, prefix: str = "") -> list[FieldInfo]:
     """Every key of the config dataclass `cls` (sections too), in declaration order."""
     out = []
-    hints = typing.get_type_hints(cls)
+    hints, annotated = typing.get_type_hints(cls), _annotations(cls)
     docs = field_docs(cls)
     for f in dataclasses.fields(cls):
         key, tp = prefix + f.name, hints[f.name]
@@ -425,6 +319,6 @@ def reference(cls: type, prefix: str = "") -> list[FieldInfo]:
             continue
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         default = plain(default)
-        domain = DOMAINS.get(key)
+        domain = domain_of(annotated[f.name])
         out.append(FieldInfo(key, _type_name(tp), default, domain.text if domain else "", docs.get(f.name, "")))
     return out

@@ -1,19 +1,32 @@
-"""Which model directory a config names: the cached tiny base model (built on first use) or `model.path`."""
+"""Which model a config names, and what its files say before anything loads: the cached tiny base
+model (built on first use) or `model.path`; whether a path can be loaded at all, and its context
+length, read from config.json without loading or downloading the model.
+
+The config checks both before anything loads (`Config.validate`, through `config.MODEL_FILES`: the
+config is a lower layer than model/), and `mathrl plan` builds its architecture from the same files.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from typing import TYPE_CHECKING
-
-from mathrl.config import Config
+from mathrl.config import MODEL_FILES, TINY_BASE, Config, parse_config_path
+from mathrl.registry import ARCHITECTURES
 
 if TYPE_CHECKING:
     from mathrl.model.tiny import PretrainingText
 
-TINY_BASE = "tiny-arith"  # model.path of the tiny model mathrl builds itself (model/tiny.py)
+__all__ = ["TINY_BASE", "context_length", "model_path_problem", "resolve_model_path", "shipped_architecture_of"]
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # org/name
+_OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 
 
 def resolve_model_path(cfg: Config, console: Console, *, pretraining_text: PretrainingText) -> str:
@@ -39,3 +52,69 @@ def resolve_model_path(cfg: Config, console: Console, *, pretraining_text: Pretr
                                  progress=lambda *a: bars[0].update(*a),
                                  on_wait=lambda line: console.print(line, markup=False, highlight=False))
     return str(path)
+
+
+def model_path_problem(path: str) -> str | None:
+    """Why `path` cannot be a model to load, or None: a local Hugging Face directory (with config.json),
+    or a hub id `org/name` (which must be in the local cache when HF_HUB_OFFLINE is set). Checked before
+    anything loads: a bare name that is neither would otherwise be tried against the hub, with retries."""
+    local = Path(path).expanduser()
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            return ("is a directory but not a Hugging Face model (no config.json); give the directory that holds "
+                    "config.json, the weights and the tokenizer files")
+        return None
+    if local.exists():
+        return "is a file; give a Hugging Face model directory (with config.json) or a hub id such as Qwen/Qwen2.5-Math-1.5B"
+    hint = f"give a Hugging Face model directory, a hub id such as Qwen/Qwen2.5-Math-1.5B, or {TINY_BASE}"
+    if path.startswith(("/", ".", "~")) or not _HUB_ID.match(path) or Path(path.split("/")[0]).is_dir():
+        return f"does not exist ({hint})"
+    if any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on") for v in _OFFLINE_VARS):
+        try:
+            from huggingface_hub import try_to_load_from_cache
+        except ImportError:  # pragma: no cover - transformers depends on it
+            return None
+        if not isinstance(try_to_load_from_cache(path, "config.json"), str):
+            return "is a hub id that is not in the local cache, and HF_HUB_OFFLINE is set (download it first, or unset it)"
+    return None
+
+
+def shipped_architecture_of(hub_id: str) -> str | None:
+    """The shipped architecture (`registry.ARCHITECTURES`: name -> config.json path) whose source model
+    is the Hugging Face hub id `hub_id` (the `_name_or_path` in its config file, compared
+    case-insensitively), or None. Lets a recipe that names a hub model be checked and planned on a
+    machine that has never downloaded it."""
+    for name in ARCHITECTURES.names():
+        source = json.loads(Path(ARCHITECTURES.get(name)).read_text()).get("_name_or_path", "")
+        if source.lower() == hub_id.lower():
+            return name
+    return None
+
+
+def context_length(model_path: str) -> int | None:
+    """max_position_embeddings of `model_path` without loading or downloading anything: a shipped
+    architecture (config:<name>, or a hub id it was taken from), a config:<file>.json, or a local model
+    directory's config.json (also the Hugging Face cache's copy of a hub id); None when unknown."""
+    arch = parse_config_path(model_path) or shipped_architecture_of(model_path)
+    if arch is not None:
+        files = [Path(ARCHITECTURES.get(arch)) if arch in ARCHITECTURES.names() else Path(arch).expanduser()]
+    else:
+        files = [Path(model_path).expanduser() / "config.json"]
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(model_path, "config.json")
+            if isinstance(cached, str):
+                files.append(Path(cached))
+        except Exception:  # not a hub id, or no hub library: unknown
+            pass
+    for f in files:
+        if f.is_file():
+            data = json.loads(f.read_text())
+            value = data.get("text_config", data).get("max_position_embeddings")
+            return int(value) if value is not None else None
+    return None
+
+
+MODEL_FILES.register("path_problem", model_path_problem)
+MODEL_FILES.register("context_length", context_length)

@@ -70,7 +70,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from mathrl.config import Config
+from mathrl.config import TINY_BASE, Config, parse_config_path
+from mathrl.registry import ENGINES
 from mathrl.rollout.placement import generator_gpus, weight_backend
 
 __all__ = [
@@ -113,13 +114,13 @@ def _hf_config(cfg: Config):
     """The transformers config of `model.path`, without downloading anything."""
     from transformers import AutoConfig, Qwen2Config
 
-    from mathrl.config import shipped_architecture_of
-    from mathrl.model.init import architecture_config, parse_config_path
+    from mathrl.model.init import architecture_config
+    from mathrl.model.paths import shipped_architecture_of
 
     arch = parse_config_path(cfg.model.path) or shipped_architecture_of(cfg.model.path)
     if arch is not None:  # config:<name>, or a hub id whose architecture ships with mathrl
         return architecture_config(arch)
-    if cfg.model.path == "tiny-arith":
+    if cfg.model.path == TINY_BASE:
         b = cfg.base
         # the tiny base model: the character tokenizer's 99 tokens (model.tiny.build_char_tokenizer), tied head
         return Qwen2Config(vocab_size=99, hidden_size=b.hidden_size, intermediate_size=b.intermediate_size,
@@ -303,7 +304,7 @@ def estimate_memory(
     c.update(engine)
     notes.update(engine_notes)
     if cfg.generator_workers:  # generator processes sample: the trainer's engine only evaluates
-        away = cfg.rollout.engine == "vllm" and on_gpu  # built for an evaluation, asleep or closed in between
+        away = _engine_owns_weights(cfg) and on_gpu  # built for an evaluation, asleep or closed in between
         updating = 0 if away else updating
         for key in engine:
             notes[key] += ("; it only evaluates (generator processes sample the rollouts)"
@@ -404,6 +405,13 @@ def _trainer_states(cfg: Config, a: Architecture, *, n: int, pb: int, cb: int, o
     return c, notes, (full if use_ckpt else ckpt) + head
 
 
+def _engine_owns_weights(cfg: Config) -> bool:
+    """The rollout engine loads and holds its own copy of the weights in the share of memory rollout.vllm
+    gives it (vLLM), rather than sampling from the trainer's module (the torch engine): the registry's
+    `samples_from_module` (rollout/factory.py), not the engine's name."""
+    return not ENGINES.get(cfg.rollout.engine).samples_from_module
+
+
 def _kv_bytes_per_token(a: Architecture) -> int:
     """Elements of K and V per token over all layers (multiply by the cache's element size)."""
     return 2 * a.layers * a.kv_heads * a.head_dim
@@ -423,7 +431,7 @@ def _trainer_engine(cfg: Config, a: Architecture, *, n: int, pb: int, cb: int, g
     notes: dict[str, str] = {}
     seq_len = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
     kv_per_token = _kv_bytes_per_token(a)
-    if cfg.rollout.engine == "vllm":
+    if _engine_owns_weights(cfg):
         v, key = cfg.rollout.vllm, "vLLM (weights + KV cache)"
         vb = _vllm_bytes(cfg)
         weights = a.params * vb
@@ -467,7 +475,7 @@ def _generator_engine(cfg: Config, a: Architecture, index: int, gpu: int | None,
     own copy of the policy in model.dtype, a KV cache of rollout.batch_size sequences in the same dtype
     (no autocast in a generator), and on a GPU a CUDA-context allowance of its own process."""
     seq_len = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
-    if cfg.rollout.engine == "vllm":
+    if _engine_owns_weights(cfg):
         v = cfg.rollout.vllm
         if gpu is not None:
             util = v.gpu_memory_utilization
@@ -546,7 +554,7 @@ def generator_layout_error(cfg: Config, *, trainer_gpus: list[int], gpus: int, g
             continue
         gpu = int(load.name.split()[1])
         shares = [(f"generator {u.index}", u.share) for u in plan.generators if u.gpu == gpu and u.share is not None]
-        if shares and cfg.data.eval and gpu in plan.trainer_gpus and cfg.rollout.engine == "vllm":
+        if shares and cfg.data.eval and gpu in plan.trainer_gpus and _engine_owns_weights(cfg):
             shares.insert(0, ("the trainer's evaluation engine", cfg.rollout.vllm.gpu_memory_utilization))
         if sum(s for _, s in shares) > 1:
             listed = " + ".join(f"{who} {s:g}" for who, s in shares)
@@ -555,7 +563,7 @@ def generator_layout_error(cfg: Config, *, trainer_gpus: list[int], gpus: int, g
             problems.append(load.describe())
     if not problems:
         return None
-    lower = "rollout.vllm.gpu_memory_utilization" if cfg.rollout.engine == "vllm" else "rollout.batch_size"
+    lower = "rollout.vllm.gpu_memory_utilization" if _engine_owns_weights(cfg) else "rollout.batch_size"
     return (f"rollout.generator: the generators do not fit: {'; '.join(problems)}; lower {lower} or give each "
             "generator a GPU of its own (rollout.generator.devices, fewer trainer ranks)")
 

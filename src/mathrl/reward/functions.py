@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mathrl.config import DEFAULT_REWARD_FN, ConfigError, RewardFunctionConfig
-from mathrl.registry import REWARD_FUNCTIONS, load_callable
+from mathrl.config import DEFAULT_REWARD_FN, ConfigError, RewardFunctionConfig, resolve_reward_function
+from mathrl.registry import REWARD_FUNCTIONS
 from mathrl.reward.extract import extract_boxed
 from mathrl.reward.remote import RemoteReward, check_reachable
 from mathrl.reward.verify import DEFAULT_BOX_POLICY, FunctionCall, RewardResult, Verifier, verify_one
@@ -121,14 +121,10 @@ REWARD_FUNCTIONS.register("tool_call", tool_call_reward)
 
 
 def resolve_function(fn: str) -> Any:
-    """The function a `reward.functions` entry's `fn` names: a built-in name or an import path
-    (`mathrl.registry.load_callable`); ValueError saying why not."""
-    if ":" not in fn:
-        if fn not in REWARD_FUNCTIONS.names():
-            raise ValueError(f"{fn!r} is neither a built-in reward ({', '.join(REWARD_FUNCTIONS.names())}) "
-                             "nor of the form package.module:function")
-        return REWARD_FUNCTIONS.get(fn)
-    return load_callable(fn)
+    """The function a `reward.functions` entry's `fn` names: a built-in name or an import path; ValueError
+    saying why not. The config's check of the entries resolves with the same function
+    (`config.resolve_reward_function`), so what passes it is what runs here."""
+    return resolve_reward_function(fn)
 
 
 def function_ref(fn: str) -> str:
