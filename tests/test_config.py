@@ -558,3 +558,54 @@ def test_init_from_a_weights_only_checkpoint_needs_restart(tmp_path):
     with pytest.raises(ConfigError, match="is not a checkpoint directory"):
         load_config(None, [f"train.init_from={tmp_path}", "train.init_from_mode=restart"])
 
+
+# --------------------------------------------------------------------------------------------------
+# train.mini_batch_size follows a smaller rollout batch unless the user set it
+# --------------------------------------------------------------------------------------------------
+def test_a_short_run_changes_one_key_and_says_what_it_chose(tmp_path, capsys):
+    # rollout.prompts_per_step=4 (a rollout batch of 4 x 8 = 32) used to fail until train.mini_batch_size,
+    # which the user never set, was lowered from its default 64 too; now the default follows, in one line
+    notes = []
+    cfg = load_config(None, ["rollout.prompts_per_step=4"], note=notes.append)
+    assert (cfg.rollout_batch_size, cfg.train.mini_batch_size) == (32, 32)
+    assert notes == ["train.mini_batch_size lowered from its default 64 to 32, the rollout batch "
+                     "(rollout.prompts_per_step x rollout.n = 4 x 8); set it to choose another"]
+    recipe = tmp_path / "short.yaml"
+    recipe.write_text("rollout:\n  prompts_per_step: 2\n  n: 4\ntrain:\n  steps: 3\n")
+    assert load_config(recipe, note=notes.append).train.mini_batch_size == 8
+    assert len(notes) == 2
+    load_config(None, ["rollout.n=2"])  # by default the line goes to stderr, as the command line's other notes
+    assert capsys.readouterr().err.splitlines() == [
+        "mathrl: note: train.mini_batch_size lowered from its default 64 to 32, the rollout batch "
+        "(rollout.prompts_per_step x rollout.n = 16 x 2); set it to choose another"]
+
+
+@pytest.mark.parametrize("where", ["override", "recipe"])
+def test_a_mini_batch_the_user_set_is_kept_and_named_when_too_large(tmp_path, where):
+    # the user's own value is never changed behind their back: it fails as before, naming the fix
+    notes = []
+    if where == "override":
+        args = (None, ["rollout.prompts_per_step=4", "train.mini_batch_size=64"])
+    else:
+        recipe = tmp_path / "r.yaml"
+        recipe.write_text("rollout:\n  prompts_per_step: 4\ntrain:\n  mini_batch_size: 64\n")
+        args = (recipe, [])
+    with pytest.raises(ConfigError, match=re.escape("train.mini_batch_size=64 is larger than the rollout batch "
+                                                    "(rollout.prompts_per_step x rollout.n = 32); lower it")):
+        load_config(*args, note=notes.append)
+    assert notes == []
+
+
+def test_the_mini_batch_default_only_follows_a_smaller_batch():
+    # the default recipe (which sets it) and the defaults (128 >= 64) keep 64 with no line: a default run
+    # is unchanged; a larger batch that 64 does not divide is still an error, not a silent new size; a
+    # count below 1 is named by its own domain alone
+    notes = []
+    assert load_config(DEFAULT_RECIPE, note=notes.append).train.mini_batch_size == 64
+    assert load_config(None, note=notes.append).train.mini_batch_size == 64
+    assert notes == []
+    with pytest.raises(ConfigError, match=re.escape("the rollout batch (96) is not a multiple of train.mini_batch_size (64)")):
+        load_config(None, ["rollout.prompts_per_step=12"], note=notes.append)
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["rollout.n=0"], note=notes.append)
+    assert str(info.value) == "rollout.n=0: must be >= 1" and notes == []

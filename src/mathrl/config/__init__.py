@@ -14,7 +14,7 @@ This package is the config's public face; its modules, by concern:
     shared.py  ConfigError and the names a value is compared with (tiny-arith, config:<name>, ...)
 """
 
-from mathrl.config.load import dump_yaml, from_dict, load_config, parse_override, to_dict
+from mathrl.config.load import dump_yaml, fit_mini_batch, from_dict, load_config, note_to_stderr, parse_override, to_dict
 from mathrl.config.rules import MODEL_FILES, resolve_reward_function, tool_entry_problems
 from mathrl.config.shared import CONFIG_PREFIX, DATA_FILE_SUFFIXES, DEFAULT_REWARD_FN, TINY_BASE, ConfigError, parse_config_path
 from mathrl.config.tree import (
@@ -59,6 +59,6 @@ __all__ = [
     "GeneratorConfig", "KLConfig", "LogConfig", "LoraConfig", "ModelConfig", "OverlongConfig", "PTXConfig",
     "PosLMConfig", "RefGainClipConfig", "RewardConfig", "RewardFunctionConfig", "RolloutConfig",
     "RolloutCorrectionConfig", "SFTConfig", "ToolConfig", "ToolTagsConfig", "TrainConfig", "VLLMConfig", "dump_yaml",
-    "from_dict", "load_config", "parse_config_path", "parse_override",
+    "fit_mini_batch", "from_dict", "load_config", "note_to_stderr", "parse_config_path", "parse_override",
     "resolve_reward_function", "to_dict", "tool_entry_problems",
 ]

@@ -1,5 +1,6 @@
 """Building a config: defaults <- a YAML recipe <- dotted command-line overrides, each value checked
-against its field's type; then `Config.validate`.
+against its field's type; then the one default that depends on what the user wrote (`fit_mini_batch`),
+then `Config.validate`.
 
     cfg = load_config("recipes/arith_grpo.yaml", ["rollout.n=8", "algo.clip.eps_high=0.28"])
 
@@ -12,8 +13,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+import sys
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,6 +26,11 @@ from mathrl.config.shared import ConfigError
 from mathrl.config.tree import Config
 
 _FLOAT_RE = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+def note_to_stderr(line: str) -> None:
+    """How `load_config` says what it chose for the user: one `mathrl: note:` line on stderr."""
+    print(f"mathrl: note: {line}", file=sys.stderr, flush=True)
 
 
 def _type_name(tp: Any) -> str:
@@ -197,6 +205,19 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
+def fit_mini_batch(cfg: Config, *, set_by_user: bool) -> str | None:
+    """Lower train.mini_batch_size to the rollout batch when the user did not set it and its default is
+    larger, so a short run changes one key (rollout.prompts_per_step=4), not two; returns the line that
+    says so, or None. A value the user set is kept, and `Config.validate` names it when it does not fit."""
+    r, t = cfg.rollout, cfg.train
+    if set_by_user or r.prompts_per_step < 1 or r.n < 1 or t.mini_batch_size <= cfg.rollout_batch_size:
+        return None  # (a count below 1 is named by its domain check)
+    line = (f"train.mini_batch_size lowered from its default {t.mini_batch_size} to {cfg.rollout_batch_size}, the rollout "
+            f"batch (rollout.prompts_per_step x rollout.n = {r.prompts_per_step} x {r.n}); set it to choose another")
+    t.mini_batch_size = cfg.rollout_batch_size
+    return line
+
+
 def _read_recipe(recipe: str | Path) -> dict[str, Any]:
     """The mapping a YAML recipe file holds; ConfigError naming the file (and line) when it cannot be one."""
     path = Path(recipe)
@@ -224,14 +245,20 @@ def _read_recipe(recipe: str | Path) -> dict[str, Any]:
 
 
 def load_config(
-    recipe: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), *, check_paths: bool = True
+    recipe: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), *, check_paths: bool = True,
+    note: Callable[[str], None] = note_to_stderr,
 ) -> Config:
-    """Defaults <- recipe YAML (if given) <- dotted overrides, then validated (see Config.validate)."""
+    """Defaults <- recipe YAML (if given) <- dotted overrides, then validated (see Config.validate).
+    A train.mini_batch_size that neither the recipe nor the overrides set, and whose default is larger
+    than the rollout batch, becomes the rollout batch (`fit_mini_batch`), said in one line to `note`."""
     tree: dict[str, Any] = _read_recipe(recipe) if recipe is not None else {}
     for text in overrides:
         key, value = parse_override(text)
         _set_dotted(tree, key, value)
     cfg = from_dict(Config, tree)
+    chosen = fit_mini_batch(cfg, set_by_user="mini_batch_size" in (tree.get("train") or {}))
+    if chosen:
+        note(chosen)
     cfg.validate(check_paths=check_paths)
     return cfg
 
