@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -121,6 +123,71 @@ def _inverse_cdf_blocked(weights: torch.Tensor, u: torch.Tensor) -> tuple[torch.
     return token, total
 
 
+def _next_token(logits: torch.Tensor, temperature: float, top_p: float,
+                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row from [A, V] `logits` at `temperature` within the top-p nucleus, with its logprob
+    ([A] long, [A] float32). temperature=0 is greedy: the most likely token, and the logprob of the
+    untempered model."""
+    if temperature == 0:
+        scaled = logits.float()  # [A, V]
+        token = scaled.argmax(-1)  # [A]
+        return token, torch.log_softmax(scaled, dim=-1).gather(-1, token[:, None]).squeeze(-1)
+    scaled = logits.float() if temperature == 1.0 else logits.float() / temperature  # [A, V]
+    return sample_top_p(scaled, top_p, generator)
+
+
+@dataclass
+class _Decoding:
+    """One chunk's decode loop. The response buffers have a row for each of the chunk's N prompts and
+    T = max_new_tokens columns; the A rows still decoding are `rows` (output row of each cache row),
+    with their attention mask, next position, KV cache and next-token logits."""
+
+    tokens: torch.Tensor  # [N, T] sampled (and observation) token ids, pad after the end
+    logprobs: torch.Tensor  # [N, T] float32 sampling logprobs
+    mask: torch.Tensor  # [N, T] 1.0 on sampled tokens
+    observed: torch.Tensor | None  # [N, T] 1.0 on observation tokens; None without tools
+    finished: torch.Tensor  # [N] bool: ended with EOS
+    column: torch.Tensor  # [N] long: each row's next response column
+    rows: torch.Tensor  # [A]
+    attention_mask: torch.Tensor  # [A, P + columns fed so far]
+    next_position: torch.Tensor  # [A, 1]
+    cache: Any
+    logits: torch.Tensor  # [A, V]
+
+    def record(self, token: torch.Tensor, token_logprob: torch.Tensor, *, eos_token_id: int) -> torch.Tensor:
+        """Write the active rows' sampled tokens ([A]) into their next columns; returns [A] bool: EOS."""
+        at = self.column[self.rows]  # [A]
+        self.tokens[self.rows, at] = token
+        self.logprobs[self.rows, at] = token_logprob
+        self.mask[self.rows, at] = 1.0
+        self.column[self.rows] = at + 1
+        done = token == eos_token_id
+        self.finished[self.rows[done]] = True
+        return done
+
+    def keep_rows(self, keep: torch.Tensor) -> None:
+        """Keep only the active rows `keep` ([A'] indices into the active rows), in the cache too."""
+        self.cache.batch_select_indices(keep)
+        self.rows = self.rows[keep]
+        self.attention_mask, self.next_position = self.attention_mask[keep], self.next_position[keep]
+
+    def batch(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, episodes) -> RolloutBatch:
+        """The chunk's RolloutBatch on the CPU, as wide as its longest response."""
+        width = max(1, int(self.column.max().item()))
+        extra = {}
+        if episodes is not None:
+            extra = {"observation_mask": self.observed[:, :width].cpu(), **episodes.stats()}
+        return RolloutBatch(
+            prompt_ids=prompt_ids.cpu(),
+            prompt_mask=prompt_mask.cpu(),
+            response_ids=self.tokens[:, :width].cpu(),
+            response_mask=self.mask[:, :width].cpu(),
+            logprobs=self.logprobs[:, :width].cpu(),
+            truncated=(~self.finished).cpu(),
+            **extra,
+        )
+
+
 class TorchEngine:
     """Batched sampling with a KV cache from a Hugging Face causal LM (any device, any dtype).
 
@@ -218,104 +285,91 @@ class TorchEngine:
         generator = torch.Generator(device=device).manual_seed(seed)
         prompt_ids, prompt_mask = left_pad(prompts, self.pad_token_id)
         prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
-        n = prompt_ids.shape[0]
-        episodes = self.tools.start(n, prompts) if self.tools is not None else None
-
-        attention_mask = prompt_mask
-        position_ids = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # [N, P]; left padding does not shift positions
-        tokens = torch.full((n, max_new_tokens), self.pad_token_id, dtype=torch.long, device=device)
-        logprobs = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=device)
-        mask = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=device)
-        observed = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=device) if episodes else None
-        finished = torch.zeros(n, dtype=torch.bool, device=device)
-        column = torch.zeros(n, dtype=torch.long, device=device)  # [N] each row's next response column
-
-        out = self.model(
-            input_ids=prompt_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        cache = _output_cache(out)
-        next_position = position_ids[:, -1:] + 1  # [A, 1]
-        logits = out.logits[:, -1, :]  # [A, V]
-        rows = torch.arange(n, device=device)  # [A]: the output row of each still-active cache row
+        episodes = self.tools.start(prompt_ids.shape[0], prompts) if self.tools is not None else None
+        d = self._prefill(prompt_ids, prompt_mask, max_new_tokens, with_observations=episodes is not None)
         for t in range(max_new_tokens):
-            if temperature == 0:  # greedy: the most likely token; logprobs of the untempered model
-                scaled = logits.float()  # [A, V]
-                token = scaled.argmax(-1)  # [A]
-                token_logprob = torch.log_softmax(scaled, dim=-1).gather(-1, token[:, None]).squeeze(-1)  # [A]
-            else:
-                scaled = logits.float() if temperature == 1.0 else logits.float() / temperature  # [A, V]
-                token, token_logprob = sample_top_p(scaled, top_p, generator)  # [A], [A]
-            at = column[rows]  # [A]
-            tokens[rows, at] = token
-            logprobs[rows, at] = token_logprob
-            mask[rows, at] = 1.0
-            column[rows] = at + 1
-            done = token == self.eos_token_id
-            finished[rows[done]] = True
+            token, token_logprob = _next_token(d.logits, temperature, top_p, generator)  # [A], [A]
+            done = d.record(token, token_logprob, eos_token_id=self.eos_token_id)
+            called = []  # indices into the active rows of the calls this token closed
             if episodes is None:
                 if bool(done.all()) or t == max_new_tokens - 1:
                     break
                 stop = done
             else:
-                called = [i for i, (r, tok) in enumerate(zip(rows.tolist(), token.tolist()))
+                called = [i for i, (r, tok) in enumerate(zip(d.rows.tolist(), token.tolist()))
                           if not done[i] and episodes.feed(r, tok)]
-                ended = torch.tensor([r in episodes.ended for r in rows.tolist()], dtype=torch.bool, device=device)
-                stop = done | ended | (column[rows] >= max_new_tokens)
+                ended = torch.tensor([r in episodes.ended for r in d.rows.tolist()], dtype=torch.bool, device=device)
+                stop = done | ended | (d.column[d.rows] >= max_new_tokens)
                 if bool(stop.all()):
                     break
             if bool(stop.any()):
                 # drop finished rows from the batch and the KV cache: a long tail of unfinished
                 # responses then costs only its own rows, not the whole batch's
                 keep = (~stop).nonzero().squeeze(1)
-                cache.batch_select_indices(keep)
-                rows, token = rows[keep], token[keep]
-                attention_mask, next_position = attention_mask[keep], next_position[keep]
-                if episodes is not None:
+                d.keep_rows(keep)
+                token = token[keep]
+                if called:  # the calls of rows that stay, at their new places
                     slot = {int(k): j for j, k in enumerate(keep.tolist())}
                     called = [slot[i] for i in called if i in slot]
-            if episodes is None or not called:
-                attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(rows), 1))], dim=1)
-                inputs, positions, fed = token[:, None], next_position, None
-            else:
-                inputs, window, positions, fed = self._observation_window(
-                    episodes, rows, token, called, column, next_position, max_new_tokens, tokens, observed)
-                attention_mask = torch.cat([attention_mask, window], dim=1)
-            out = self.model(
-                input_ids=inputs,
-                attention_mask=attention_mask,
-                position_ids=positions,
-                use_cache=True,
-                **{self._cache_kwarg: cache},
-            )
-            cache = _output_cache(out)
-            next_position = next_position + (1 if fed is None else fed[:, None])
-            logits = out.logits[:, -1, :]
-            if fed is not None and bool((column[rows] >= max_new_tokens).any()):
-                # an observation filled a row's last columns: the row ends there, cut short
-                keep = (column[rows] < max_new_tokens).nonzero().squeeze(1)
-                if len(keep) == 0:
-                    break
-                cache.batch_select_indices(keep)
-                rows, logits = rows[keep], logits[keep]
-                attention_mask, next_position = attention_mask[keep], next_position[keep]
+            if not self._feed(d, token, called, episodes, max_new_tokens):
+                break
+        return d.batch(prompt_ids, prompt_mask, episodes)
 
-        width = max(1, int(column.max().item()))
-        extra = {}
-        if episodes is not None:
-            extra = {"observation_mask": observed[:, :width].cpu(), **episodes.stats()}
-        return RolloutBatch(
-            prompt_ids=prompt_ids.cpu(),
-            prompt_mask=prompt_mask.cpu(),
-            response_ids=tokens[:, :width].cpu(),
-            response_mask=mask[:, :width].cpu(),
-            logprobs=logprobs[:, :width].cpu(),
-            truncated=(~finished).cpu(),
-            **extra,
+    def _prefill(self, prompt_ids, prompt_mask, max_new_tokens: int, *, with_observations: bool) -> _Decoding:
+        """The prompts' forward (left padding does not shift positions) and empty response buffers."""
+        n, device = prompt_ids.shape[0], prompt_ids.device
+        position_ids = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # [N, P]
+        out = self.model(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            position_ids=position_ids,
+            use_cache=True,
+            logits_to_keep=1,
         )
+        return _Decoding(
+            tokens=torch.full((n, max_new_tokens), self.pad_token_id, dtype=torch.long, device=device),
+            logprobs=torch.zeros((n, max_new_tokens), dtype=torch.float32, device=device),
+            mask=torch.zeros((n, max_new_tokens), dtype=torch.float32, device=device),
+            observed=torch.zeros((n, max_new_tokens), dtype=torch.float32, device=device) if with_observations else None,
+            finished=torch.zeros(n, dtype=torch.bool, device=device),
+            column=torch.zeros(n, dtype=torch.long, device=device),
+            rows=torch.arange(n, device=device),
+            attention_mask=prompt_mask,
+            next_position=position_ids[:, -1:] + 1,
+            cache=_output_cache(out),
+            logits=out.logits[:, -1, :],
+        )
+
+    def _feed(self, d: _Decoding, token, called: list[int], episodes, max_new_tokens: int) -> bool:
+        """The next forward: each active row's sampled token, or for the rows in `called` (indices into
+        the active rows) the token and the call's observation (`_observation_window`). Updates `d`'s
+        cache, attention mask, positions and logits; returns False when no row has columns left (an
+        observation filled the last columns of every row)."""
+        if not called:
+            d.attention_mask = torch.cat([d.attention_mask, d.attention_mask.new_ones((len(d.rows), 1))], dim=1)
+            inputs, positions, fed = token[:, None], d.next_position, None
+        else:
+            inputs, window, positions, fed = self._observation_window(
+                episodes, d.rows, token, called, d.column, d.next_position, max_new_tokens, d.tokens, d.observed)
+            d.attention_mask = torch.cat([d.attention_mask, window], dim=1)
+        out = self.model(
+            input_ids=inputs,
+            attention_mask=d.attention_mask,
+            position_ids=positions,
+            use_cache=True,
+            **{self._cache_kwarg: d.cache},
+        )
+        d.cache = _output_cache(out)
+        d.next_position = d.next_position + (1 if fed is None else fed[:, None])
+        d.logits = out.logits[:, -1, :]
+        if fed is not None and bool((d.column[d.rows] >= max_new_tokens).any()):
+            # an observation filled a row's last columns: the row ends there, cut short
+            keep = (d.column[d.rows] < max_new_tokens).nonzero().squeeze(1)
+            if len(keep) == 0:
+                return False
+            d.keep_rows(keep)
+            d.logits = d.logits[keep]
+        return True
 
     def _observation_window(self, episodes, rows, token, called, column, next_position, max_new_tokens, tokens, observed):
         """The next forward's inputs when some rows feed observations: ([A, W] ids, [A, W] attention
