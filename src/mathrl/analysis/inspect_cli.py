@@ -188,17 +188,69 @@ def inspect(ns: InspectOptions, console: Console) -> Path:
 def build_report(ns: InspectOptions, console: Console) -> InspectReport:
     """Pick the response, load the models (base and RL together, then each checkpoint alone), score and
     probe: the orchestration; every number comes from `analysis/tokens.py`."""
+    _check_options(ns)
+    src = _response_source(ns)
+    cfg = _run_config(src.run_dir, console)
+    add_special = not (ns.chat_prompt or (cfg is not None and cfg.data.template == "chat"))
+    model_path, base_path = _model_paths(ns, cfg, console)
+    device = ns.device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+    def load(path: str):
+        model, tok = load_model_and_tokenizer(path, dtype=ns.dtype, device=device)
+        return model.eval(), tok
+
+    texts = [src.prompt] + ([src.response_text] if src.response_text else [])
+    console.print(f"loading base {base_path} and model {model_path}")
+    base_model, tokenizer = load(base_path)
+    rl_model, rl_tok = load(model_path)
+    check_same_tokenizer(tokenizer, rl_tok, texts, names=("base", "model"))
+
+    # tool output is scored like any token (it is the context of later turns); the mask only keeps it
+    # out of the statistics
+    base_scores = token_probs(base_model, tokenizer, src.prompt, src.response, add_special_tokens=add_special,
+                              observation=src.observation)
+    rl_scores = token_probs(rl_model, tokenizer, src.prompt, src.response, add_special_tokens=add_special,
+                            observation=src.observation)
+    comparison = compare(base_scores, rl_scores, threshold=ns.threshold, confident=ns.confident,
+                         saturated=ns.saturated, top_k=ns.top_k)
+    # default: the most-moved sampled token (none when a tool wrote every token)
+    position = ns.position if ns.position is not None else next(iter(comparison.top_moved), None)
+    if position is not None and not 0 <= position < len(comparison):
+        raise InspectError(f"--position {position} is outside the response (0 .. {len(comparison) - 1})")
+
+    def probe(model, name: str, path: str, scores=None):
+        return probe_checkpoint(model, tokenizer, src.prompt, base_scores.token_ids, name=name, path=str(path),
+                                entropy_k=ns.entropy_k, position=position, dist_k=ns.dist_k, scores=scores,
+                                add_special_tokens=add_special, observation=src.observation)
+
+    probes = [probe(base_model, "base", base_path, base_scores)]
+    del base_model
+    for path, name in _checkpoints_to_probe(ns.checkpoints, {_resolved(base_path), _resolved(model_path)}, console):
+        console.print(f"probing checkpoint {path}")
+        model, tok = load(path)
+        check_same_tokenizer(tokenizer, tok, texts, names=("base", name))
+        probes.append(probe(model, name, path))
+        del model
+    probes.append(probe(rl_model, "rl", model_path, rl_scores))
+    return InspectReport(
+        source=src.label, prompt=src.prompt, base_path=str(base_path), model_path=str(model_path),
+        comparison=comparison, exploration=exploration_table(EXPLORATION_PS, EXPLORATION_NS, comparison=comparison),
+        probes=probes, position=position, notes=_notes(comparison, src, position, add_special=add_special),
+    )
+
+
+def _check_options(ns: InspectOptions) -> None:
+    """The numeric options' domains, before anything loads."""
     for name in ("top_k", "entropy_k", "dist_k"):
         if getattr(ns, name) < 1:
             raise InspectError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(ns, name)}")
     if not 0 < ns.confident <= ns.saturated <= 1:
         raise InspectError(f"need 0 < --confident <= --saturated <= 1, got {ns.confident} and {ns.saturated}")
-    src = _response_source(ns)
-    source, prompt, response, response_text = src.label, src.prompt, src.response, src.response_text
-    run_dir = src.run_dir
-    cfg = _run_config(run_dir, console)
-    add_special = not (ns.chat_prompt or (cfg is not None and cfg.data.template == "chat"))
 
+
+def _model_paths(ns: InspectOptions, cfg, console: Console) -> tuple[str, str]:
+    """(the RL model, the base model): --model or the run's final/, --base or the run's starting model
+    (the tiny base model is built here when the run used it). The model directories are checked first."""
     model_path = ns.model or (str(RunDir(ns.run).final) if ns.run else None)
     if model_path is None:
         raise InspectError("--model is required (or --run DIR, whose final/ model is used)")
@@ -212,53 +264,24 @@ def build_report(ns: InspectOptions, console: Console) -> InspectReport:
         from mathrl.tasks.arithmetic import base_pretraining_text
 
         base_path = resolve_model_path(cfg, console, pretraining_text=base_pretraining_text(cfg.base))
-    device = ns.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return model_path, base_path
 
-    def load(path: str):
-        model, tok = load_model_and_tokenizer(path, dtype=ns.dtype, device=device)
-        return model.eval(), tok
 
-    texts = [prompt] + ([response_text] if response_text else [])
-    console.print(f"loading base {base_path} and model {model_path}")
-    base_model, tokenizer = load(base_path)
-    rl_model, rl_tok = load(model_path)
-    check_same_tokenizer(tokenizer, rl_tok, texts, names=("base", "model"))
-
-    # tool output is scored like any token (it is the context of later turns); the mask only keeps it
-    # out of the statistics
-    base_scores = token_probs(base_model, tokenizer, prompt, response, add_special_tokens=add_special,
-                              observation=src.observation)
-    rl_scores = token_probs(rl_model, tokenizer, prompt, response, add_special_tokens=add_special,
-                            observation=src.observation)
-    comparison = compare(base_scores, rl_scores, threshold=ns.threshold, confident=ns.confident,
-                         saturated=ns.saturated, top_k=ns.top_k)
-    # default: the most-moved sampled token (none when a tool wrote every token)
-    position = ns.position if ns.position is not None else next(iter(comparison.top_moved), None)
-    if position is not None and not 0 <= position < len(comparison):
-        raise InspectError(f"--position {position} is outside the response (0 .. {len(comparison) - 1})")
-
-    def probe(model, name: str, path: str, scores=None):
-        return probe_checkpoint(model, tokenizer, prompt, base_scores.token_ids, name=name, path=str(path),
-                                entropy_k=ns.entropy_k, position=position, dist_k=ns.dist_k, scores=scores,
-                                add_special_tokens=add_special, observation=src.observation)
-
-    probes = [probe(base_model, "base", base_path, base_scores)]
-    del base_model
-    skip = {_resolved(base_path), _resolved(model_path)}
-    for path, name in zip(ns.checkpoints, _checkpoint_names(ns.checkpoints)):
+def _checkpoints_to_probe(paths: Sequence[str], skip: set[str], console: Console):
+    """(path, name) of each --checkpoints entry to probe, in order: not the base or RL model (`skip`, resolved
+    paths), not one listed twice, not a checkpoint still being written (said on the console)."""
+    for path, name in zip(paths, _checkpoint_names(paths)):
         if _resolved(path) in skip:
             continue
         if ".tmp-" in Path(path).name:  # a checkpoint still being written (train/checkpoint.py), e.g. from step_*
             console.print(f"skipping {path}: an unfinished checkpoint")
             continue
         skip.add(_resolved(path))
-        console.print(f"probing checkpoint {path}")
-        model, tok = load(path)
-        check_same_tokenizer(tokenizer, tok, texts, names=("base", name))
-        probes.append(probe(model, name, path))
-        del model
-    probes.append(probe(rl_model, "rl", model_path, rl_scores))
+        yield path, name
 
+
+def _notes(comparison, src: ResponseSource, position: int | None, *, add_special: bool) -> list[str]:
+    """The page's and console's notes: how the prompt was tokenized, and what a tool wrote."""
     notes = []
     if not add_special:
         notes.append("prompt tokenized without special tokens (a rendered chat template)")
@@ -271,11 +294,7 @@ def build_report(ns: InspectOptions, console: Console) -> InspectReport:
         if position is not None and bool(comparison.observation[position]):
             notes.append(f"position {position} is tool output: its next-token distribution is what each model "
                          "would have written there, not a choice it made")
-    return InspectReport(
-        source=source, prompt=prompt, base_path=str(base_path), model_path=str(model_path), comparison=comparison,
-        exploration=exploration_table(EXPLORATION_PS, EXPLORATION_NS, comparison=comparison), probes=probes,
-        position=position, notes=notes,
-    )
+    return notes
 
 
 def _check_model_dirs(paths: Sequence[str], *, from_run: bool) -> None:
@@ -313,6 +332,23 @@ def print_report(report: InspectReport, console: Console) -> None:
     """The summary tables (the token maps themselves are in the HTML page); tool output, if any, listed
     dim with a "tool" marker and left out of every number."""
     c = report.comparison
+    _print_response(report, console)
+    console.print(_moved_table(report))
+    console.print(_top_moved_table(report))
+    console.print(f"over-confident tokens (p_base ≥ {c.confident:g}, p_rl > p_base, p_rl ≥ {c.saturated:g}): "
+                  f"{int(c.overconfident.sum())} of {int(c.sampled.sum())}")
+    console.print(_exploration_table(report))
+    if not report.probes:
+        return
+    console.print(_entropy_table(report))
+    dists = [p for p in report.probes if p.distribution is not None]
+    if dists:
+        console.print(_distribution_table(report, dists))
+
+
+def _print_response(report: InspectReport, console: Console) -> None:
+    """One line on the response (its tokens, summed Δlogp, mean entropies), then its notes and tool output."""
+    c = report.comparison
     sampled = c.sampled
     n_tool = int(c.observation.sum())
     over = f" sampled tokens (+ {n_tool} written by a tool)" if n_tool else " tokens"
@@ -328,16 +364,24 @@ def print_report(report: InspectReport, console: Console) -> None:
                 text = text[:48] + " … " + text[-48:]
             console.print(Text.assemble((f"  tool {start}..{end - 1} ", "bold dim"), (text, TOOL_STYLE)))
 
+
+def _moved_table(report: InspectReport) -> Table:
+    """Per token class: how many tokens moved by more than the threshold, up, down, over-confident."""
+    c = report.comparison
+    n_tool = int(c.observation.sum())
     t = Table(title=f"tokens moved by more than {c.threshold:g} in probability (RL − base)"
-                    + (f", over the {int(sampled.sum())} sampled tokens" if n_tool else ""))
+                    + (f", over the {int(c.sampled.sum())} sampled tokens" if n_tool else ""))
     for col in ("class", "tokens", "moved", "share", "up", "down", "over-confident"):
         t.add_column(col, justify="left" if col == "class" else "right")
     for name in (*TOKEN_CLASSES, "all"):
         s = c.summary[name]
         t.add_row(name, str(s.n_tokens), str(s.n_moved), _fmt_pct(s.share_moved), str(s.n_up), str(s.n_down),
                   str(s.n_overconfident))
-    console.print(t)
+    return t
 
+
+def _top_moved_table(report: InspectReport) -> Table:
+    c = report.comparison
     t = Table(title=f"top {len(c.top_moved)} moved tokens")
     for col in ("pos", "context \\[token]", "class", "p_base", "p_rl", "Δp", "Δlogp"):
         t.add_column(col, justify="left" if col in ("context \\[token]", "class") else "right")
@@ -345,10 +389,10 @@ def print_report(report: InspectReport, console: Console) -> None:
         t.add_row(str(i), _context(report, i), c.classes[i],
                   f"{float(c.p_base[i]):.4f}", f"{float(c.p_rl[i]):.4f}", f"{float(c.delta_p[i]):+.4f}",
                   f"{float(c.delta_logp[i]):+.3f}")
-    console.print(t)
-    console.print(f"over-confident tokens (p_base ≥ {c.confident:g}, p_rl > p_base, p_rl ≥ {c.saturated:g}): "
-                  f"{int(c.overconfident.sum())} of {int(sampled.sum())}")
+    return t
 
+
+def _exploration_table(report: InspectReport) -> Table:
     ns = list(report.exploration[0].chance) if report.exploration else []
     t = Table(title="exploration: chance that n rollouts sample a non-top token at least once, 1 − p^n")
     t.add_column("top-token p", justify="right")
@@ -357,10 +401,12 @@ def print_report(report: InspectReport, console: Console) -> None:
     t.add_column("tokens ≥ p base / rl", justify="right")
     for row in report.exploration:
         t.add_row(f"{row.p:g}", *(_fmt_pct(row.chance[n]) for n in ns), f"{row.n_base} / {row.n_rl}")
-    console.print(t)
+    return t
 
-    if not report.probes:
-        return
+
+def _entropy_table(report: InspectReport) -> Table:
+    """Each probed model's highest-entropy positions, side by side."""
+    n_tool = int(report.comparison.observation.sum())
     t = Table(title="entropy probe: highest-entropy positions (nats)")
     t.add_column("rank", justify="right")
     for p in report.probes:
@@ -376,25 +422,27 @@ def print_report(report: InspectReport, console: Console) -> None:
             else:
                 cells.append("")
         t.add_row(str(rank + 1), *cells)
-    console.print(t)
+    return t
 
-    dists = [p for p in report.probes if p.distribution is not None]
-    if dists:
-        d0 = dists[0].distribution
-        context = (_context(report, d0.position, len(d0.context)) if n_tool
-                   else _in_context(d0.context, d0.actual_token))
-        t = Table(title=Text.assemble(f"next-token distribution at position {d0.position}: ", context))
-        t.add_column("rank", justify="right")
-        for p in dists:
-            t.add_column(p.name)
-        for rank in range(max(len(p.distribution.top) for p in dists)):
-            t.add_row(str(rank + 1), *(
-                Text(f"{visible(p.distribution.top[rank][0]):<6} {p.distribution.top[rank][2]:.4f}")
-                if rank < len(p.distribution.top) else "" for p in dists))
-        t.add_row("actual", *(Text(f"{visible(p.distribution.actual_token)} {p.distribution.actual_prob:.4f} "
-                                   f"(rank {p.distribution.actual_rank})") for p in dists))
-        t.add_row("entropy", *(f"{p.distribution.entropy:.3f}" for p in dists))
-        console.print(t)
+
+def _distribution_table(report: InspectReport, dists: list) -> Table:
+    """The next-token distribution at the probed position under each model that has one (`dists`)."""
+    n_tool = int(report.comparison.observation.sum())
+    d0 = dists[0].distribution
+    context = (_context(report, d0.position, len(d0.context)) if n_tool
+               else _in_context(d0.context, d0.actual_token))
+    t = Table(title=Text.assemble(f"next-token distribution at position {d0.position}: ", context))
+    t.add_column("rank", justify="right")
+    for p in dists:
+        t.add_column(p.name)
+    for rank in range(max(len(p.distribution.top) for p in dists)):
+        t.add_row(str(rank + 1), *(
+            Text(f"{visible(p.distribution.top[rank][0]):<6} {p.distribution.top[rank][2]:.4f}")
+            if rank < len(p.distribution.top) else "" for p in dists))
+    t.add_row("actual", *(Text(f"{visible(p.distribution.actual_token)} {p.distribution.actual_prob:.4f} "
+                               f"(rank {p.distribution.actual_rank})") for p in dists))
+    t.add_row("entropy", *(f"{p.distribution.entropy:.3f}" for p in dists))
+    return t
 
 
 TOOL_STYLE = "dim italic"  # tool output in the console (the page draws it grey with a dashed border)
