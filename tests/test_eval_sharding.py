@@ -13,16 +13,17 @@ import pickle
 import pytest
 import torch
 
-from mathrl.evaluation.evaluate import eval_rows, evaluate
+from mathrl.evaluation.evaluate import evaluate
 from mathrl.model.tiny import build_char_tokenizer
 from mathrl.reward.verify import Verifier
 from mathrl.rollout.engine import TorchEngine
 from mathrl.tasks.base import Problem
+from mathrl.train.shards import block_rows
 
 
 @pytest.mark.parametrize("total, block, world", [(24, 8, 2), (1600, 512, 2), (7, 1, 3), (5, 8, 2), (10, 3, 4)])
-def test_eval_rows_are_whole_blocks_contiguous_and_complete(total, block, world):
-    pieces = [eval_rows(total, block=block, rank=r, world_size=world) for r in range(world)]
+def test_block_rows_are_whole_blocks_contiguous_and_complete(total, block, world):
+    pieces = [block_rows(total, block, r, world) for r in range(world)]
     assert pieces[0][0] == 0 and pieces[-1][1] == total
     for (_, hi), (lo, _) in zip(pieces, pieces[1:]):
         assert hi == lo  # contiguous, in rank order

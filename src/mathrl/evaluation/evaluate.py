@@ -18,10 +18,11 @@ from mathrl.reward.extract import has_final_answer
 from mathrl.reward.numeric import answer_form
 from mathrl.reward.reflection import reflection_stats
 from mathrl.reward.functions import Rewarder, Scores, component_metrics, failure_counts, score_rows
-from mathrl.reward.verify import Verifier
-from mathrl.rollout.base import concat_rollouts
+from mathrl.reward.verify import RewardResult, Verifier
+from mathrl.rollout.base import RolloutBatch, concat_rollouts
 from mathrl.rollout.episodes import episode_metrics, void_turns
 from mathrl.tasks.base import Problem
+from mathrl.train.shards import block_rows
 
 
 @dataclass
@@ -56,19 +57,20 @@ class EvalResult:
         return out
 
 
-def eval_rows(total: int, *, block: int, rank: int, world_size: int) -> tuple[int, int]:
-    """[lo, hi) of the `total` sample rows that `rank` of `world_size` generates: a contiguous run of
-    whole seed blocks (an engine's `seed_block` rows share one random stream), so that the rows are
-    sampled exactly as one process samples them. Ranks differ by at most one block."""
-    blocks = -(-total // block)
-    base, extra = divmod(blocks, world_size)
-    lo = rank * base + min(rank, extra)
-    hi = lo + base + (1 if rank < extra else 0)
-    return min(lo * block, total), min(hi * block, total)
-
-
 def _single(obj):
     return [obj]
+
+
+@dataclass
+class Sampled:
+    """Sampled and scored rows of an evaluation, in row order (problem-major: n per problem)."""
+
+    texts: list[str] = field(default_factory=list)
+    results: list[RewardResult] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)  # response tokens
+    truncated: list[bool] = field(default_factory=list)
+    scores: Scores | None = None  # every reward component's (reward.functions beyond the math checker)
+    episodes: tuple[RolloutBatch, list[bool]] | None = None  # with tools: the rollout and its void-turn flags
 
 
 def evaluate(
@@ -92,50 +94,69 @@ def evaluate(
     """Sample n responses for each (problem, prompt token ids) and score them.
 
     Several ranks (`rank` of `world_size`, every rank calling): each samples and verifies its own
-    block of the rows (`eval_rows`) and `gather` (an all-gather of Python objects, rank order) brings
-    every row to every rank, so each returns the whole result, equal to one process's.
+    block of the rows (`train/shards.py:block_rows`: whole seed blocks of the engine) and `gather` (an
+    all-gather of Python objects, rank order) brings every row to every rank, so each returns the
+    whole result, equal to one process's.
     """
     flat_prompts = [p for p in prompts for _ in range(n)]
-    references = [p.answer for p in problems for _ in range(n)]
+    flat_problems = [p for p in problems for _ in range(n)]
     # an engine that does not say how its rows share random streams is sampled whole, on rank 0
     block = getattr(engine, "seed_block", len(flat_prompts)) if world_size > 1 else len(flat_prompts)
-    lo, hi = eval_rows(len(flat_prompts), block=max(block, 1), rank=rank, world_size=world_size)
-    texts: list[str] = []
-    results: list = []
-    components = getattr(verifier, "logs_components", False)
-    scores = None
-    lengths: list[int] = []
-    truncated: list[bool] = []
-    episodes = None  # (rollout, void flags) of this rank's rows, with tools
-    if hi > lo:
-        offset = {"first_row": lo} if lo else {}  # the rows' place in the whole call, for their seeds
-        out = engine.generate(flat_prompts[lo:hi], max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                              seed=seed, **offset)
-        texts = tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
-        lengths, truncated = out.response_lengths.tolist(), out.truncated.tolist()
-        if out.observation_mask is not None:
-            episodes = (out, void_turns(out, tokenizer, has_answer=has_final_answer))
-        if components:  # reward.functions beyond the math checker: every component scores every sample
-            rows = [p for p in problems for _ in range(n)][lo:hi]
-            context = out.context_lengths.tolist()
-            tokens = [out.response_ids[i, : context[i]].tolist() for i in range(len(texts))]
-            prompt_texts = tokenizer.batch_decode(flat_prompts[lo:hi], skip_special_tokens=True)
-            scores = score_rows(verifier, prompt_texts, texts, rows, tokens)
-            results = scores.results
-        else:
-            results = verifier.score(texts, references[lo:hi])
+    lo, hi = block_rows(len(flat_prompts), max(block, 1), rank, world_size)
+    sampled = sample_rows(flat_prompts[lo:hi], flat_problems[lo:hi], first_row=lo, engine=engine, tokenizer=tokenizer,
+                          verifier=verifier, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
     if world_size > 1:
-        parts = gather((texts, results, lengths, truncated, scores, episodes))
-        texts, results, lengths, truncated = ([x for part in parts for x in part[i]] for i in range(4))
-        scores = Scores.concat([part[4] for part in parts if part[4] is not None]) if components else None
-        mine = [part[5] for part in parts if part[5] is not None]
-        episodes = (concat_rollouts([e[0] for e in mine], tokenizer.pad_token_id), [v for e in mine for v in e[1]]) if mine else None
+        sampled = gathered(gather(sampled), components=getattr(verifier, "logs_components", False),
+                           pad_token_id=tokenizer.pad_token_id)
+    return eval_result(name, problems, sampled, n=n, reflection_words=reflection_words)
 
+
+def sample_rows(prompts: list[list[int]], problems: list[Problem], *, first_row: int, engine, tokenizer,
+                verifier: Verifier | Rewarder, max_new_tokens: int, temperature: float, top_p: float, seed: int) -> Sampled:
+    """Sample one response per prompt and score it; the prompts are rows first_row, ... of the whole
+    call (their place sets their seeds) and `problems` their problems, one per row."""
+    if not prompts:
+        return Sampled()
+    offset = {"first_row": first_row} if first_row else {}  # the rows' place in the whole call, for their seeds
+    out = engine.generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                          **offset)
+    texts = tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
+    sampled = Sampled(texts=texts, lengths=out.response_lengths.tolist(), truncated=out.truncated.tolist())
+    if out.observation_mask is not None:
+        sampled.episodes = (out, void_turns(out, tokenizer, has_answer=has_final_answer))
+    if getattr(verifier, "logs_components", False):  # reward.functions beyond the math checker: every component scores every sample
+        context = out.context_lengths.tolist()
+        tokens = [out.response_ids[i, : context[i]].tolist() for i in range(len(texts))]
+        prompt_texts = tokenizer.batch_decode(prompts, skip_special_tokens=True)
+        sampled.scores = score_rows(verifier, prompt_texts, texts, problems, tokens)
+        sampled.results = sampled.scores.results
+    else:
+        sampled.results = verifier.score(texts, [p.answer for p in problems])
+    return sampled
+
+
+def gathered(parts: list[Sampled], *, components: bool, pad_token_id: int) -> Sampled:
+    """Every rank's `Sampled`, in rank order, as one."""
+    episodes = [p.episodes for p in parts if p.episodes is not None]
+    return Sampled(
+        texts=[x for p in parts for x in p.texts],
+        results=[x for p in parts for x in p.results],
+        lengths=[x for p in parts for x in p.lengths],
+        truncated=[x for p in parts for x in p.truncated],
+        scores=Scores.concat([p.scores for p in parts if p.scores is not None]) if components else None,
+        episodes=(concat_rollouts([e[0] for e in episodes], pad_token_id), [v for e in episodes for v in e[1]]) if episodes else None,
+    )
+
+
+def eval_result(name: str, problems: Sequence[Problem], sampled: Sampled, *, n: int,
+                reflection_words: Sequence[str] = ()) -> EvalResult:
+    """The set's numbers from its samples (n per problem, in problem order)."""
+    texts, results, scores = sampled.texts, sampled.results, sampled.scores
     correct = [[results[i * n + j].score > 0 for j in range(n)] for i in range(len(problems))]
     answers = [[_vote_key(results[i * n + j].extracted) for j in range(n)] for i in range(len(problems))]
-    samples = [
+    first = [  # the first sample of each problem
         {"problem_id": problems[i // n].id, "response": texts[i], "reason": results[i].reason, "extracted": results[i].extracted}
-        for i in range(0, len(texts), n)  # the first sample of each problem
+        for i in range(0, len(texts), n)
     ]
     return EvalResult(
         name=name,
@@ -145,14 +166,14 @@ def evaluate(
         pass_at_k=pass_at_k_table(correct, default_ks(n)),
         maj_at_n=maj_at_k(answers, correct, n),
         no_answer_rate=sum(r.reason == "no_answer" for r in results) / len(results),
-        truncated_rate=sum(truncated) / len(truncated),
-        mean_response_length=sum(lengths) / len(lengths),
+        truncated_rate=sum(sampled.truncated) / len(sampled.truncated),
+        mean_response_length=sum(sampled.lengths) / len(sampled.lengths),
         reflection_rate=reflection_stats(texts, reflection_words)["reflection_rate"],
         integer_answer_rate=integer_answer_rate(texts, [p.answer for p in problems]),
         rewards={**{k.removeprefix("reward/"): v for k, v in component_metrics(scores).items()},
                  **{k.removeprefix("reward/"): v for k, v in failure_counts(scores).items()}} if scores else None,
-        samples=samples,
-        tools=episode_metrics(*episodes) if episodes else None,
+        samples=first,
+        tools=episode_metrics(*sampled.episodes) if sampled.episodes else None,
         problem_pass_at_1=[sum(row) / n for row in correct],
     )
 
