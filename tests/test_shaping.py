@@ -122,3 +122,64 @@ def test_length_schedule_reward_hand_values():
     correct = torch.tensor([1.0, 1.0, 1.0, 0.0])
     out = length_schedule_reward(lengths, correct, step=12, schedule=[(0, 100), (10, 200)], coef=2.0)
     assert_close(out, torch.tensor([0.0, -1.0, -1.0, 0.0]))
+
+
+# ---------------------------------------------------------------------------------- the terms by name
+def _config(*overrides: str):
+    from mathrl.config import load_config
+
+    return load_config(None, ["rollout.max_new_tokens=10", *overrides])
+
+
+LENGTHS = torch.tensor([2, 8, 10, 4])
+CORRECT = torch.tensor([1.0, 0.0, 1.0, 1.0])
+GROUPS = torch.tensor([0, 0, 1, 1])
+
+
+@pytest.mark.parametrize("overrides, terms", [
+    # nothing on: the reward is the correctness itself, no term logged
+    ((), {}),
+    # each switch adds its own pure function's values, logged under its name
+    (("reward.overlong.soft_punishment=true", "reward.overlong.cache_len=4"),
+     {"overlong_penalty": soft_overlong_punishment(LENGTHS, max_len=10, cache_len=4)}),
+    (("reward.kimi_length_coef=0.5",), {"length_penalty": kimi_length_penalty(LENGTHS, CORRECT, GROUPS, coef=0.5)}),
+    (("reward.length_bonus_coef=0.1",), {"length_bonus": length_bonus(LENGTHS, coef=0.1, max_len=10)}),
+    (("reward.length_schedule=[[0, 6]]", "reward.length_schedule_coef=0.5"),
+     {"length_schedule": length_schedule_reward(LENGTHS, CORRECT, step=3, schedule=[(0, 6)], coef=0.5)}),
+    # all four: added in SHAPING_TERMS' order, each logged
+    (("reward.overlong.soft_punishment=true", "reward.overlong.cache_len=4", "reward.kimi_length_coef=0.5",
+      "reward.length_bonus_coef=0.1", "reward.length_schedule=[[0, 6]]", "reward.length_schedule_coef=0.5"),
+     {"overlong_penalty": soft_overlong_punishment(LENGTHS, max_len=10, cache_len=4),
+      "length_penalty": kimi_length_penalty(LENGTHS, CORRECT, GROUPS, coef=0.5),
+      "length_bonus": length_bonus(LENGTHS, coef=0.1, max_len=10),
+      "length_schedule": length_schedule_reward(LENGTHS, CORRECT, step=3, schedule=[(0, 6)], coef=0.5)}),
+])
+def test_shape_rewards_adds_the_enabled_terms_in_order(overrides, terms):
+    from mathrl.reward.shaping import shape_rewards
+
+    rewards, means = shape_rewards(_config(*overrides), 3, LENGTHS, CORRECT, GROUPS)
+    expected = CORRECT.clone()
+    for term in terms.values():
+        expected = expected + term
+    assert_close(rewards, expected, rtol=0, atol=0)  # the same additions in the same order: bit for bit
+    assert list(means) == list(terms) and means == {k: float(v.mean()) for k, v in terms.items()}
+
+
+def test_shape_rewards_starts_from_the_total_and_reward_incorrect():
+    # total: the components' weighted sum; incorrect=-1 adds -1 where the math checker said wrong (DAPO's +-1)
+    from mathrl.reward.shaping import shape_rewards
+
+    total = torch.tensor([1.5, 0.25, 1.0, 0.5])
+    rewards, means = shape_rewards(_config("reward.incorrect=-1"), 3, LENGTHS, CORRECT, GROUPS, total=total)
+    assert_close(rewards, torch.tensor([1.5, -0.75, 1.0, 0.5])) and means == {}
+
+
+def test_a_new_shaping_term_is_one_entry(monkeypatch):
+    # the extension point: one ShapingTerm in SHAPING_TERMS is summed and logged, nothing else to touch
+    from mathrl.reward import shaping
+
+    term = shaping.ShapingTerm("short_bonus", lambda cfg: True, lambda x: (x.lengths < 5).float() * 0.1)
+    monkeypatch.setattr(shaping, "SHAPING_TERMS", [*shaping.SHAPING_TERMS, term])
+    rewards, means = shaping.shape_rewards(_config(), 3, LENGTHS, CORRECT, GROUPS)
+    assert_close(rewards, CORRECT + torch.tensor([0.1, 0.0, 0.0, 0.1]))
+    assert means == {"short_bonus": pytest.approx(0.05)}

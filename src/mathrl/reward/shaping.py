@@ -1,14 +1,18 @@
 """Length-dependent reward terms, added to the correctness reward before advantages.
 
 Every function is a pure tensor function over [N] response lengths (in tokens) and returns an [N]
-float term; the loop sums the enabled terms into the sequence reward:
+float term; `shape_rewards` sums the enabled terms of `SHAPING_TERMS`, in its order, into the
+sequence reward:
 
-    r = correctness
+    r = correctness (the reward components' total), plus reward.incorrect on wrong answers
     r = r + soft_overlong_punishment(lengths, max_len=L, cache_len=C)    # reward.overlong.soft_punishment
     r = r + kimi_length_penalty(lengths, correct, group_ids, coef=c)     # reward.kimi_length_coef
-    r = r + length_bonus(lengths, coef=c, max_len=L)                     # reward.length_bonus.coef
+    r = r + length_bonus(lengths, coef=c, max_len=L)                     # reward.length_bonus_coef
     r = r + length_schedule_reward(lengths, correct, step=s,
                                    schedule=sched, coef=c)               # reward.length_schedule
+
+A new term is a pure function here and one `ShapingTerm(name, enabled(cfg), fn)` entry in
+`SHAPING_TERMS` (with its config field and test); its batch mean is logged as reward/<name>.
 
 Only the first two come from papers. ``length_bonus`` and ``length_schedule_reward`` exist to
 reproduce a negative result: a practitioners' field report found that rewarding length directly,
@@ -20,12 +24,14 @@ Run the tests with ``python -m pytest tests/test_shaping.py -q``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from mathrl.algo.groups import group_stats
+from mathrl.config import Config
 
 __all__ = [
     "soft_overlong_punishment",
@@ -33,6 +39,10 @@ __all__ = [
     "length_bonus",
     "scheduled_target",
     "length_schedule_reward",
+    "ShapingInputs",
+    "ShapingTerm",
+    "SHAPING_TERMS",
+    "shape_rewards",
 ]
 
 
@@ -118,7 +128,7 @@ def length_bonus(lengths: Tensor, *, coef: float, max_len: int) -> Tensor:
 
     Args:
         lengths: [N] response lengths in tokens.
-        coef: scale. Config ``reward.length_bonus.coef``.
+        coef: scale. Config ``reward.length_bonus_coef``.
         max_len: normaliser, usually rollout.max_new_tokens (so the bonus is in [0, coef]).
 
     Returns:
@@ -183,3 +193,70 @@ def length_schedule_reward(
     target = scheduled_target(schedule, step)
     penalty = -coef * (length - target).abs() / target  # [N]
     return torch.where(correct > 0, penalty, torch.zeros_like(penalty))
+
+
+# ----------------------------------------------------------------------------- the terms by name
+@dataclass(frozen=True)
+class ShapingInputs:
+    """What a shaping term sees of one generation round's N samples."""
+
+    cfg: Config
+    step: int  # the RL step
+    lengths: Tensor  # [N] response lengths in model tokens
+    correct: Tensor  # [N] 1.0 where the answer is right
+    group_ids: Tensor  # [N] long, the prompt each sample answers (groups of rollout.n)
+
+
+@dataclass(frozen=True)
+class ShapingTerm:
+    """One term added to the sequence reward: `fn` returns it, [N]; its mean is logged as reward/<name>."""
+
+    name: str
+    enabled: Callable[[Config], bool]
+    fn: Callable[[ShapingInputs], Tensor]
+
+
+def overlong_term(x: ShapingInputs) -> Tensor:
+    """DAPO's soft overlong punishment over the last reward.overlong.cache_len tokens before the limit."""
+    return soft_overlong_punishment(x.lengths, max_len=x.cfg.rollout.max_new_tokens, cache_len=x.cfg.reward.overlong.cache_len)
+
+
+def kimi_term(x: ShapingInputs) -> Tensor:
+    """Kimi k1.5's length penalty within each group, times reward.kimi_length_coef."""
+    return kimi_length_penalty(x.lengths, x.correct, x.group_ids, coef=x.cfg.reward.kimi_length_coef)
+
+
+def bonus_term(x: ShapingInputs) -> Tensor:
+    """reward.length_bonus_coef x length / rollout.max_new_tokens (ablation only)."""
+    return length_bonus(x.lengths, coef=x.cfg.reward.length_bonus_coef, max_len=x.cfg.rollout.max_new_tokens)
+
+
+def schedule_term(x: ShapingInputs) -> Tensor:
+    """The distance of a correct answer's length from reward.length_schedule's target (ablation only)."""
+    schedule = [(int(a), int(b)) for a, b in x.cfg.reward.length_schedule]
+    return length_schedule_reward(x.lengths, x.correct, step=x.step, schedule=schedule, coef=x.cfg.reward.length_schedule_coef)
+
+
+SHAPING_TERMS: list[ShapingTerm] = [  # summed in this order
+    ShapingTerm("overlong_penalty", lambda cfg: cfg.reward.overlong.soft_punishment, overlong_term),
+    ShapingTerm("length_penalty", lambda cfg: bool(cfg.reward.kimi_length_coef), kimi_term),
+    ShapingTerm("length_bonus", lambda cfg: bool(cfg.reward.length_bonus_coef), bonus_term),
+    ShapingTerm("length_schedule", lambda cfg: bool(cfg.reward.length_schedule), schedule_term),
+]
+
+
+def shape_rewards(cfg: Config, step: int, lengths: Tensor, correct: Tensor, group_ids: Tensor,
+                  total: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
+    """[N] sequence rewards: the components' weighted total (`total`; default: `correct`, the math
+    checker alone), plus reward.incorrect where the answer is not correct, plus every enabled term of
+    `SHAPING_TERMS`; and each enabled term's mean over the N samples, by name.
+
+    lengths, correct, group_ids: [N] (see `ShapingInputs`)."""
+    incorrect, base = cfg.reward.incorrect, correct if total is None else total
+    r = base.clone() if incorrect == 0 else base + (1 - correct) * incorrect  # [N]
+    x, means = ShapingInputs(cfg, step, lengths, correct, group_ids), {}
+    for term in SHAPING_TERMS:
+        if term.enabled(cfg):
+            value = term.fn(x)  # [N]
+            r, means[term.name] = r + value, float(value.mean())
+    return r, means
