@@ -36,6 +36,7 @@ import torch
 
 from mathrl.cache import build_once
 from mathrl.cache import cache_root as default_cache_root
+from mathrl.config import TINY_BASE
 
 BASE_FORMAT_VERSION = 2  # bump when the build code changes what a given recipe produces
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
@@ -96,7 +97,7 @@ def recipe_hash(cfg) -> str:
 
 
 def base_model_dir(cfg, cache_root: Path | None = None) -> Path:
-    return (cache_root or default_cache_root()) / "base" / f"tiny-arith-{recipe_hash(cfg)}"
+    return (cache_root or default_cache_root()) / "base" / f"{TINY_BASE}-{recipe_hash(cfg)}"
 
 
 def _encode_batch(tokenizer, pretraining_text: PretrainingText, rng: random.Random, batch_size: int):
