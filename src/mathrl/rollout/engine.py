@@ -21,6 +21,7 @@ import torch
 from mathrl.model.lora import unwrap
 
 from mathrl.rollout.base import RolloutBatch, concat_rollouts, full_tensor, left_pad, row_seed, select_rollout_rows
+from mathrl.rollout.lean import LeanDecoder
 
 __all__ = ["TorchEngine", "RolloutBatch", "concat_rollouts", "inverse_cdf", "left_pad", "sample_top_p", "select_rollout_rows"]
 
@@ -194,10 +195,20 @@ class TorchEngine:
     It usually samples from the training model itself, so `update_weights` has nothing to do; given
     its own copy of the model (e.g. an unsharded one beside an FSDP-sharded trainer) it copies the
     trainer's tensors into that copy.
+
+    `decode="lean"` runs each forward with `rollout.lean.LeanDecoder` (Qwen2 and Llama models: the same
+    logits from the model's own tensors without its modules, over a preallocated KV cache; `compile`
+    compiles its one-token step); a model it does not support keeps the Hugging Face forward, with one
+    log line. The sampler, the tool observation windows and the dropping of finished rows are the same
+    for both.
     """
 
-    def __init__(self, model, *, eos_token_id: int, pad_token_id: int, batch_size: int = 512, tools=None):
+    def __init__(self, model, *, eos_token_id: int, pad_token_id: int, batch_size: int = 512, tools=None,
+                 decode: str = "hf", compile: bool = False):
         self.model = model
+        if decode not in ("hf", "lean"):
+            raise ValueError(f"decode={decode!r}: use 'hf' or 'lean'")
+        self.lean = LeanDecoder.for_model(model, compile=compile) if decode == "lean" else None
         self.tools = tools  # rollout.episodes.ToolUse: responses are episodes with tool calls; None: single-turn
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
@@ -319,13 +330,17 @@ class TorchEngine:
         """The prompts' forward (left padding does not shift positions) and empty response buffers."""
         n, device = prompt_ids.shape[0], prompt_ids.device
         position_ids = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # [N, P]
-        out = self.model(
-            input_ids=prompt_ids,
-            attention_mask=prompt_mask,
-            position_ids=position_ids,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        if self.lean is not None:
+            cache, logits = self.lean.prefill(prompt_ids, prompt_mask, position_ids, new_columns=max_new_tokens)
+        else:
+            out = self.model(
+                input_ids=prompt_ids,
+                attention_mask=prompt_mask,
+                position_ids=position_ids,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            cache, logits = _output_cache(out), out.logits[:, -1, :]
         return _Decoding(
             tokens=torch.full((n, max_new_tokens), self.pad_token_id, dtype=torch.long, device=device),
             logprobs=torch.zeros((n, max_new_tokens), dtype=torch.float32, device=device),
@@ -336,8 +351,8 @@ class TorchEngine:
             rows=torch.arange(n, device=device),
             attention_mask=prompt_mask,
             next_position=position_ids[:, -1:] + 1,
-            cache=_output_cache(out),
-            logits=out.logits[:, -1, :],
+            cache=cache,
+            logits=logits,
         )
 
     def _feed(self, d: _Decoding, token, called: list[int], episodes, max_new_tokens: int) -> bool:
@@ -346,22 +361,26 @@ class TorchEngine:
         cache, attention mask, positions and logits; returns False when no row has columns left (an
         observation filled the last columns of every row)."""
         if not called:
-            d.attention_mask = torch.cat([d.attention_mask, d.attention_mask.new_ones((len(d.rows), 1))], dim=1)
-            inputs, positions, fed = token[:, None], d.next_position, None
+            inputs, window, positions, fed = token[:, None], None, d.next_position, None
         else:
             inputs, window, positions, fed = self._observation_window(
                 episodes, d.rows, token, called, d.column, d.next_position, max_new_tokens, d.tokens, d.observed)
+        if self.lean is not None:
+            d.logits = self.lean.feed(d.cache, inputs, window, positions)  # the lean cache keeps its own mask
+        else:
+            if window is None:
+                window = d.attention_mask.new_ones((len(d.rows), 1))
             d.attention_mask = torch.cat([d.attention_mask, window], dim=1)
-        out = self.model(
-            input_ids=inputs,
-            attention_mask=d.attention_mask,
-            position_ids=positions,
-            use_cache=True,
-            **{self._cache_kwarg: d.cache},
-        )
-        d.cache = _output_cache(out)
+            out = self.model(
+                input_ids=inputs,
+                attention_mask=d.attention_mask,
+                position_ids=positions,
+                use_cache=True,
+                **{self._cache_kwarg: d.cache},
+            )
+            d.cache = _output_cache(out)
+            d.logits = out.logits[:, -1, :]
         d.next_position = d.next_position + (1 if fed is None else fed[:, None])
-        d.logits = out.logits[:, -1, :]
         if fed is not None and bool((d.column[d.rows] >= max_new_tokens).any()):
             # an observation filled a row's last columns: the row ends there, cut short
             keep = (d.column[d.rows] < max_new_tokens).nonzero().squeeze(1)

@@ -65,7 +65,8 @@ def build_tool_use(cfg, tokenizer) -> ToolUse | None:
 def build_torch_engine(cfg, *, model, tokenizer, model_path: str | Path) -> Engine:
     """Samples from `model` itself."""
     return TorchEngine(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                       batch_size=cfg.rollout.batch_size, tools=build_tool_use(cfg, tokenizer))
+                       batch_size=cfg.rollout.batch_size, tools=build_tool_use(cfg, tokenizer),
+                       decode=cfg.rollout.decode)
 
 
 def build_vllm_engine(cfg, *, model, tokenizer, model_path: str | Path) -> Engine:
