@@ -48,7 +48,7 @@ EXACT = ("reward/", "rollout/response_length", "filter/", "collapse/")
 
 @pytest.mark.parametrize("count,world", [(4, 2), (5, 2), (1, 2), (7, 3), (16, 8)])
 def test_split_range_is_contiguous_balanced_and_complete(count: int, world: int) -> None:
-    from mathrl.train.dist import split_range
+    from mathrl.train.shards import split_range
 
     ranges = [split_range(count, r, world) for r in range(world)]
     assert ranges[0][0] == 0 and ranges[-1][1] == count
@@ -57,12 +57,11 @@ def test_split_range_is_contiguous_balanced_and_complete(count: int, world: int)
     assert max(sizes) - min(sizes) <= 1
 
 
-def test_rank_rows_keep_whole_groups_and_one_process_keeps_everything() -> None:
-    from mathrl.train.collect import rank_rows, shard_seed
-    from mathrl.train.dist import Ranks
+def test_group_rows_keep_whole_groups_and_one_process_keeps_everything() -> None:
+    from mathrl.train.shards import group_rows, shard_seed
 
-    assert rank_rows(3, 4, Ranks()) is None
-    rows = [rank_rows(3, 4, Ranks(rank=r, world_size=2, joined=True)) for r in (0, 1)]
+    assert group_rows(3, 4, 0, 1) == list(range(12))
+    rows = [group_rows(3, 4, r, 2) for r in (0, 1)]
     assert rows == [list(range(0, 8)), list(range(8, 12))]  # groups 0-1 and group 2, n = 4 rows each
     assert shard_seed(123, 0) == 123 and len({shard_seed(123, k) for k in range(4)}) == 4
 
@@ -71,20 +70,19 @@ def test_ranks_that_split_one_rollout_shard_draw_from_different_streams() -> Non
     """128 rows (16 groups of 8) in one 512-row shard over 2 ranks: each rank samples half of shard 0.
     The second half must not reuse the first half's seed (the two ranks would replay one random stream
     on different prompts); a rank holding whole shards keeps the one-process seeds."""
-    from mathrl.train.collect import rank_pieces, shard_seed
-    from mathrl.train.dist import Ranks
+    from mathrl.train.shards import rank_pieces, shard_seed
 
-    two = [Ranks(rank=r, world_size=2, joined=True) for r in (0, 1)]
-    assert rank_pieces(128, 8, 512, Ranks()) == [(0, 128, 0, 0)]
-    assert [rank_pieces(128, 8, 512, r) for r in two] == [[(0, 64, 0, 0)], [(64, 128, 0, 64)]]
-    seeds = [shard_seed(7, shard, offset) for r in two for _, _, shard, offset in rank_pieces(128, 8, 512, r)]
+    two = (0, 1)  # the ranks of a world of 2
+    assert rank_pieces(128, 8, 512, 0, 1) == [(0, 128, 0, 0)]
+    assert [rank_pieces(128, 8, 512, r, 2) for r in two] == [[(0, 64, 0, 0)], [(64, 128, 0, 64)]]
+    seeds = [shard_seed(7, p.shard, p.offset) for r in two for p in rank_pieces(128, 8, 512, r, 2)]
     assert seeds[0] == 7 and seeds[1] != 7
     # shares that are multiples of the shard size: the same pieces, seeds and rows as one process
-    one = rank_pieces(128, 8, 32, Ranks())
-    assert [p for r in two for p in rank_pieces(128, 8, 32, r)] == one == [(k, k + 32, k // 32, 0) for k in range(0, 128, 32)]
+    one = rank_pieces(128, 8, 32, 0, 1)
+    assert [p for r in two for p in rank_pieces(128, 8, 32, r, 2)] == one == [(k, k + 32, k // 32, 0) for k in range(0, 128, 32)]
     # a shard cut mid-way by the rank boundary: 3 groups of 4 over 2 ranks, shards of 8 rows
-    assert [rank_pieces(12, 4, 8, r) for r in two] == [[(0, 8, 0, 0)], [(8, 12, 1, 0)]]
-    assert [rank_pieces(12, 4, 16, r) for r in two] == [[(0, 8, 0, 0)], [(8, 12, 0, 8)]]
+    assert [rank_pieces(12, 4, 8, r, 2) for r in two] == [[(0, 8, 0, 0)], [(8, 12, 1, 0)]]
+    assert [rank_pieces(12, 4, 16, r, 2) for r in two] == [[(0, 8, 0, 0)], [(8, 12, 0, 8)]]
     # seeds of every (shard, offset) of a step are distinct, from each other and from the next steps' plain seeds
     step_seeds = {1_000_003 + s for s in range(1000)}
     pieces = {shard_seed(1_000_003, shard, offset) for shard in range(8) for offset in range(0, 4096, 4)}

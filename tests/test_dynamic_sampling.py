@@ -15,7 +15,7 @@ from mathrl.config import load_config
 from mathrl.reward.verify import RewardResult
 from mathrl.rollout.engine import RolloutBatch
 from mathrl.tasks.sources import ProblemStream
-from mathrl.train.collect import DynamicSamplingExhausted, collect_rollouts
+from mathrl.train.collect import DynamicSamplingExhausted, GroupDrops, collect_rollouts
 
 PROMPTS, N = 4, 4
 
@@ -94,6 +94,7 @@ def test_bound_hit_trains_on_the_smaller_batch(char_tokenizer) -> None:
     m = collected.metrics
     assert (m["filter/gen_rounds"], m["filter/kept_groups"]) == (3.0, 1.0)
     assert (m["filter/dropped_all_correct"], m["filter/dropped_all_wrong"]) == (3 + 2 + 3.0, 0 + 2 + 1.0)
+    assert collected.drops == GroupDrops(all_correct=3 + 2 + 3, all_wrong=0 + 2 + 1)  # what the run reads; the log says the same
     assert len(collected.problems) == 1 and len(collected.rollout) == N
 
 
@@ -118,6 +119,7 @@ def test_band_keeps_only_groups_inside_it(char_tokenizer) -> None:
     m = collected.metrics
     assert (m["filter/kept_groups"], m["filter/dropped_out_of_band"]) == (4.0, 2.0)
     assert (m["filter/dropped_all_correct"], m["filter/dropped_all_wrong"]) == (1.0, 1.0)
+    assert collected.drops == GroupDrops(all_correct=1, all_wrong=1, out_of_band=2)
     assert collected.correct.view(PROMPTS, N).sum(-1).tolist() == [2.0] * 4
 
 
@@ -196,9 +198,12 @@ def test_a_run_whose_every_sample_is_wrong_stops_and_says_why(tmp_path, make_tin
     assert max(steps) == 5 and not (run / "summary.json").exists()
 
 
-def _empty(wrong: int, right: int = 0, band: int = 0) -> dict[str, float]:
-    return {"filter/kept_groups": 0.0, "filter/dropped_all_wrong": float(wrong), "filter/dropped_all_correct": float(right),
-            "filter/dropped_out_of_band": float(band)}
+def _empty(wrong: int, right: int = 0, band: int = 0):
+    from mathrl.train.collect import GroupDrops
+    from mathrl.train.monitors import GroupOutcomes
+
+    return GroupOutcomes(kept=0, kept_all_wrong=0, kept_all_correct=0,
+                         dropped=GroupDrops(all_correct=right, all_wrong=wrong, out_of_band=band))
 
 
 def test_the_no_signal_count_is_consecutive_and_names_the_cause() -> None:
@@ -206,14 +211,14 @@ def test_the_no_signal_count_is_consecutive_and_names_the_cause() -> None:
 
     from rich.console import Console
 
-    from mathrl.train.collect import NoSignalError, SignalWatch
+    from mathrl.train.monitors import GroupOutcomes, NoSignalError, SignalWatch
 
     cfg = load_config(None, ["data.dynamic_sampling.max_empty_steps=2"])
     console = Console(file=io.StringIO(), width=400)
     watch = SignalWatch()
     watch.record(1, _empty(4), n=8)
     watch.check(1, cfg, console)
-    trained = {"filter/kept_groups": 4.0, "rollout/all_wrong_groups": 0.5, "rollout/all_correct_groups": 0.0}
+    trained = GroupOutcomes(kept=4, kept_all_wrong=2, kept_all_correct=0)  # two groups of four had a signal
     watch.record(2, trained, n=8)  # a step that trained ends the streak
     watch.record(3, _empty(0, 4), n=8)
     watch.check(3, cfg, console)
@@ -238,12 +243,12 @@ def test_without_dynamic_sampling_a_no_signal_streak_warns_once() -> None:
 
     from rich.console import Console
 
-    from mathrl.train.collect import SignalWatch
+    from mathrl.train.monitors import GroupOutcomes, SignalWatch
 
     cfg = load_config(None, ["data.dynamic_sampling.mode=none", "data.dynamic_sampling.max_empty_steps=2"])
     console = Console(file=io.StringIO(), width=400)
     watch = SignalWatch()
-    all_wrong = {"filter/kept_groups": 4.0, "rollout/all_wrong_groups": 1.0, "rollout/all_correct_groups": 0.0}
+    all_wrong = GroupOutcomes(kept=4, kept_all_wrong=4, kept_all_correct=0)
     for step in (1, 2, 3):
         watch.record(step, all_wrong, n=2)
         watch.check(step, cfg, console)
@@ -251,3 +256,24 @@ def test_without_dynamic_sampling_a_no_signal_streak_warns_once() -> None:
     assert text.count("warning:") == 1
     assert "steps 1-2 had no reward signal: every one of the 16 samples (8 groups of 2) was wrong (reward 0)" in text
     assert "the policy gradient is 0 while this lasts" in text
+
+
+def test_a_step_whose_groups_are_all_uniform_counts_exactly() -> None:
+    # 10 kept groups, 1 all wrong and 9 all right: no group has a signal. Read back from the logged
+    # float32 shares, 0.1 + 0.9 summed to 0.99999998 < 1 and such a step passed for one with a signal;
+    # the watch now reads the step's group counts.
+    from types import SimpleNamespace
+
+    from mathrl.train.monitors import SignalWatch
+    from mathrl.train.step import group_outcomes, uniform_groups
+
+    correct = torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 0.0])  # n = 2: all right, all wrong, mixed
+    all_correct, all_wrong = uniform_groups(correct, 2)
+    assert all_correct.tolist() == [True, False, False] and all_wrong.tolist() == [False, True, False]
+    got = SimpleNamespace(correct=torch.tensor([0.0, 0.0] + [1.0, 1.0] * 9), problems=list(range(10)),
+                                drops=GroupDrops())
+    outcomes = group_outcomes(got, 2)
+    assert (outcomes.kept, outcomes.kept_all_wrong, outcomes.kept_all_correct) == (10, 1, 9)
+    watch = SignalWatch()
+    watch.record(1, outcomes, n=2)
+    assert (watch.in_a_row, watch.groups, watch.all_wrong, watch.all_correct) == (1, 10, 1, 9)

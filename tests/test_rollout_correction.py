@@ -208,7 +208,8 @@ def _update_once(overrides, old, rollout_lp, mask, adv):
                        loss_mask=mask.clone(), old_logprobs=old, advantages=adv, ref_logprobs=torch.zeros(n, t),
                        ref_entropy=torch.zeros(n, t), correct=torch.zeros(n), rollout_logprobs=rollout_lp)
     metrics: dict = {}
-    importance_weights(cfg, batch, metrics)
+    batch.is_weights, batch.loss_mask = importance_weights(cfg, batch.old_logprobs, batch.rollout_logprobs,
+                                                           batch.response_mask, batch.loss_mask, metrics)
     logprobs = (old + 0.1).clone().requires_grad_(True)  # pi_theta moved a little away from the proximal policy
     x = TermInputs(cfg, batch, logprobs, torch.zeros(n, t), batch.loss_mask, float(batch.loss_mask.sum()),
                    float(n), 0.0, 0.0, {"entropy": 0.0, "kl": 0.0}, {})

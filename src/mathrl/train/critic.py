@@ -5,6 +5,7 @@ algo.adv.estimator is gae (algo.critic.*; its advantages and value targets: `alg
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 from rich.console import Console
@@ -17,7 +18,7 @@ from mathrl.seeds import CRITIC_STREAM, derive_seed
 from mathrl.tasks.sources import ProblemStream
 from mathrl.train.batching import TrainBatch
 from mathrl.train import dist as tdist
-from mathrl.train.collect import SINGLE, collect_rollouts, filter_samples, new_train_batch, rank_rows
+from mathrl.train.collect import SINGLE, collect_rollouts, prepare
 from mathrl.train.dist import Ranks
 from mathrl.train.update import per_token_pass, run_updates
 
@@ -81,13 +82,12 @@ def pretrain_critic(cfg: Config, critic, optimizer, scheduler, *, train_stream: 
                                ranks=ranks)
         if not got.problems:
             continue
-        loss_mask, _ = filter_samples(cfg, got.rollout, got.texts, got.results, got.void)
-        batch = new_train_batch(got.rollout, loss_mask, got.correct)
-        rows = rank_rows(len(got.problems), cfg.rollout.n, ranks)
-        batch.old_values = value_pass(critic, batch, cfg, rows=rows)
-        token_rewards = outcome_token_rewards(got.rewards, batch.response_mask)
-        _, batch.returns = gae(token_rewards, batch.old_values, batch.response_mask, gamma=crit.gamma, lam=1.0)
-        last = update_critic(critic, optimizer, scheduler, batch, cfg, step=-k, rows=rows)
+        prep = prepare(cfg, got, ranks)  # the policy step's start (train/step.py): sample filters, rows, this rank's rows
+        values = value_pass(critic, prep.batch, cfg, rows=prep.rows)  # [N, T]
+        token_rewards = outcome_token_rewards(got.rewards, prep.batch.response_mask)
+        _, returns = gae(token_rewards, values, prep.batch.response_mask, gamma=crit.gamma, lam=1.0)
+        batch = replace(prep.batch, old_values=values, returns=returns)  # no policy update: its fields stay unset
+        last = update_critic(critic, optimizer, scheduler, batch, cfg, step=-k, rows=prep.rows)
         first = last["critic/value_loss"] if first is None else first
         console.print(f"critic pretraining {k}/{crit.pretrain_steps}: value loss {last['critic/value_loss']:.4f}")
     out = {"critic/pretrain_steps": float(crit.pretrain_steps)}

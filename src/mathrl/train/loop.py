@@ -6,7 +6,8 @@ due evaluations and checkpoints), then save the final model and the summary.
 
 One call of `train(cfg)` runs a whole experiment and writes its run directory (layout in run_dir.py).
 The pieces live next door: trainer.py (build_trainer: everything a run holds), step.py (rl_step:
-collect -> score -> advantages -> update -> sync -> log), collect.py, update.py, critic.py, checkpoint.py.
+collect -> score -> advantages -> update -> sync -> log), collect.py, update.py, critic.py, checkpoint.py,
+shards.py (which rows each rank takes) and monitors.py (the watches that read each step's result).
 
 With rollout.max_staleness >= 1 (or rollout.generator.workers >= 1) generator processes sample the
 steps' batches (train/generator.py): they start before the first evaluation, `rl_step` takes each
@@ -131,23 +132,22 @@ def _steps(trainer: Trainer) -> None:
         raise Preempted(trainer.start_step - 1, main=trainer.ranks.main)
     with StepProgress(console, total=cfg.train.steps, completed=trainer.start_step - 1) as progress:
         for step in range(trainer.start_step, cfg.train.steps + 1):
-            metrics = rl_step(trainer, step, next_batch(trainer, step) if cfg.generator_workers else None)
-            trained = metrics["filter/kept_groups"] > 0
+            result = rl_step(trainer, step, next_batch(trainer, step) if cfg.generator_workers else None)
             # an empty step did not move the weights, but a due evaluation and checkpoint still happen:
             # on the last step they are the run's final scores and the checkpoint a finished run continues from
             evaluate_if_due(trainer, step, progress)
-            if trained:
-                trainer.collapse.check(step, metrics, console)
+            if result.trained:
+                trainer.collapse.check(step, result.collapse, console)
             stop = trainer.end_step(step)  # the due checkpoint (steps, minutes, SIGTERM); stop: SIGTERM asked to
-            trainer.signal.record(step, metrics, n=cfg.rollout.n)
+            trainer.signal.record(step, result.groups, n=cfg.rollout.n)
             trainer.signal.check(step, cfg, console, main=trainer.ranks.main)  # stops a run whose groups have had no signal for a while
             if stop:
                 raise Preempted(step, main=trainer.ranks.main)
-            if not trained:
+            if not result.trained:
                 progress.advance_empty()
                 continue
             trainer.skips.stop_if_over(cfg.train.max_skipped_steps, trainer.run.checkpoints)
-            progress.advance(metrics, trainer.last_eval)
+            progress.advance(result.metrics, trainer.last_eval)
 
 
 def evaluate_start(trainer: Trainer) -> None:

@@ -2,73 +2,95 @@
 
     trainer = build_trainer(cfg, ranks, console=console)      # train/trainer.py
     with trainer.verifier:
-        metrics = rl_step(trainer, step)
+        result = rl_step(trainer, step)                       # result.trained, .groups, .collapse; .metrics logged
 
 `collect` (problems -> rollout -> reward -> group filter, refilled) is a call of its own whose result
 `rl_step` consumes: a caller that generated the batch elsewhere (ahead of time, in other processes:
 train/generator.py) hands it in as `collected` and the rest of the step is unchanged.
+
+Each stage hands the next a typed value (`Prepared`, `Scored`, `Advantages`, then the `TrainBatch`
+the updates read); the metrics dict only collects the log line.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import torch
 
-from mathrl.algo.estimators import AdvantageInputs
+from mathrl.algo.estimators import AdvantageInputs, Advantages
 from mathrl.algo.groups import group_stats
 from mathrl.algo.kl import apply_kl_reward_penalty, kl_penalty
 from mathrl.algo.losses import masked_mean
 from mathrl.algo.positions import position_means
 from mathrl.algo.rollout_correction import correction_weights
 from mathrl.registry import ADVANTAGE_ESTIMATORS
+from mathrl.reward.functions import Scores
 from mathrl.reward.reflection import reflection_stats
+from mathrl.rollout.engine import RolloutBatch
 from mathrl.train.batching import TrainBatch
-from mathrl.train.collect import Collected, collect_rollouts, filter_samples, new_train_batch, rank_rows, rollout_records
+from mathrl.train.collect import CollapseRates, Collected, Prepared, collect_rollouts, prepare
 from mathrl.train.critic import update_critic, value_pass
 from mathrl.train.dist import Ranks
 from mathrl.train.generator import push_weights
+from mathrl.train.monitors import GroupOutcomes
 from mathrl.train.trainer import Trainer
 from mathrl.train.update import engine_logprobs_are_old, scoring_pass, update_policy
 
 
-def rl_step(trainer: Trainer, step: int, collected: Collected | None = None) -> dict[str, float]:
-    """Train on one rollout batch (generated here unless `collected` is given); returns the step's
-    metrics, already logged. A step whose every group was filtered out trains nothing and returns
-    the collection's metrics (filter/kept_groups is 0)."""
+@dataclass
+class StepResult:
+    """What the run needs of one step (train/loop.py); `metrics` is the step's log line, already logged."""
+
+    trained: bool  # False: every group was filtered out and the weights did not move
+    groups: GroupOutcomes  # how the step's groups turned out (train/monitors.py:SignalWatch)
+    collapse: CollapseRates | None  # the kept samples' collapse rates; None when nothing was trained
+    metrics: dict[str, float]
+
+
+@dataclass
+class Scored:
+    """The scoring passes' results over the step's N rows, and the importance weights that follow."""
+
+    old_logprobs: torch.Tensor  # [N, T] the old policy's (the trainer's, or the engine's standing in for them)
+    entropy: torch.Tensor | None  # [N, T] the old policy's entropy; None when no scoring pass ran
+    ref_logprobs: torch.Tensor | None  # [N, T] the reference's; None when no term needs the reference
+    ref_entropy: torch.Tensor | None  # [N, T]
+    ref_kl: float | None  # mean (old - reference) logprob over the loss mask's tokens: the KL controller's input
+    is_weights: torch.Tensor | None  # [N, T] the policy-gradient term's importance weights; None: no correction
+    loss_mask: torch.Tensor  # [N, T] the sample filters' mask, less the tokens the correction drops
+
+
+def rl_step(trainer: Trainer, step: int, collected: Collected | None = None) -> StepResult:
+    """Train on one rollout batch (generated here unless `collected` is given); returns what the run
+    needs to know of the step, its metrics already logged. A step whose every group was filtered out
+    trains nothing (`StepResult.trained` False) and logs the collection's metrics."""
     cfg, t0 = trainer.cfg, time.time()
 
     # ---- collect: problems -> rollout -> reward (+ shaping) -> group filter, refilled -------------
     got = collected if collected is not None else collect(trainer, step)
     if not got.problems:  # every group was filtered out and on_exhausted=train_smaller: nothing to learn from
-        m = got.metrics
-        why = ", ".join(f"{int(m[f'filter/dropped_{k}'])} {k.replace('_', ' ')}" for k in ("all_wrong", "all_correct", "out_of_band")
-                        if m[f"filter/dropped_{k}"])
-        trainer.console.print(f"[yellow]warning:[/yellow] step {step}: dynamic sampling kept no group ({why}); update skipped")
-        if cfg.generator_workers:  # version `step` is the unchanged weights: the generators count versions by sends
-            push_weights(trainer, step)
-        trainer.tracker.log(step, got.metrics)
-        return got.metrics
+        return skip(trainer, step, got)
     trainer.engine.sleep()  # rollout.vllm.enable_sleep_mode: its KV cache is freed until the next generate
-    loss_mask, filter_metrics = filter_samples(cfg, got.rollout, got.texts, got.results, got.void)  # masked out, counted per reason
-    metrics = {**got.metrics, **filter_metrics}
-    batch = new_train_batch(got.rollout, loss_mask, got.correct)
-    rows = rank_rows(len(got.problems), cfg.rollout.n, trainer.ranks)  # this rank's groups (None: all, one process)
+    prep = prepare(cfg, got, trainer.ranks)  # sample filters (loss mask), the rows the passes read, this rank's rows
+    metrics = {**got.metrics, **prep.checks.metrics}
 
     # ---- score: old logprobs (training model), reference logprobs and entropy ---------------------
-    rollout_entropy = score(trainer, batch, got, rows=rows, metrics=metrics)
+    scored = score(trainer, got, prep, metrics=metrics)
     if got.versions is not None:  # sampled by a generator process: how old its policy was
-        metrics.update(staleness_metrics(step, got.versions, got.rollout.logprobs, batch.old_logprobs, batch.loss_mask))
+        metrics.update(staleness_metrics(step, got.versions, got.rollout.logprobs, scored.old_logprobs, scored.loss_mask))
 
     # ---- advantages: coefficients, KL reward penalty, the estimator -------------------------------
-    coefs, mean_entropy = step_coefs(trainer, batch, rollout_entropy, metrics)
-    advantages(trainer, batch, got, coefs=coefs, rows=rows, metrics=metrics)
+    coefs, mean_entropy = step_coefs(trainer, scored, rows=len(prep.batch))
+    adv, values = advantages(trainer, got, prep, scored, coefs=coefs, metrics=metrics)
+    batch = train_batch(prep, scored, adv, values)
     if trainer.critic is not None and trainer.ranks.main:  # the critic read by position (VC-PPO's figures)
         trainer.run.append_positions(value_advantage_positions(step, batch))
 
     # ---- update: mini-batches x epochs of the policy (and the critic) -----------------------------
-    update(trainer, batch, step, coefs=coefs, mean_entropy=mean_entropy, rows=rows, metrics=metrics)
+    update(trainer, batch, step, coefs=coefs, mean_entropy=mean_entropy, rows=prep.rows, metrics=metrics)
 
     # ---- sync: the engine (and the generators) sample the updated policy from now on (in memory) ---
     t_train = time.time()
@@ -80,7 +102,21 @@ def rl_step(trainer: Trainer, step: int, collected: Collected | None = None) -> 
 
     # ---- log ---------------------------------------------------------------------------------------
     log_step(trainer, step, got, batch, metrics, t0=t0, t_train=t_train)
-    return metrics
+    return StepResult(trained=True, groups=group_outcomes(got, cfg.rollout.n), collapse=prep.checks.collapse,
+                      metrics=metrics)
+
+
+def skip(trainer: Trainer, step: int, got: Collected) -> StepResult:
+    """A step that kept no group: say why, keep the generators' version count, log the collection."""
+    d = got.drops
+    why = ", ".join(f"{count} {reason}" for reason, count in (("all wrong", d.all_wrong), ("all correct", d.all_correct),
+                                                              ("out of band", d.out_of_band)) if count)
+    trainer.console.print(f"[yellow]warning:[/yellow] step {step}: dynamic sampling kept no group ({why}); update skipped")
+    if trainer.cfg.generator_workers:  # version `step` is the unchanged weights: the generators count versions by sends
+        push_weights(trainer, step)
+    trainer.tracker.log(step, got.metrics)
+    return StepResult(trained=False, groups=GroupOutcomes(kept=0, kept_all_wrong=0, kept_all_correct=0, dropped=got.drops),
+                      collapse=None, metrics=got.metrics)
 
 
 def staleness_metrics(step: int, versions: torch.Tensor, behaviour_logprobs: torch.Tensor, old_logprobs: torch.Tensor,
@@ -104,69 +140,85 @@ def collect(trainer: Trainer, step: int) -> Collected:
                             tokenizer=trainer.tokenizer, verifier=trainer.verifier, ranks=trainer.ranks)
 
 
-def score(trainer: Trainer, batch: TrainBatch, got: Collected, *, rows, metrics: dict) -> torch.Tensor | None:
-    """Fill batch.old_logprobs (and the reference's logprobs and entropy when a term needs them);
-    returns the old policy's entropy [N, T] when a scoring pass computed it."""
-    cfg = trainer.cfg
+def score(trainer: Trainer, got: Collected, prep: Prepared, *, metrics: dict) -> Scored:
+    """The old policy's logprobs (and entropy, when a scoring pass computes them), the reference's
+    logprobs and entropy when a term needs them, and the importance weights of the correction."""
+    cfg, batch, loss_mask = trainer.cfg, prep.batch, prep.checks.loss_mask
     if engine_logprobs_are_old(cfg, trainer.model):  # train.old_logprobs: sampled from these float32 weights
-        batch.old_logprobs, rollout_entropy = got.rollout.logprobs * batch.response_mask, None
+        old_logprobs, entropy = got.rollout.logprobs * batch.response_mask, None
     else:
-        batch.old_logprobs, rollout_entropy = scoring_pass(trainer.model, batch, cfg, with_entropy=True, rows=rows)
+        old_logprobs, entropy = scoring_pass(trainer.model, batch, cfg, with_entropy=True, rows=prep.rows)
+    ref_logprobs = ref_entropy = ref_kl = None
     if cfg.needs_reference:  # the loaded reference copy, or the LoRA policy with its adapters disabled
         with trainer.reference() as ref_model:
-            batch.ref_logprobs, batch.ref_entropy = scoring_pass(ref_model, batch, cfg, with_entropy=True, rows=rows)
-        metrics["actor/ref_kl"] = float(masked_mean(batch.old_logprobs - batch.ref_logprobs, batch.loss_mask))
-        metrics["actor/ref_entropy"] = float(masked_mean(batch.ref_entropy, batch.loss_mask))
-    importance_weights(cfg, batch, metrics)
-    return rollout_entropy
+            ref_logprobs, ref_entropy = scoring_pass(ref_model, batch, cfg, with_entropy=True, rows=prep.rows)
+        ref_kl = float(masked_mean(old_logprobs - ref_logprobs, loss_mask))
+        metrics["actor/ref_kl"] = ref_kl
+        metrics["actor/ref_entropy"] = float(masked_mean(ref_entropy, loss_mask))
+    is_weights, loss_mask = importance_weights(cfg, old_logprobs, got.rollout.logprobs, batch.response_mask, loss_mask,
+                                               metrics)
+    return Scored(old_logprobs=old_logprobs, entropy=entropy, ref_logprobs=ref_logprobs, ref_entropy=ref_entropy,
+                  ref_kl=ref_kl, is_weights=is_weights, loss_mask=loss_mask)
 
 
-def importance_weights(cfg, batch: TrainBatch, metrics: dict) -> None:
-    """Set batch.is_weights, the policy-gradient term's weights between the trainer's old logprobs and
-    the sampling ones (Config.correction: algo.off_policy or algo.rollout_correction); with rejected=drop
-    the rejected tokens leave the loss mask, and so the normalisers."""
+def importance_weights(cfg, old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, response_mask: torch.Tensor,
+                       loss_mask: torch.Tensor, metrics: dict) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(is_weights, loss_mask): the policy-gradient term's weights between the trainer's old logprobs and
+    the sampling ones (Config.correction: algo.off_policy or algo.rollout_correction; None when neither
+    is on), and the loss mask, less the rejected tokens with rejected=drop (so they leave the
+    normalisers too). All [N, T]."""
     c = cfg.correction()
     if c is None:
-        return
-    batch.is_weights, rejected = correction_weights(batch.old_logprobs, batch.rollout_logprobs, batch.response_mask,
-                                                    mode=c.mode, level=c.level, cap=c.cap, lower=c.lower)
-    metrics["actor/rollout_is_weight"] = float(masked_mean(batch.is_weights, batch.loss_mask))
-    metrics["actor/rollout_is_over_cap"] = float(masked_mean(rejected, batch.loss_mask))
+        return None, loss_mask
+    is_weights, rejected = correction_weights(old_logprobs, rollout_logprobs, response_mask,
+                                              mode=c.mode, level=c.level, cap=c.cap, lower=c.lower)
+    metrics["actor/rollout_is_weight"] = float(masked_mean(is_weights, loss_mask))
+    metrics["actor/rollout_is_over_cap"] = float(masked_mean(rejected, loss_mask))
     if c.rejected == "drop":
-        batch.loss_mask = batch.loss_mask * (1.0 - rejected)
+        loss_mask = loss_mask * (1.0 - rejected)
+    return is_weights, loss_mask
 
 
-def step_coefs(trainer: Trainer, batch: TrainBatch, rollout_entropy: torch.Tensor | None,
-               metrics: dict) -> tuple[dict[str, float], float | None]:
-    """This step's entropy and KL coefficients from their controllers, and the old policy's mean entropy."""
+def step_coefs(trainer: Trainer, scored: Scored, *, rows: int) -> tuple[dict[str, float], float | None]:
+    """This step's entropy and KL coefficients from their controllers (`rows`: the batch's N), and the
+    old policy's mean entropy."""
     cfg = trainer.cfg
-    mean_entropy = float(masked_mean(rollout_entropy, batch.loss_mask)) if rollout_entropy is not None else None
+    mean_entropy = float(masked_mean(scored.entropy, scored.loss_mask)) if scored.entropy is not None else None
     coefs = {"entropy": trainer.controllers["entropy"].update(mean_entropy)}
-    coefs["kl"] = (trainer.controllers["kl"].update(metrics["actor/ref_kl"], n_steps=len(batch))
+    coefs["kl"] = (trainer.controllers["kl"].update(scored.ref_kl, n_steps=rows)
                    if cfg.algo.kl.use != "none" else 0.0)
     return coefs, mean_entropy
 
 
-def advantages(trainer: Trainer, batch: TrainBatch, got: Collected, *, coefs: dict[str, float], rows,
-               metrics: dict) -> None:
-    """Fill batch.advantages with algo.adv.estimator's (and, with a critic, batch.old_values and batch.returns)."""
-    cfg = trainer.cfg
-    kl_rewards = torch.zeros_like(batch.response_mask)  # [N, T]
+def advantages(trainer: Trainer, got: Collected, prep: Prepared, scored: Scored, *, coefs: dict[str, float],
+               metrics: dict) -> tuple[Advantages, torch.Tensor | None]:
+    """algo.adv.estimator's advantages (with a critic, also its value targets), and the critic's values
+    [N, T] of the sampled responses (None without a critic)."""
+    cfg, response_mask = trainer.cfg, prep.batch.response_mask
+    kl_rewards = torch.zeros_like(response_mask)  # [N, T]
     if cfg.algo.kl.use == "reward":
-        kl_tok = kl_penalty(batch.old_logprobs, batch.ref_logprobs, estimator=cfg.algo.kl.estimator)
-        kl_rewards = apply_kl_reward_penalty(torch.zeros_like(kl_tok), kl_tok, batch.loss_mask, coef=coefs["kl"])
+        kl_tok = kl_penalty(scored.old_logprobs, scored.ref_logprobs, estimator=cfg.algo.kl.estimator)
+        kl_rewards = apply_kl_reward_penalty(torch.zeros_like(kl_tok), kl_tok, scored.loss_mask, coef=coefs["kl"])
         metrics["reward/kl_penalty"] = float(-kl_rewards.sum(-1).mean())
-    if trainer.critic is not None:  # the values the critic gave the sampled responses
-        batch.old_values = value_pass(trainer.critic, batch, cfg, rows=rows)
+    values = value_pass(trainer.critic, prep.batch, cfg, rows=prep.rows) if trainer.critic is not None else None
     group_ids = torch.arange(len(got.problems)).repeat_interleave(cfg.rollout.n)  # [N]
-    inputs = AdvantageInputs(rewards=got.rewards, response_mask=batch.response_mask, loss_mask=batch.loss_mask,
-                             kl_rewards=kl_rewards, group_ids=group_ids,
-                             values=batch.old_values if trainer.critic is not None else None)
+    inputs = AdvantageInputs(rewards=got.rewards, response_mask=response_mask, loss_mask=scored.loss_mask,
+                             kl_rewards=kl_rewards, group_ids=group_ids, values=values)
     out = ADVANTAGE_ESTIMATORS.get(cfg.algo.adv.estimator).fn(inputs, cfg)
-    batch.advantages = out.advantages
-    if out.returns is not None:
-        batch.returns = out.returns
     metrics.update(out.metrics)
+    return out, values
+
+
+def train_batch(prep: Prepared, scored: Scored, adv: Advantages, values: torch.Tensor | None) -> TrainBatch:
+    """The batch the updates read: the prepared rows with every per-token value of the step (the
+    reference's are zeros when no term needs them)."""
+    zeros = torch.zeros_like(prep.batch.rollout_logprobs)  # [N, T]
+    return replace(
+        prep.batch, loss_mask=scored.loss_mask, old_logprobs=scored.old_logprobs, advantages=adv.advantages,
+        ref_logprobs=scored.ref_logprobs if scored.ref_logprobs is not None else zeros,
+        ref_entropy=scored.ref_entropy if scored.ref_entropy is not None else zeros.clone(),
+        is_weights=scored.is_weights, old_values=values, returns=adv.returns,
+    )
 
 
 def value_advantage_positions(step: int, batch: TrainBatch) -> dict:
@@ -225,7 +277,7 @@ def batch_metrics(got, batch: TrainBatch, *, n: int, prompts_too_long: int,
     """reward/*, rollout/* and data/* metrics of the step's kept samples."""
     rollout, results, correct = got.rollout, got.results, got.correct
     lengths = rollout.response_lengths.float()
-    groups = group_stats(correct, torch.arange(len(got.problems)).repeat_interleave(n))  # the step's G groups of n
+    all_correct, all_wrong = uniform_groups(correct, n)  # [G] each, the step's G groups of n
     reflections = reflection_stats(got.texts, reflection_words)
     return {
         "rollout/response_length_group_std": float(lengths.view(len(got.problems), n).std(1, unbiased=False).mean()),
@@ -240,10 +292,54 @@ def batch_metrics(got, batch: TrainBatch, *, n: int, prompts_too_long: int,
         "rollout/response_length_max": float(lengths.max()),
         "rollout/truncated_frac": float(rollout.truncated.float().mean()),
         "data/prompts_too_long": float(prompts_too_long),
-        "rollout/all_correct_groups": float((groups.min == groups.max).logical_and(groups.max > 0).float().mean()),
-        "rollout/all_wrong_groups": float((groups.max <= 0).float().mean()),
+        "rollout/all_correct_groups": float(all_correct.float().mean()),
+        "rollout/all_wrong_groups": float(all_wrong.float().mean()),
         "rollout/logprob_mismatch": float(masked_mean((rollout.logprobs - batch.old_logprobs).abs(), rollout.response_mask)),
     }
+
+
+def uniform_groups(correct: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """correct: [N] of G groups of n consecutive samples -> ([G] bool, [G] bool): the groups whose every
+    sample is right, and those whose every sample is wrong (no reward signal within the group either way)."""
+    groups = group_stats(correct, torch.arange(len(correct) // n).repeat_interleave(n))
+    return (groups.min == groups.max).logical_and(groups.max > 0), groups.max <= 0
+
+
+def group_outcomes(got: Collected, n: int) -> GroupOutcomes:
+    """How the step's groups turned out: kept, of them all wrong or all right, and dropped."""
+    all_correct, all_wrong = uniform_groups(got.correct, n)
+    return GroupOutcomes(kept=len(got.problems), kept_all_wrong=int(all_wrong.sum()), kept_all_correct=int(all_correct.sum()),
+                         dropped=got.drops)
+
+
+def rollout_records(step, problems, prompts_text, texts, results, rollout: RolloutBatch, tokenizer, n: int, limit: int,
+                    scores: Scores | None = None):
+    """The first `limit` samples of a step, with per-token ids, strings and logprobs, for rollouts.jsonl;
+    with `scores`, each sample's component scores too."""
+    records = []
+    for i in range(min(limit, len(texts))):
+        length = int(rollout.context_mask[i].sum())
+        ids = rollout.response_ids[i, :length].tolist()
+        records.append({
+            "step": step,
+            "problem_id": problems[i // n].id,
+            "prompt": prompts_text[i // n],
+            "response": texts[i],
+            "answer": problems[i // n].answer,
+            "reward": results[i].score,
+            "reason": results[i].reason,
+            "extracted": results[i].extracted,
+            "token_ids": ids,
+            "tokens": tokenizer.convert_ids_to_tokens(ids),
+            "logprobs": [round(x, 5) for x in rollout.logprobs[i, :length].tolist()],
+            "truncated": bool(rollout.truncated[i]),
+        })
+        if rollout.observation_mask is not None:  # which tokens a tool wrote (mathrl inspect shows them apart)
+            records[-1]["observation"] = [int(x) for x in rollout.observation_mask[i, :length].tolist()]
+            records[-1]["tool_calls"] = int(rollout.tool_calls[i])
+        if scores is not None:
+            records[-1]["components"] = {name: values[i] for name, values in scores.values.items()}
+    return records
 
 
 def peak_memory_gb(ranks: Ranks) -> float:

@@ -44,7 +44,7 @@ from mathrl.rollout.on_demand import OnDemandEngine
 from mathrl.run_dir import RunDir, open_run_dir
 from mathrl.tasks.sources import EvalSet, PretrainText, ProblemStream, build_eval_sets, build_train_stream
 from mathrl.train.checkpoint import VERSIONS_FILE, load_trainer_state, save_checkpoint
-from mathrl.train.collect import CollapseWatch, SignalWatch
+from mathrl.train.monitors import CollapseWatch, SignalWatch
 from mathrl.train.dist import Ranks, broadcast_object, shard_model
 from mathrl.train.preempt import StopSignal, agree, time_save_due
 from mathrl.train.shared import SkipCount, build_optimizer, build_tracker, resume_from, save_due, seed_everything
