@@ -42,7 +42,7 @@ from decimal import Decimal, localcontext
 from fractions import Fraction
 from typing import Callable
 
-from mathrl.tools import ToolResult
+from mathrl.tools.base import ToolResult
 
 __all__ = ["FUNCTIONS", "MAX_DIGITS", "CalcError", "calculate", "calculator", "evaluate", "format_value",
            "strip_code_block"]

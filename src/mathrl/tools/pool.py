@@ -27,7 +27,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from mathrl.config import tool_entry_problems
 from mathrl.registry import load_callable
-from mathrl.tools import BUILTIN_TOOLS, ToolResult, ToolSpec
+from mathrl.tools.base import ToolResult, ToolSpec
+from mathrl.tools.builtins import BUILTIN_TOOLS
 from mathrl.tools.sandbox import sandbox_mode, sandbox_problem
 
 __all__ = ["MAX_TEXT_CHARS", "ToolPool", "check_tool_specs"]

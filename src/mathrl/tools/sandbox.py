@@ -68,7 +68,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from mathrl.tools import ToolResult
+from mathrl.tools.base import ToolResult
 
 __all__ = ["LIMIT_DEFAULTS", "ROOT_UID_BASE", "SANDBOX_MODES", "check_python_kwargs", "python", "run_python",
            "sandbox_mode", "sandbox_problem", "sandbox_works"]
