@@ -11,7 +11,8 @@ stops the job.
 Sharding: `shard_model` applies FSDP2's `fully_shard` to every decoder layer and then to the root
 module (so the embeddings and the head are one more shard group), with bf16 parameters and fp32
 gradient reduction on CUDA (train.dist.mixed_precision) and optional CPU offload (train.dist.cpu_offload).
-The master weights and optimizer state stay fp32 and sharded.
+The master weights and optimizer state stay fp32 and sharded. Which rows of a rollout, a batch or an
+evaluation each rank takes (and with which seeds) is train/shards.py's rule.
 
 Ending: `close_distributed` is the last step of a rank's teardown (the order is in train/loop.py's
 docstring): a barrier, then `destroy_process_group`. A torchrun rank then ends its process with
@@ -205,14 +206,6 @@ def all_reduce_sum_tensor(t: torch.Tensor) -> torch.Tensor:
 def barrier() -> None:
     if active():
         dist.barrier()
-
-
-def split_range(count: int, rank: int, world_size: int) -> tuple[int, int]:
-    """[lo, hi) of `count` items owned by `rank`: contiguous blocks in global order, sizes differing by
-    at most one (earlier ranks get the extra ones)."""
-    base, extra = divmod(count, world_size)
-    lo = rank * base + min(rank, extra)
-    return lo, lo + base + (1 if rank < extra else 0)
 
 
 # ---- FSDP2 -----------------------------------------------------------------------------------------------
