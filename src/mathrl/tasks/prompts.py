@@ -54,13 +54,13 @@ for _name in TEMPLATES:  # the names data.template accepts (besides chat and a c
 
 def render_prompt(question: str, *, template: str) -> str:
     """Fill `template` (a name in TEMPLATES or a custom string containing "{question}")."""
-    if template in TEMPLATES:
-        text = TEMPLATES[template]
+    if template in PROMPT_TEMPLATES.names():  # the built-ins of TEMPLATES and any registered later
+        text = PROMPT_TEMPLATES.get(template)
     elif PLACEHOLDER in template:
         text = template
     else:
         raise ValueError(
-            f"unknown prompt template {template!r}: use one of {sorted(TEMPLATES)} or a custom "
+            f"unknown prompt template {template!r}: use one of {sorted(PROMPT_TEMPLATES.names())} or a custom "
             f"string containing {PLACEHOLDER!r}"
         )
     # One pass of replace: a question that itself contains "{question}" is not substituted again.
