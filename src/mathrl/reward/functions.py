@@ -258,6 +258,11 @@ class Rewarder:
     def score(self, completions, references) -> list[RewardResult]:
         return self.verifier.score(completions, references)
 
+    @property
+    def latex_fast_parse(self) -> bool | None:
+        """`Verifier.latex_fast_parse` of the pool the components run in."""
+        return self.verifier.latex_fast_parse
+
     def close(self) -> None:
         self.verifier.close()
 

@@ -196,6 +196,9 @@ def collect_rollouts(cfg: Config, step: int, *, train_stream: ProblemStream, eng
     metrics.update({f"reward/{name}": sum(v) / len(v) for name, v in shaping.items()})
     metrics.update(episode_metrics(concat_rollouts([e[0] for e in episodes], tokenizer.pad_token_id),
                                    [v for e in episodes for v in e[1]]) if episodes else {})
+    fast = getattr(verifier, "latex_fast_parse", None)  # None: the checker does not parse LaTeX this way
+    if fast is not None:  # 0: the LaTeX parser patch did not fit the installed libraries (same scores, slower)
+        metrics["perf/latex_fast_parse"] = float(fast)
     kept_scores = Scores.concat([p.scores for p in parts])
     if getattr(verifier, "logs_components", False):  # not the default math checker alone
         metrics.update(failed)

@@ -108,7 +108,7 @@ def close_held(trainer: Trainer) -> None:
 
 
 def _run(trainer: Trainer) -> TrainResult:
-    with trainer.verifier:
+    with trainer.rewarder:
         trainer.generator = start_generator(trainer)  # None: the engine samples in this process
         try:
             _steps(trainer)
@@ -156,7 +156,7 @@ def evaluate_start(trainer: Trainer) -> None:
     if t.checkpoint is None:  # every rank samples its share; rank 0 logs
         t.console.print(f"evaluating the base model on {', '.join(f'{e.name} ({len(e.problems)} problems)' for e in t.eval_sets)}, "
                         f"{cfg.eval.n} samples each")
-        t.base_results = t.latest = run_evals(t.eval_sets, engine=t.engine, tokenizer=t.tokenizer, verifier=t.verifier,
+        t.base_results = t.latest = run_evals(t.eval_sets, engine=t.engine, tokenizer=t.tokenizer, verifier=t.rewarder,
                                               cfg=cfg, ranks=t.ranks)
         t.last_eval = log_evals(0, t.base_results, t.tracker, t.run) if t.ranks.main else {}
     elif not t.ranks.main:
@@ -165,7 +165,7 @@ def evaluate_start(trainer: Trainer) -> None:
         t.base_results, t.latest, t.last_eval = evals_from_log(t.run)
     if t.critic is not None and cfg.algo.critic.pretrain_steps > 0 and t.checkpoint is None and t.parent is None:
         t.tracker.log(0, pretrain_critic(cfg, t.critic, t.critic_optimizer, t.critic_scheduler, train_stream=t.train_stream,
-                                         engine=t.engine, tokenizer=t.tokenizer, verifier=t.verifier, console=t.console,
+                                         engine=t.engine, tokenizer=t.tokenizer, verifier=t.rewarder, console=t.console,
                                          ranks=t.ranks))
 
 
@@ -176,7 +176,7 @@ def evaluate_if_due(trainer: Trainer, step: int, progress: StepProgress) -> None
     if not eval_due(t.cfg, step, last=t.cfg.train.steps):
         return
     progress.note(f"step {step}: evaluating")
-    t.latest = run_evals(t.eval_sets, engine=t.engine, tokenizer=t.tokenizer, verifier=t.verifier, cfg=t.cfg, ranks=t.ranks)
+    t.latest = run_evals(t.eval_sets, engine=t.engine, tokenizer=t.tokenizer, verifier=t.rewarder, cfg=t.cfg, ranks=t.ranks)
     t.last_eval = log_evals(step, t.latest, t.tracker, t.run) if t.ranks.main else {}
 
 

@@ -1,7 +1,7 @@
 """One RL step, top to bottom: collect -> score -> advantages -> update -> sync -> log.
 
     trainer = build_trainer(cfg, ranks, console=console)      # train/trainer.py
-    with trainer.verifier:
+    with trainer.rewarder:
         result = rl_step(trainer, step)                       # result.trained, .groups, .collapse; .metrics logged
 
 `collect` (problems -> rollout -> reward -> group filter, refilled) is a call of its own whose result
@@ -137,7 +137,7 @@ def staleness_metrics(step: int, versions: torch.Tensor, behaviour_logprobs: tor
 def collect(trainer: Trainer, step: int) -> Collected:
     """The step's kept groups, generated with the engine's current weights (train/collect.py)."""
     return collect_rollouts(trainer.cfg, step, train_stream=trainer.train_stream, engine=trainer.engine,
-                            tokenizer=trainer.tokenizer, verifier=trainer.verifier, ranks=trainer.ranks)
+                            tokenizer=trainer.tokenizer, verifier=trainer.rewarder, ranks=trainer.ranks)
 
 
 def score(trainer: Trainer, got: Collected, prep: Prepared, *, metrics: dict) -> Scored:
@@ -269,7 +269,7 @@ def log_step(trainer: Trainer, step: int, got: Collected, batch: TrainBatch, met
     if trainer.ranks.main:
         trainer.run.append_rollouts(rollout_records(step, got.problems, got.prompts_text, got.texts, got.results,
                                                     rollout, trainer.tokenizer, cfg.rollout.n, cfg.log.rollouts_per_step,
-                                                    scores=got.scores if getattr(trainer.verifier, "logs_components", False) else None))
+                                                    scores=got.scores if trainer.rewarder.logs_components else None))
 
 
 def batch_metrics(got, batch: TrainBatch, *, n: int, prompts_too_long: int,

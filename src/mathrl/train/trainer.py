@@ -2,7 +2,7 @@
 
     trainer = build_trainer(cfg, ranks, console=console, resume=True)
     with trainer.rewarder:
-        metrics = rl_step(trainer, trainer.start_step)     # train/step.py
+        result = rl_step(trainer, trainer.start_step)      # train/step.py: a StepResult
 
 The order of the builds below is part of the run's reproducibility: the tiny base model, a fresh
 value head and the data streams draw from the seeded generators, so they are built in the same order
@@ -106,12 +106,6 @@ class Trainer:
             "ptx": self.ptx.state_dict() if self.ptx is not None else None,
             "skipped_steps": self.skips.total,
         }
-
-    @property
-    def verifier(self) -> Rewarder | None:
-        """The rewarder, by the keyword the scoring functions take it under (`verifier=`: a Verifier or a
-        Rewarder, whose `score` both have)."""
-        return self.rewarder
 
     @contextlib.contextmanager
     def reference(self) -> Iterator[Any]:
