@@ -21,10 +21,10 @@ class TrainBatch:
     response_ids: torch.Tensor  # [N, T] right-padded
     response_mask: torch.Tensor  # [N, T] float: 1 on the model's generated tokens (with observation_mask: what it attends to)
     loss_mask: torch.Tensor  # [N, T] float: 1 on tokens that count in the loss (filters may zero rows)
-    old_logprobs: torch.Tensor  # [N, T] logprobs under the policy that sampled (recomputed by the trainer)
-    advantages: torch.Tensor  # [N, T] per-token advantages
-    ref_logprobs: torch.Tensor  # [N, T] reference-model logprobs (zeros when no term needs them)
-    ref_entropy: torch.Tensor  # [N, T] reference-model entropy (zeros when no term needs it)
+    old_logprobs: torch.Tensor | None  # [N, T] logprobs under the policy that sampled (recomputed by the trainer; None until scored)
+    advantages: torch.Tensor | None  # [N, T] per-token advantages (None until computed)
+    ref_logprobs: torch.Tensor | None  # [N, T] reference-model logprobs (zeros when no term needs them; None until scored)
+    ref_entropy: torch.Tensor | None  # [N, T] reference-model entropy (zeros when no term needs it; None until scored)
     correct: torch.Tensor  # [N] float, 1 if the verifier accepted the answer
     old_values: torch.Tensor | None = None  # [N, T] critic values at sampling time (PPO with a critic only)
     returns: torch.Tensor | None = None  # [N, T] value targets (PPO with a critic only)
