@@ -29,7 +29,11 @@ def test_there_are_examples():
 @pytest.mark.parametrize("recipe", RECIPES, ids=[str(r.relative_to(ROOT)) for r in RECIPES])
 def test_every_example_recipe_loads_from_the_repository_root(recipe, monkeypatch):
     monkeypatch.chdir(ROOT)  # the recipes name their functions by paths relative to the root
-    load_config(recipe)
+    from mathrl.config import resolve_reward_function
+
+    cfg = load_config(recipe)
+    # every user-written function the recipe names resolves to a callable (a path typo fails here)
+    assert all(callable(resolve_reward_function(f.fn)) for f in cfg.reward.functions)
 
 
 def test_the_digits_reward_scores_partial_credit():

@@ -292,11 +292,15 @@ def test_config_errors(overrides, match):
 
 
 def test_valid_variant_configs_load():
-    load_config(None, ["data.arith.decimal_share=0.3", "data.transform=integer_answer",
-                       "data.eval=[arith,arith_decimal,arith_hard]"], check_paths=False)
-    load_config(None, ["data.arith.min_carries=3", "data.arith.hard_min_carries=3"], check_paths=False)
+    cfg = load_config(None, ["data.arith.decimal_share=0.3", "data.transform=integer_answer",
+                             "data.eval=[arith,arith_decimal,arith_hard]"], check_paths=False)
+    assert (cfg.data.arith.decimal_share, cfg.data.transform) == (0.3, "integer_answer")
+    assert cfg.data.eval == ["arith", "arith_decimal", "arith_hard"]
+    cfg = load_config(None, ["data.arith.min_carries=3", "data.arith.hard_min_carries=3"], check_paths=False)
+    assert (cfg.data.arith.min_carries, cfg.data.arith.hard_min_carries) == (3, 3)
     # hard_min_carries is checked only where arith_hard is evaluated: 1-digit tasks keep the default 2
-    load_config(None, ["data.arith.max_digits=1", "data.arith.min_digits=1"], check_paths=False)
+    cfg = load_config(None, ["data.arith.max_digits=1", "data.arith.min_digits=1"], check_paths=False)
+    assert cfg.data.arith.max_digits == 1 and cfg.data.arith.hard_min_carries == 2
 
 
 # --------------------------------------------------------------------------------------------------
