@@ -28,9 +28,8 @@ from torch.profiler import profile
 from mathrl.config import BaseModelConfig
 from mathrl.model.scoring import response_logprobs
 from mathrl.model.tiny import ensure_base_model
-from mathrl.tasks.arithmetic import base_pretraining_text
 from mathrl.rollout.engine import TorchEngine
-from mathrl.tasks.arithmetic import ArithmeticTask
+from mathrl.tasks.arithmetic import ArithmeticTask, base_pretraining_text
 from mathrl.tasks.prompts import render_prompt
 
 sys.path.insert(0, str(Path(__file__).parent))

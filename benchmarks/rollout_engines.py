@@ -1,13 +1,25 @@
-"""Benchmark: rollout throughput of mathrl's TorchEngine, the vLLM engine and Hugging Face `model.generate`.
+"""Benchmark: rollout throughput of mathrl's TorchEngine (HF forward or lean decode loop), the vLLM engine
+and Hugging Face `model.generate`.
 
-All three sample continuations of the same prompts (arithmetic questions + "=", repeated to
-`--batch` rows) from the same weights, at temperature 1.0 with top_p 1.0, and stop a row at EOS.
-Every runner returns or computes the logprobs of its sampled tokens (HF: `output_logits=True` plus
-the log_softmax/gather that the engines do), so they do the same job. Token counts differ between
-runners (different random draws, rows stop at different EOS), so the table compares tokens/s.
-Runners are interleaved after one warm-up call each; the table reports the median call.
+All of them sample continuations of the same prompts (arithmetic questions + "=", each repeated
+`--samples` times, `--batch` rows in all) from the same weights, at temperature 1.0 with top_p 1.0, and
+stop a row at EOS. Every runner returns or computes the logprobs of its sampled tokens (HF:
+`output_logits=True` plus the log_softmax/gather that the engines do), so they do the same job. Token
+counts differ between runners with different random draws (rows stop at different EOS), so the table
+compares tokens/s. Runners are interleaved after one warm-up call each; the table reports the median call.
+
+The torch engine's runners: `torch` (`rollout.decode: hf`, the Hugging Face forward at every token),
+`lean` (`rollout.decode: lean`, rollout/lean.py's forward over a preallocated cache) and `lean-compiled`
+(the same with its one-token step compiled by torch.compile; every shape is compiled before the
+warm-up call, `LeanDecoder.warm_up`, and the time it took is reported). The three use the same seeds
+and draw the same samples (the table says whether they did), so their tokens/s compare like for like;
+`vs torch` per round is each runner's tokens/s over torch's in the same round. `--memory` runs each
+runner again in a fresh process and reports its peak resident memory (whole process; and during
+one timed call after the warm-up).
 
     python benchmarks/rollout_engines.py                                   # tiny base model, CPU
+    python benchmarks/rollout_engines.py --batch 128 --samples 8 --runners torch lean lean-compiled \
+        --threads 1 --repeats 3 --memory                                   # the tiny default's rollout
     python benchmarks/rollout_engines.py --arch qwen2.5-0.5b --batch 16 --max-new-tokens 32 --repeats 2
     python benchmarks/rollout_engines.py --device cuda --dtype bfloat16 --arch qwen2.5-1.5b \\
         --batch 256 --max-new-tokens 512 --out benchmarks/results/rollout_engines_gpu.json   # a GPU machine
@@ -32,7 +44,10 @@ import argparse
 import importlib.util
 import json
 import platform
+import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -49,7 +64,8 @@ from mathrl.rollout.engine import TorchEngine
 from mathrl.tasks.arithmetic import ArithmeticTask
 
 TEMPERATURE = 1.0
-RUNNERS = ("torch", "vllm", "hf")
+RUNNERS = ("torch", "lean", "lean-compiled", "vllm", "hf")
+TORCH_ENGINE = {"torch": {}, "lean": {"decode": "lean"}, "lean-compiled": {"decode": "lean", "compile": True}}
 
 
 def load_policy(arch: str, model_dir: str | None, *, dtype: str, device: str):
@@ -137,21 +153,27 @@ def main() -> None:
     parser.add_argument("--compiled", dest="eager", action="store_const", const=False,
                         help="vLLM with compilation (and CUDA graphs on GPUs; the default there)")
     parser.add_argument("--runners", nargs="+", default=None, choices=RUNNERS,
-                        help="default: torch and hf, and vllm where it is installed")
+                        help="default: torch, lean and hf, and vllm where it is installed")
+    parser.add_argument("--samples", type=int, default=4, help="samples per question (rollout.n; the default run's is 8)")
+    parser.add_argument("--memory", action="store_true",
+                        help="also measure each runner's peak resident memory, each in a fresh process")
+    parser.add_argument("--rss-child", default=None, help=argparse.SUPPRESS)  # internal: one runner's memory
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args()
 
     console = Console()
+    if args.rss_child is not None:
+        args.runners = [args.rss_child]
     if args.runners is None:
-        args.runners = [n for n in RUNNERS if n != "vllm" or importlib.util.find_spec("vllm") is not None]
+        args.runners = [n for n in RUNNERS if n != "lean-compiled" and (n != "vllm" or importlib.util.find_spec("vllm"))]
         if "vllm" not in args.runners:
-            console.print("vLLM is not installed: timing torch and hf only")
+            console.print("vLLM is not installed: timing torch, lean and hf only")
     torch.set_num_threads(args.threads)
     model, tokenizer, description = load_policy(args.arch, args.model, dtype=args.dtype, device=args.device)
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    questions = [p.question for p in ArithmeticTask().heldout_problems(max(1, args.batch // 4))]
-    prompts = [tokenizer(q + "=")["input_ids"] for q in questions] * 4  # 4 samples per question, like rollout.n
+    questions = [p.question for p in ArithmeticTask().heldout_problems(max(1, args.batch // args.samples))]
+    prompts = [tokenizer(q + "=")["input_ids"] for q in questions for _ in range(args.samples)]  # like rollout.n
     prompts = prompts[: args.batch]
     longest = max(len(p) for p in prompts) + args.max_new_tokens
     params = sum(p.numel() for p in model.parameters())
@@ -159,14 +181,23 @@ def main() -> None:
                   f"torch {torch.__version__}, transformers {transformers.__version__}, threads {args.threads}; "
                   f"{len(prompts)} rows x up to {args.max_new_tokens} new tokens")
 
-    calls, setup = {}, {}
-    if "torch" in args.runners:
-        engine = TorchEngine(model, eos_token_id=eos, pad_token_id=pad, batch_size=len(prompts))
+    calls, setup, samples = {}, {}, {}
+    rss_after_load = _rss_mb("VmRSS")
+    for name in [n for n in TORCH_ENGINE if n in args.runners]:
+        engine = TorchEngine(model, eos_token_id=eos, pad_token_id=pad, batch_size=len(prompts), **TORCH_ENGINE[name])
+        if name != "torch" and engine.lean is None:
+            raise SystemExit(f"{name}: the lean decode loop does not support this model (see the log line above)")
+        if name == "lean-compiled":
+            t0 = time.perf_counter()
+            engine.lean.warm_up(len(prompts), longest)
+            setup[name] = {"compile_seconds": time.perf_counter() - t0}
+            console.print(f"{name}: compiled every batch bucket in {setup[name]['compile_seconds']:.1f} s")
 
-        def torch_call(seed, engine=engine):
+        def torch_call(seed, engine=engine, name=name):
             out = engine.generate(prompts, max_new_tokens=args.max_new_tokens, temperature=TEMPERATURE, seed=seed)
+            samples[name, seed] = out.response_ids
             return int(out.response_mask.sum()), float(out.logprobs.sum())
-        calls["torch"] = torch_call
+        calls[name] = torch_call
     if "hf" in args.runners:
         calls["hf"] = lambda seed: hf_generate(model, prompts, pad=pad, eos=eos, max_new_tokens=args.max_new_tokens,
                                                seed=seed)
@@ -184,6 +215,14 @@ def main() -> None:
 
     for name in names:  # warm-up: lazy init, allocator, first-call compilation
         calls[name](args.seed)
+    if args.rss_child is not None:  # one timed call; the peak resident memory during it and over the process
+        _reset_peak_rss()
+        t0 = time.perf_counter()
+        n_tokens, _ = calls[args.rss_child](args.seed + 1)
+        print(json.dumps({"rss_after_load_mb": rss_after_load, "peak_rss_call_mb": _rss_mb("VmHWM"),
+                          "peak_rss_process_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                          "seconds": time.perf_counter() - t0, "tokens": n_tokens}))
+        return
     times = {n: [] for n in names}
     tokens = {n: [] for n in names}
     lp_sums = {n: [] for n in names}
@@ -199,38 +238,80 @@ def main() -> None:
             tokens[name].append(n_tokens)
             lp_sums[name].append(lp_sum)
 
+    memory = {name: _memory_of(name) for name in names} if args.memory else {}
     results = {}
     for name in names:
         tps = [t / s for t, s in zip(tokens[name], times[name])]
         results[name] = {
             "seconds": times[name], "tokens": tokens[name], "median_seconds": statistics.median(times[name]),
-            "tokens_per_second_median": statistics.median(tps), "tokens_per_second_max": max(tps),
-            "mean_token_logprob": sum(lp_sums[name]) / max(1, sum(tokens[name])),
-            **setup.get(name, {}),
+            "tokens_per_second": tps, "tokens_per_second_median": statistics.median(tps),
+            "tokens_per_second_max": max(tps), "mean_token_logprob": sum(lp_sums[name]) / max(1, sum(tokens[name])),
+            **setup.get(name, {}), **memory.get(name, {}),
         }
-    base = results.get("torch", results[names[0]])["tokens_per_second_median"]
+        if "torch" in results:  # per round: tokens/s over torch's in the same round
+            results[name]["ratio_vs_torch"] = [a / b for a, b in zip(tps, results["torch"]["tokens_per_second"])]
+        if name in TORCH_ENGINE and "torch" in names:  # same seeds, same sampler: the same samples?
+            results[name]["same_samples_as_torch"] = all(
+                samples[name, s].equal(samples["torch", s]) for s in range(args.seed + 1, args.seed + 1 + args.repeats))
     table = Table(title=f"rollout engines: {description} ({args.device}, {args.dtype}, {len(prompts)} rows, "
-                        f"<= {args.max_new_tokens} new tokens, median of {args.repeats})")
-    for col in ("runner", "median s", "tokens / call", "tokens/s (median)", "tokens/s (best)", "vs torch",
-                "mean logprob"):
+                        f"<= {args.max_new_tokens} new tokens, {args.threads} threads, median of {args.repeats})")
+    columns = ["runner", "median s", "tokens / call", "tokens/s (median)", "tokens/s (best)", "vs torch (rounds)",
+               "same samples", "mean logprob"] + (["peak RSS MB (call / process)"] if memory else [])
+    for col in columns:
         table.add_column(col, justify="left" if col == "runner" else "right")
     for name in names:
         r = results[name]
+        ratios = r.get("ratio_vs_torch")
         table.add_row(name, f"{r['median_seconds']:.3f}", f"{statistics.median(r['tokens']):.0f}",
                       f"{r['tokens_per_second_median']:.0f}", f"{r['tokens_per_second_max']:.0f}",
-                      f"{r['tokens_per_second_median'] / base:.2f}x", f"{r['mean_token_logprob']:.4f}")
+                      "-" if ratios is None else f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})",
+                      {True: "yes", False: "NO", None: "-"}[r.get("same_samples_as_torch")],
+                      f"{r['mean_token_logprob']:.4f}",
+                      *([f"{r['peak_rss_call_mb']:.0f} / {r['peak_rss_process_mb']:.0f}"] if memory else []))
     console.print(table)
-    console.print("vs torch = tokens/s relative to TorchEngine (> 1: faster). mean logprob per sampled token must "
-                  "agree between runners up to sampling noise (all sample the same distribution).")
+    console.print("vs torch = tokens/s over TorchEngine's (HF forward) in the same round, median (min-max) over the "
+                  "rounds; > 1: faster. The torch engine's runners draw the same samples from the same seeds; mean "
+                  "logprob per sampled token must agree between all runners up to sampling noise.")
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({
             "model": description, "parameters": params, "arch": args.arch, "device": args.device, "dtype": args.dtype,
             "batch": len(prompts), "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
             "threads": args.threads, "torch": torch.__version__, "transformers": transformers.__version__,
-            "machine": platform.platform(), "results": results,
+            "machine": platform.platform(), "samples": args.samples, "cpu": _cpu_model(), "results": results,
         }, indent=2))
         console.print(f"wrote {args.out}")
+
+
+def _rss_mb(field: str) -> float:
+    """A memory line of /proc/self/status (VmRSS: resident now; VmHWM: the peak since the last reset), in MB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _reset_peak_rss() -> None:
+    """Set VmHWM back to the current resident size (Linux: "5" into clear_refs)."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def _memory_of(name: str) -> dict:
+    """Run this script again with only runner `name`, in a fresh process (`--rss-child`): its peak memory."""
+    argv = [a for a in sys.argv[1:] if a != "--memory"]
+    if "--out" in argv:
+        i = argv.index("--out")
+        del argv[i : i + 2]
+    done = subprocess.run([sys.executable, __file__, *argv, "--rss-child", name], capture_output=True, text=True,
+                          check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
 
 
 if __name__ == "__main__":

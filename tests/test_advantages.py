@@ -13,8 +13,8 @@ from mathrl.algo.advantages import (
     discounted_returns,
     expand_to_tokens,
     group_advantages,
-    rloo_advantages,
     reinforce_pp_advantages,
+    rloo_advantages,
     whiten_advantages,
 )
 

@@ -25,8 +25,7 @@ from mathrl.algo.losses import aggregate, policy_loss
 from mathrl.algo.rollout_correction import correction_weights
 from mathrl.model.scoring import response_logprobs
 from mathrl.rollout.engine import TorchEngine
-from mathrl.rollout.episodes import (CallFormat, ToolUse, call_format, chat_tool_call, cut_middle, episode_metrics,
-                                     python_blocks, void_turns)
+from mathrl.rollout.episodes import CallFormat, ToolUse, call_format, chat_tool_call, cut_middle, episode_metrics, python_blocks, void_turns
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from mathrl.config import load_config
-from mathrl.model.lora import LoraError, add_adapters, adapter_params, is_lora, merged_weights, plain_weights
+from mathrl.model.lora import LoraError, adapter_params, add_adapters, is_lora, merged_weights, plain_weights
 from mathrl.rollout.engine import TorchEngine
 from mathrl.train.batching import TrainBatch
 from mathrl.train.update import scoring_pass, update_policy

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from mathrl.run_dir import latest_checkpoint
-from mathrl.train.preempt import Preempted, StopSignal, agree, time_save_due
 from mathrl.train.dist import Ranks
+from mathrl.train.preempt import Preempted, StopSignal, agree, time_save_due
 
 DRIVER = r'''
 import json, os, signal, sys

@@ -145,8 +145,8 @@ def test_consecutive_non_finite_steps_stop_the_run_with_its_checkpoint_intact(tm
     # (step 2, written before the trouble) is still complete and loadable.
     from rich.console import Console
 
-    from mathrl.config import load_config
     from mathrl.algo.estimators import Estimator, grpo
+    from mathrl.config import load_config
     from mathrl.registry import ADVANTAGE_ESTIMATORS
     from mathrl.train import loop
 

@@ -14,8 +14,17 @@ from pathlib import Path
 import pytest
 
 from mathrl.config import ConfigError, RewardFunctionConfig, load_config
-from mathrl.reward.functions import (Rewarder, choice_letter, choice_reward, component_metrics, components,
-                                     failure_counts, format_reward, math_reward, math_scores)
+from mathrl.reward.functions import (
+    Rewarder,
+    choice_letter,
+    choice_reward,
+    component_metrics,
+    components,
+    failure_counts,
+    format_reward,
+    math_reward,
+    math_scores,
+)
 from mathrl.reward.verify import Verifier
 
 PLUGINS = Path(__file__).resolve().parent / "reward_plugins.py"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import shared_math_dir  # tests/ is on sys.path (pytest's default rootdir-relative import)
 from mathrl.tasks.loading import (
     HF_PRESETS,
     PRESETS,
@@ -27,8 +28,6 @@ from mathrl.tasks.loading import (
     source_name,
 )
 from mathrl.tasks.prompts import BOXED_INSTRUCTION, TEMPLATES, render_chat, render_prompt
-
-from conftest import shared_math_dir  # tests/ is on sys.path (pytest's default rootdir-relative import)
 
 DATA = shared_math_dir()
 

@@ -18,7 +18,6 @@ import torch
 
 from mathrl.config import load_config
 from mathrl.track.sinks import read_metrics
-
 from test_train_e2e import TINY_BASE, quiet_console
 
 TOOLS = [

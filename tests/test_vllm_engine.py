@@ -27,7 +27,6 @@ pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e '.[vll
                     exc_type=ImportError)
 
 from mathrl.rollout.vllm_engine import VLLMEngine, VLLMSetupError  # noqa: E402
-
 from test_engine import EOS, PAD, assert_well_formed  # noqa: E402
 
 TOL = 1e-4

@@ -41,7 +41,6 @@ pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e '.[vll
                     exc_type=ImportError)
 
 from mathrl.rollout.vllm_engine import VLLMEngine, VLLMSetupError  # noqa: E402
-
 from test_engine import EOS, PAD  # noqa: E402
 from test_vllm_engine import TOL, vllm_tiny  # noqa: E402
 

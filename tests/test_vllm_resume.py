@@ -24,7 +24,6 @@ pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e '.[vll
                     exc_type=ImportError)
 
 from mathrl.run_dir import latest_checkpoint  # noqa: E402
-
 from test_resume import DRIVER, training_rows  # noqa: E402
 
 OVERRIDES = [

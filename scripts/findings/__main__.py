@@ -85,8 +85,8 @@ def from_repo(path: Path) -> Path:
 
 def run_all(args) -> int:
     import ablate
-    from findings.pipeline import FINDINGS, build_jobs, describe, grid_findings, run_jobs
 
+    from findings.pipeline import FINDINGS, build_jobs, describe, grid_findings, run_jobs
     from mathrl.config import ConfigError
     from mathrl.track.console import make_console
 

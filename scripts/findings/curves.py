@@ -21,10 +21,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from findings.common import MISSING, band, ci_cell, color, markdown_table, new_figure, variant_name, write_outputs
 from mathrl.evaluation.evaluate import EvalResult
 from mathrl.run_dir import RunDir
-
-from findings.common import MISSING, band, ci_cell, color, markdown_table, new_figure, variant_name, write_outputs
 
 TOKENS = "rollout/generated_tokens"
 

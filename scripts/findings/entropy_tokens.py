@@ -22,13 +22,12 @@ from pathlib import Path
 
 import torch
 
+from findings.common import group_runs, markdown_table
+from findings.sampling import device_of, held_out, load, run_config
 from mathrl.analysis.tokens import EntropyTokensOverSteps, TokenScores, token_probs, top_entropy_tokens
 from mathrl.evaluation.sweep import run_checkpoints, run_start
 from mathrl.rollout.factory import build_engine
 from mathrl.tasks.sources import prompt_encoder
-
-from findings.common import group_runs, markdown_table
-from findings.sampling import device_of, held_out, load, run_config
 
 
 def checkpoint_dirs(run: Path, cfg, steps: Sequence[int]) -> dict[int, Path]:

@@ -25,10 +25,9 @@ from pathlib import Path
 
 import torch
 
+from findings.common import ci_cell, color, markdown_table, new_figure, variant_name, write_outputs
 from mathrl.algo.positions import bucket_means
 from mathrl.run_dir import RunDir
-
-from findings.common import ci_cell, color, markdown_table, new_figure, variant_name, write_outputs
 
 DEFAULT_EDGES = (0, 2, 4, 8, 16, 32, 64)
 QUANTITIES = ("value", "advantage")

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from findings.common import MISSING, ci_cell, color, fmt, group_runs, markdown_table, new_figure, write_outputs
 from mathrl.analysis.tokens import check_same_tokenizer, token_probs
 from mathrl.config import Config, load_config
 from mathrl.evaluation.evaluate import evaluate
@@ -38,8 +39,6 @@ from mathrl.model.paths import TINY_BASE, resolve_model_path
 from mathrl.rollout.factory import build_engine
 from mathrl.tasks.arithmetic import base_pretraining_text
 from mathrl.tasks.sources import build_eval_sets, prompt_encoder
-
-from findings.common import MISSING, ci_cell, color, fmt, group_runs, markdown_table, new_figure, write_outputs
 
 TABLE_KS = (1, 8, 64)
 BIN_EDGES = (0.1, 0.5, 0.9, 0.99)  # p_base bins [0,0.1) [0.1,0.5) [0.5,0.9) [0.9,0.99) [0.99,1]

@@ -35,7 +35,6 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-
 __all__ = ["CorrectionMode", "CorrectionLevel", "correction_weights", "log_ratio"]
 
 CorrectionMode = Literal["tis", "mis"]

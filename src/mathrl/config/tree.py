@@ -20,7 +20,20 @@ from typing import Annotated, Any, Literal
 from mathrl.config.rules import ConfigRules
 from mathrl.config.shared import DEFAULT_REWARD_FN, TINY_BASE
 from mathrl.config_schema import (
-    INF, Count, Finite, NonNeg, Positive, Range, Registered, Rule, Seed, Text, ZeroToOne, at_least, positive, unit,
+    INF,
+    Count,
+    Finite,
+    NonNeg,
+    Positive,
+    Range,
+    Registered,
+    Rule,
+    Seed,
+    Text,
+    ZeroToOne,
+    at_least,
+    positive,
+    unit,
 )
 from mathrl.registry import ADVANTAGE_ESTIMATORS, ARITH_SOURCES, ENGINES, PROMPT_TEMPLATES, TOOL_FORMATS
 

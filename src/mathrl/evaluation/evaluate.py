@@ -15,9 +15,9 @@ from typing import Any
 
 from mathrl.evaluation.metrics import answer_forms, avg_at_n, default_ks, maj_at_k, pass_at_k_table
 from mathrl.reward.extract import has_final_answer
+from mathrl.reward.functions import Rewarder, Scores, component_metrics, failure_counts, score_rows
 from mathrl.reward.numeric import answer_form
 from mathrl.reward.reflection import reflection_stats
-from mathrl.reward.functions import Rewarder, Scores, component_metrics, failure_counts, score_rows
 from mathrl.reward.verify import RewardResult, Verifier
 from mathrl.rollout.base import RolloutBatch, concat_rollouts
 from mathrl.rollout.episodes import episode_metrics, void_turns

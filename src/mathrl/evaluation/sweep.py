@@ -41,14 +41,14 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from mathrl.reward.collapse import is_garbled, is_repetitive
 from mathrl.config import Config, ConfigError, load_config, parse_override
 from mathrl.evaluation.evaluate import evaluate
 from mathrl.evaluation.metrics import bootstrap_ci95, default_ks, mean_std_ci95, problem_scores
 from mathrl.model.paths import TINY_BASE
+from mathrl.reward.collapse import is_garbled, is_repetitive
+from mathrl.run_dir import RunDir
 from mathrl.tasks.sources import build_eval_sets
 from mathrl.track.console import make_progress
-from mathrl.run_dir import RunDir
 
 __all__ = [
     "Checkpoint",

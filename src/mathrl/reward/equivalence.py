@@ -23,13 +23,12 @@ between expressions go to math-verify whole.
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 import time
 from dataclasses import dataclass
 from fractions import Fraction
-
-import functools
 
 from mathrl.reward.extract import reference_answer
 from mathrl.reward.latex_parse import install_two_stage_parsing

@@ -25,10 +25,10 @@ a crashed worker, or a reference that is empty or cannot be parsed).
 from __future__ import annotations
 
 import collections
-import multiprocessing
-import multiprocessing.connection
 import functools
 import math
+import multiprocessing
+import multiprocessing.connection
 import numbers
 import signal
 import threading

@@ -7,6 +7,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mathrl.config import Config
 from mathrl.registry import ARITH_SOURCES
@@ -17,6 +18,9 @@ from mathrl.tasks.curriculum import Curriculum
 from mathrl.tasks.loading import FieldMap, load_problems, preset_for, source_name
 from mathrl.tasks.prompts import PromptEncoder, template_hint
 from mathrl.tasks.transforms import integer_answer_transform, parse_integer_answer
+
+if TYPE_CHECKING:  # torch loads only when a pretraining batch is drawn
+    import torch
 
 
 def arithmetic_task(cfg: Config) -> ArithmeticTask:
@@ -251,7 +255,7 @@ class PretrainText:
                                                                check_prob=self.check_prob)
         return self.docs[self.rng.randrange(len(self.docs))]
 
-    def next_batch(self, batch_size: int) -> tuple["torch.Tensor", "torch.Tensor"]:
+    def next_batch(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """input_ids [B, L] right-padded and attention mask [B, L]; EOS appended to each document."""
         import torch
 

@@ -16,8 +16,8 @@ from mathrl.config import Config
 from mathrl.model.value import response_values
 from mathrl.seeds import CRITIC_STREAM, derive_seed
 from mathrl.tasks.sources import ProblemStream
-from mathrl.train.batching import TrainBatch
 from mathrl.train import dist as tdist
+from mathrl.train.batching import TrainBatch
 from mathrl.train.collect import SINGLE, collect_rollouts, prepare
 from mathrl.train.dist import Ranks
 from mathrl.train.update import per_token_pass, run_updates

@@ -33,10 +33,10 @@ from mathrl.model.io import load_model_and_tokenizer
 from mathrl.model.paths import resolve_model_path
 from mathrl.model.scoring import response_logprobs
 from mathrl.reward.verify import Verifier
-from mathrl.tasks.arithmetic import base_pretraining_text
 from mathrl.rollout.episodes import call_format
 from mathrl.rollout.factory import build_engine
 from mathrl.run_dir import RunDir, open_run_dir, release_run_dir
+from mathrl.tasks.arithmetic import base_pretraining_text
 from mathrl.tasks.loading import load_problems
 from mathrl.tasks.sources import build_eval_sets, field_map, prompt_encoder
 from mathrl.train.batching import TrainBatch, micro_batches

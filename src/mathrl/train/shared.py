@@ -15,11 +15,10 @@ from mathrl.config import Config, to_dict
 from mathrl.evaluation.evaluate import EvalResult, evaluate
 from mathrl.reward.functions import Rewarder
 from mathrl.reward.verify import Verifier
-from mathrl.run_dir import RunDir
+from mathrl.run_dir import RunDir, latest_checkpoint
+from mathrl.seeds import set_rng_state
 from mathrl.tasks.sources import EvalSet
 from mathrl.track.sinks import Tracker
-from mathrl.run_dir import latest_checkpoint
-from mathrl.seeds import set_rng_state
 from mathrl.train.dist import Ranks, all_gather_objects
 
 

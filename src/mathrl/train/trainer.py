@@ -37,15 +37,15 @@ from mathrl.model.lora import adapter_params, add_adapters, has_adapter, is_lora
 from mathrl.model.paths import resolve_model_path
 from mathrl.model.value import load_critic
 from mathrl.registry import ADVANTAGE_ESTIMATORS
-from mathrl.tasks.arithmetic import base_pretraining_text
 from mathrl.reward.functions import Rewarder, build_rewarder
 from mathrl.rollout.factory import build_engine, engine_samples_from_module
 from mathrl.rollout.on_demand import OnDemandEngine
 from mathrl.run_dir import RunDir, open_run_dir
+from mathrl.tasks.arithmetic import base_pretraining_text
 from mathrl.tasks.sources import EvalSet, PretrainText, ProblemStream, build_eval_sets, build_train_stream
 from mathrl.train.checkpoint import VERSIONS_FILE, load_trainer_state, save_checkpoint
-from mathrl.train.monitors import CollapseWatch, SignalWatch
 from mathrl.train.dist import Ranks, broadcast_object, shard_model
+from mathrl.train.monitors import CollapseWatch, SignalWatch
 from mathrl.train.preempt import StopSignal, agree, time_save_due
 from mathrl.train.shared import SkipCount, build_optimizer, build_tracker, resume_from, save_due, seed_everything
 
