@@ -217,11 +217,9 @@ def main() -> None:
         calls[name](args.seed)
     if args.rss_child is not None:  # one timed call; the peak resident memory during it and over the process
         _reset_peak_rss()
-        t0 = time.perf_counter()
-        n_tokens, _ = calls[args.rss_child](args.seed + 1)
+        calls[args.rss_child](args.seed + 1)
         print(json.dumps({"rss_after_load_mb": rss_after_load, "peak_rss_call_mb": _rss_mb("VmHWM"),
-                          "peak_rss_process_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                          "seconds": time.perf_counter() - t0, "tokens": n_tokens}))
+                          "peak_rss_process_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
         return
     times = {n: [] for n in names}
     tokens = {n: [] for n in names}
@@ -256,7 +254,7 @@ def main() -> None:
     table = Table(title=f"rollout engines: {description} ({args.device}, {args.dtype}, {len(prompts)} rows, "
                         f"<= {args.max_new_tokens} new tokens, {args.threads} threads, median of {args.repeats})")
     columns = ["runner", "median s", "tokens / call", "tokens/s (median)", "tokens/s (best)", "vs torch (rounds)",
-               "same samples", "mean logprob"] + (["peak RSS MB (call / process)"] if memory else [])
+               "same samples", "mean logprob"] + (["peak RSS MB: call / process (after load)"] if memory else [])
     for col in columns:
         table.add_column(col, justify="left" if col == "runner" else "right")
     for name in names:
@@ -267,7 +265,8 @@ def main() -> None:
                       "-" if ratios is None else f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})",
                       {True: "yes", False: "NO", None: "-"}[r.get("same_samples_as_torch")],
                       f"{r['mean_token_logprob']:.4f}",
-                      *([f"{r['peak_rss_call_mb']:.0f} / {r['peak_rss_process_mb']:.0f}"] if memory else []))
+                      *([f"{r['peak_rss_call_mb']:.0f} / {r['peak_rss_process_mb']:.0f} ({r['rss_after_load_mb']:.0f})"]
+                        if memory else []))
     console.print(table)
     console.print("vs torch = tokens/s over TorchEngine's (HF forward) in the same round, median (min-max) over the "
                   "rounds; > 1: faster. The torch engine's runners draw the same samples from the same seeds; mean "

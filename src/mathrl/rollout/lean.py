@@ -58,7 +58,8 @@ STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 """Rotary types whose inverse frequencies and attention scaling are computed once when the model is built
 (what `model.model.rotary_emb` holds); `dynamic` and `longrope` change them with the sequence length."""
 RECOMPILE_LIMIT = 64  # compiled graphs per step function: batch buckets x attention spans
-SPAN_MIN = 64  # attention reads the first `span` cache columns: a power of two >= SPAN_MIN, capped at the cache
+SPAN_MIN = 64  # cache columns are allocated in multiples of it; a compiled step reads the first `span` columns,
+# a power of two >= SPAN_MIN (capped at the cache), so that it sees few shapes
 
 
 def bucket(rows: int) -> int:
@@ -69,6 +70,18 @@ def bucket(rows: int) -> int:
     if rows <= 8:
         return 1 << max(0, rows - 1).bit_length()
     return -(-rows // 16) * 16
+
+
+def cache_columns(columns: int) -> int:
+    """The columns a cache allocates for `columns` tokens: rounded up to a multiple of SPAN_MIN, so that
+    chunks whose prompts differ by a few tokens share one shape."""
+    return -(-columns // SPAN_MIN) * SPAN_MIN
+
+
+def compiled_span(start: int, columns: int) -> int:
+    """The columns a compiled step attends over when `start` columns are written, in a cache of `columns`:
+    the next power of two >= start, at least SPAN_MIN, at most the cache (few distinct values)."""
+    return min(columns, max(SPAN_MIN, 1 << max(0, start - 1).bit_length()))
 
 
 def unsupported_reason(model) -> str | None:
@@ -209,11 +222,15 @@ def attend(q: torch.Tensor, k_old: torch.Tensor, v_old: torch.Tensor, k_new: tor
     kv_heads, s = k_old.shape[1], k_old.shape[2]
     g = h // kv_heads
     q = q.view(b, w, kv_heads, g, d).permute(0, 2, 3, 1, 4).reshape(b, kv_heads, g * w, d)  # [B, Hkv, G*W, D]
-    scores = torch.cat([torch.matmul(q, k_old.transpose(-1, -2)), torch.matmul(q, k_new.transpose(-1, -2))],
-                       dim=-1) * scaling  # [B, Hkv, G*W, S+W]
+    if w == 1:  # one new key per row: a product of [G, D] and [D, 1] per head is cheaper as a broadcast sum
+        new = (q * k_new).sum(-1, keepdim=True)  # [B, Hkv, G, 1]
+    else:
+        new = torch.matmul(q, k_new.transpose(-1, -2))  # [B, Hkv, G*W, W]
+    scores = torch.cat([torch.matmul(q, k_old.transpose(-1, -2)), new], dim=-1) * scaling  # [B, Hkv, G*W, S+W]
     scores = scores.view(b, kv_heads, g, w, s + w).masked_fill(~allowed[:, None, None], torch.finfo(scores.dtype).min)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype).view(b, kv_heads, g * w, s + w)
-    out = torch.matmul(probs[..., :s], v_old) + torch.matmul(probs[..., s:], v_new)  # [B, Hkv, G*W, D]
+    out = torch.matmul(probs[..., :s], v_old)  # [B, Hkv, G*W, D]
+    out = out + (probs[..., s:] * v_new if w == 1 else torch.matmul(probs[..., s:], v_new))
     return out.view(b, kv_heads, g, w, d).permute(0, 3, 1, 2, 4).reshape(b, w, h * d)
 
 
@@ -222,7 +239,8 @@ def decoder_forward(weights: Weights, k_cache: torch.Tensor, v_cache: torch.Tens
                     span: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """W new tokens per row through the decoder: the last one's logits and all their keys and values.
 
-    k_cache, v_cache: [L, B, Hkv, C, D], read only (their first `span` columns)
+    k_cache, v_cache: [L, B, Hkv, C, D], read only: their first `span` columns (at least the columns
+                      written so far; eagerly exactly those, compiled a power of two, see `LeanDecoder.feed`)
     tokens, positions: [B, W] long (token ids; rotary positions)
     valid: [B, C] bool, the cached columns each row may attend to
     window: [B, W] bool, the new tokens a row feeds (False on the unused columns of a right-aligned window)
@@ -263,11 +281,13 @@ class LeanCache:
     """One chunk's KV cache. `rows` = a batch bucket >= the active rows; `slots` [A] the cache row of
     each active row (in the engine's order of active rows); `length` the columns written so far."""
 
+
     k: torch.Tensor  # [L, rows, Hkv, C, D]
     v: torch.Tensor  # [L, rows, Hkv, C, D]
     valid: torch.Tensor  # [rows, C] bool
     slots: torch.Tensor  # [A] long
     length: int
+    weights: Weights  # the model's tensors, read at the prefill (a chunk's steps all see the same ones)
 
     @property
     def rows(self) -> int:
@@ -301,8 +321,9 @@ class LeanCache:
 
 def _compact(cache: torch.Tensor, slots: torch.Tensor, rows: int) -> torch.Tensor:
     """[L, R, ...] -> [L, rows, ...]: the rows `slots` first, zeros after."""
-    out = cache.new_zeros((cache.shape[0], rows, *cache.shape[2:]))
-    out[:, : len(slots)] = cache[:, slots]
+    out = cache.new_empty((cache.shape[0], rows, *cache.shape[2:]))
+    torch.index_select(cache, 1, slots, out=out[:, : len(slots)])
+    out[:, len(slots) :] = 0
     return out
 
 
@@ -350,15 +371,38 @@ class LeanDecoder:
         logits, k, v = self._forward(w, empty, empty, prompt_ids[first], positions[first],
                                      prompt_mask.new_zeros((len(first), 0), dtype=torch.bool),
                                      prompt_mask[first].bool(), span=0)  # [U, V], [L, U, Hkv, P, D] x 2
-        rows, columns = bucket(n), width + new_columns
-        shape = (self.spec.layers, rows, self.spec.kv_heads, columns, self.spec.head_dim)
-        cache = LeanCache(k=w.embed.new_zeros(shape), v=w.embed.new_zeros(shape),
-                          valid=torch.zeros((rows, columns), dtype=torch.bool, device=device),
-                          slots=torch.arange(n, device=device), length=width)
+        cache = self._empty_cache(w, bucket(n), cache_columns(width + new_columns))
+        cache.slots, cache.length = cache.slots[:n], width
         cache.k[:, :n, :, :width] = k[:, inverse]
         cache.v[:, :n, :, :width] = v[:, inverse]
         cache.valid[:n, :width] = prompt_mask.bool()
         return cache, logits[inverse]
+
+    def _empty_cache(self, w: Weights, rows: int, columns: int) -> LeanCache:
+        shape = (self.spec.layers, rows, self.spec.kv_heads, columns, self.spec.head_dim)
+        return LeanCache(k=w.embed.new_zeros(shape), v=w.embed.new_zeros(shape),
+                         valid=torch.zeros((rows, columns), dtype=torch.bool, device=w.embed.device),
+                         slots=torch.arange(rows, device=w.embed.device), length=0, weights=w)
+
+    @torch.no_grad()
+    def warm_up(self, rows: int, columns: int) -> None:
+        """Compile the one-token step now for every shape that chunks of up to `rows` rows and `columns`
+        columns (longest prompt + new tokens) reach: each batch bucket, each attention span. Otherwise
+        each shape compiles when a chunk first reaches it (tens of seconds each on a CPU). Nothing to do
+        without `compile`."""
+        if self._compiled is None:
+            return
+        columns = cache_columns(columns)
+        starts = {}  # span -> the first number of written columns that attends over it
+        for start in range(columns):
+            starts.setdefault(compiled_span(start, columns), start)
+        w = weights_of(self.model)
+        for rows_ in sorted({bucket(a) for a in range(1, rows + 1)}, reverse=True):
+            cache = self._empty_cache(w, rows_, columns)
+            zeros = torch.zeros((rows_, 1), dtype=torch.long, device=w.embed.device)
+            for start in starts.values():
+                cache.length = start
+                self.feed(cache, zeros, None, zeros)
 
     @torch.no_grad()
     def feed(self, cache: LeanCache, tokens: torch.Tensor, window: torch.Tensor | None,
@@ -372,7 +416,7 @@ class LeanDecoder:
         if window is None:
             window = torch.ones((a, width), dtype=torch.bool, device=tokens.device)
         if cache.length + width > cache.columns:
-            cache.grow(max(cache.length + width, cache.columns + cache.columns // 2))
+            cache.grow(cache_columns(max(cache.length + width, cache.columns * 3 // 2)))
         full = a == cache.rows  # no padding rows (then slots are 0..A-1 in order)
         window = window.bool()
         if not full:
@@ -380,10 +424,10 @@ class LeanDecoder:
             positions = positions.new_zeros((cache.rows, width)).index_copy_(0, cache.slots, positions)
             window = window.new_zeros((cache.rows, width)).index_copy_(0, cache.slots, window)
         start, end = cache.length, cache.length + width
-        span = min(cache.columns, max(SPAN_MIN, 1 << max(0, start - 1).bit_length()))  # >= start
-        args = (weights_of(self.model), cache.k, cache.v, tokens, positions, cache.valid, window)
+        args = (cache.weights, cache.k, cache.v, tokens, positions, cache.valid, window)
         out = None
         if self._compiled is not None and width == 1:
+            span = compiled_span(start, cache.columns)
             try:
                 with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
                     out = self._compiled(*args, span=span)
@@ -392,7 +436,7 @@ class LeanDecoder:
                             str(e).splitlines()[0] if str(e) else "")
                 self._compiled = None
         if out is None:
-            out = self._forward(*args, span=span)
+            out = self._forward(*args, span=start)  # eagerly, the columns written so far
         logits, k, v = out
         cache.k[:, :, :, start:end] = k
         cache.v[:, :, :, start:end] = v
