@@ -186,6 +186,27 @@ def test_compiled_step_equals_hf(make_tiny_qwen2, caplog):
     assert_same(pairs, atol=1e-5)
 
 
+def test_warm_up_compiles_every_shape_a_generation_reaches(make_tiny_qwen2, char_tokenizer):
+    # a compile costs tens of seconds on a CPU: warm_up pays them all before the first timed call
+    model = make_tiny_qwen2(seed=0)
+    kwargs = dict(eos_token_id=char_tokenizer.eos_token_id, pad_token_id=char_tokenizer.pad_token_id)
+    engine = TorchEngine(model, decode="lean", compile=True, **kwargs)
+    shapes, forward = [], engine.lean._forward
+
+    def recorder(weights, k, v, tokens, *args, span):  # records the compiled step's shapes, runs it eagerly
+        shapes.append((tokens.shape[0], k.shape[3], span))
+        return forward(weights, k, v, tokens, *args, span=span)
+
+    engine.lean._compiled = recorder
+    prompts = [char_tokenizer(t)["input_ids"] for t in ["1+2=", "123+456=", "9=", "77+8=", "5+5="] for _ in range(4)]
+    engine.lean.warm_up(len(prompts), max(len(p) for p in prompts) + 70)  # 78 columns: spans 64 and 128
+    warmed = set(shapes)
+    assert {rows for rows, _, _ in warmed} == {1, 2, 4, 8, 16, 32} and {s for _, _, s in warmed} == {64, 128}
+    shapes.clear()
+    engine.generate(prompts, max_new_tokens=70, seed=0)
+    assert set(shapes) <= warmed and len({rows for rows, _, _ in shapes}) >= 3
+
+
 def test_a_failing_compile_falls_back_to_eager_with_one_log_line(make_tiny_qwen2, caplog):
     model = make_tiny_qwen2(seed=0)
     decoder = LeanDecoder(model, compile=True)

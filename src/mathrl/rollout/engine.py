@@ -19,7 +19,6 @@ from typing import Any
 import torch
 
 from mathrl.model.lora import unwrap
-
 from mathrl.rollout.base import RolloutBatch, concat_rollouts, full_tensor, left_pad, row_seed, select_rollout_rows
 from mathrl.rollout.lean import LeanDecoder
 
