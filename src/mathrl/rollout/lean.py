@@ -182,7 +182,11 @@ def weights_of(model) -> Weights:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm as HF's Qwen2RMSNorm / LlamaRMSNorm computes it: in float32, cast back before the weight."""
+    """RMSNorm as HF's Qwen2RMSNorm / LlamaRMSNorm computes it: in float32, cast back before the weight.
+    In float32 that is what torch's fused `rms_norm` computes (the same numbers, one kernel); in lower
+    precision HF rounds before the weight's product, which the fused kernel does not."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
@@ -205,11 +209,12 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 def attend(q: torch.Tensor, k_old: torch.Tensor, v_old: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
-           allowed: torch.Tensor, scaling: float) -> torch.Tensor:
+           blocked: torch.Tensor, scaling: float) -> torch.Tensor:
     """Grouped-query attention over cached columns and the new tokens' own keys.
 
     q: [B, W, H, D]; k_old, v_old: [B, Hkv, S, D] (views of the cache); k_new, v_new: [B, Hkv, W, D];
-    allowed: [B, W, S + W] bool (cached columns, then the new tokens) -> [B, W, H * D]
+    blocked: [B, W, S + W] bool, True where a token may not attend (cached columns, then the new tokens)
+    -> [B, W, H * D]
 
     Query head h uses K/V head h // G (G = H / Hkv, HF's `repeat_kv` order). The G query heads of a K/V
     head and the W new tokens are the G * W rows of one product with that head's keys, so K and V are
@@ -227,7 +232,7 @@ def attend(q: torch.Tensor, k_old: torch.Tensor, v_old: torch.Tensor, k_new: tor
     else:
         new = torch.matmul(q, k_new.transpose(-1, -2))  # [B, Hkv, G*W, W]
     scores = torch.cat([torch.matmul(q, k_old.transpose(-1, -2)), new], dim=-1) * scaling  # [B, Hkv, G*W, S+W]
-    scores = scores.view(b, kv_heads, g, w, s + w).masked_fill(~allowed[:, None, None], torch.finfo(scores.dtype).min)
+    scores = scores.view(b, kv_heads, g, w, s + w).masked_fill(blocked[:, None, None], torch.finfo(scores.dtype).min)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype).view(b, kv_heads, g * w, s + w)
     out = torch.matmul(probs[..., :s], v_old)  # [B, Hkv, G*W, D]
     out = out + (probs[..., s:] * v_new if w == 1 else torch.matmul(probs[..., s:], v_new))
@@ -255,19 +260,20 @@ def decoder_forward(weights: Weights, k_cache: torch.Tensor, v_cache: torch.Tens
     x = F.embedding(tokens, weights.embed)  # [B, W, E]
     cos, sin = rotary(positions, weights.inv_freq, spec.rope_scaling, x.dtype)  # [B, W, D] each
     causal = torch.ones(width, width, dtype=torch.bool, device=tokens.device).tril()  # [W, W]
-    allowed = torch.cat([valid[:, None, :span].expand(b, width, span), window[:, None, :] & causal[None]],
-                        dim=-1)  # [B, W, S+W]
+    blocked = ~torch.cat([valid[:, None, :span].expand(b, width, span), window[:, None, :] & causal[None]],
+                         dim=-1)  # [B, W, S+W]
     k_new, v_new = [], []
     for i, lw in enumerate(weights.layers):
         h = rms_norm(x, lw.attn_norm, spec.eps)
         q = F.linear(h, lw.q, lw.q_bias).view(b, width, spec.heads, spec.head_dim)
         k = F.linear(h, lw.k, lw.k_bias).view(b, width, spec.kv_heads, spec.head_dim)
         v = F.linear(h, lw.v, lw.v_bias).view(b, width, spec.kv_heads, spec.head_dim)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, Hkv, W, D]
+        qk = rotate(torch.cat([q, k], dim=2), cos, sin)  # [B, W, H + Hkv, D]: one rotation for both
+        q, k = qk[:, :, : spec.heads], qk[:, :, spec.heads :].transpose(1, 2)  # k: [B, Hkv, W, D]
+        v = v.transpose(1, 2)  # [B, Hkv, W, D]
         k_new.append(k)
         v_new.append(v)
-        a = attend(q, k_cache[i, :, :, :span], v_cache[i, :, :, :span], k, v, allowed, spec.scaling)  # [B, W, H*D]
+        a = attend(q, k_cache[i, :, :, :span], v_cache[i, :, :, :span], k, v, blocked, spec.scaling)  # [B, W, H*D]
         x = x + F.linear(a, lw.o, lw.o_bias)
         h = rms_norm(x, lw.mlp_norm, spec.eps)
         x = x + F.linear(F.silu(F.linear(h, lw.gate, lw.gate_bias)) * F.linear(h, lw.up, lw.up_bias),
