@@ -176,14 +176,27 @@ def test_bucket(rows, expected):
 
 
 @pytest.mark.slow
-def test_compiled_step_equals_hf(make_tiny_qwen2, caplog):
-    # inductor compiles the one-token step once per (batch bucket, attention span): buckets 16, 8, 2
+def test_compiled_step_equals_hf(make_tiny_qwen2, char_tokenizer, caplog):
+    # inductor compiles the one-token step once per (batch bucket, attention span); after warm_up a
+    # generation compiles nothing more (a guard that failed on every call, e.g. on two inputs being one
+    # tensor, would recompile inside the timed calls)
+    from torch._dynamo.utils import counters
+
     model = make_tiny_qwen2(seed=0)
-    decoder = LeanDecoder.for_model(model, compile=True)
+    kwargs = dict(eos_token_id=char_tokenizer.eos_token_id, pad_token_id=char_tokenizer.pad_token_id)
+    engine = TorchEngine(model, decode="lean", compile=True, **kwargs)
+    prompts = [char_tokenizer(t)["input_ids"] for t in ["1+2=", "123+456=", "9=", "77+8=", "5+5="] for _ in range(4)]
     with caplog.at_level(logging.WARNING, logger="mathrl.rollout.lean"):
-        pairs = side_by_side(model, decoder, RAGGED, drops=DROPS)
-    assert decoder._compiled is not None, caplog.text  # compiled, not fallen back to eager
+        engine.lean.warm_up(len(prompts), max(len(p) for p in prompts) + 24)
+        graphs = counters["stats"]["unique_graphs"]
+        out = engine.generate(prompts, max_new_tokens=24, seed=3)
+        assert counters["stats"]["unique_graphs"] == graphs
+        pairs = side_by_side(model, engine.lean, RAGGED, drops=DROPS)
+    assert engine.lean._compiled is not None, caplog.text  # compiled, not fallen back to eager
     assert_same(pairs, atol=1e-5)
+    reference = TorchEngine(model, **kwargs).generate(prompts, max_new_tokens=24, seed=3)
+    assert torch.equal(out.response_ids, reference.response_ids)
+    assert_close(out.logprobs, reference.logprobs, atol=1e-5, rtol=0)
 
 
 def test_warm_up_compiles_every_shape_a_generation_reaches(make_tiny_qwen2, char_tokenizer):

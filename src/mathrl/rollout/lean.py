@@ -405,10 +405,10 @@ class LeanDecoder:
         w = weights_of(self.model)
         for rows_ in sorted({bucket(a) for a in range(1, rows + 1)}, reverse=True):
             cache = self._empty_cache(w, rows_, columns)
-            zeros = torch.zeros((rows_, 1), dtype=torch.long, device=w.embed.device)
             for start in starts.values():
                 cache.length = start
-                self.feed(cache, zeros, None, zeros)
+                tokens, positions = (torch.zeros((rows_, 1), dtype=torch.long, device=w.embed.device) for _ in "tp")
+                self.feed(cache, tokens, None, positions)  # two tensors: dynamo guards on inputs being one
 
     @torch.no_grad()
     def feed(self, cache: LeanCache, tokens: torch.Tensor, window: torch.Tensor | None,
