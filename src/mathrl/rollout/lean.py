@@ -2,10 +2,10 @@
 
 The Hugging Face forward that `TorchEngine` calls at every token walks ~15 modules per layer, builds a
 mask per call, copies K/V in `repeat_kv` and `cat`s every new column onto its cache. For the tiny default
-model (4 layers, hidden 128, a 99-token vocabulary) that Python and copying is most of generation
-(docs/performance.md). `LeanDecoder` does the same arithmetic as a few tensor functions on the HF
-model's own weight tensors, read at every call and never copied (an optimizer step or `update_weights`
-is seen by the next call), with
+model (4 layers, hidden 128, a 99-token vocabulary) generation is small matrix products plus that
+per-call work (docs/performance.md, "Lean decode loop"). `LeanDecoder` does the same arithmetic as a
+few tensor functions on the HF model's own weight tensors, never copied and looked up again at every
+prefill (an optimizer step or `update_weights` is seen by the next generate call), with
 
 - one KV cache per chunk, preallocated as `[layers, rows, kv_heads, columns, head_dim]` and written in
   place (heads before columns so that each head's K and V are contiguous [columns, head_dim] blocks the
@@ -157,6 +157,8 @@ class LayerWeights(NamedTuple):
 
 
 class Weights(NamedTuple):
+    """The whole model's tensors (the HF modules' own)."""
+
     embed: torch.Tensor  # [V, E]
     layers: tuple[LayerWeights, ...]
     norm: torch.Tensor  # [E]
@@ -166,8 +168,8 @@ class Weights(NamedTuple):
 
 
 def weights_of(model) -> Weights:
-    """The model's current tensors, by reference. Read at every call, so that a parameter replaced
-    (not only updated in place) since the last call is seen too."""
+    """The model's current tensors, by reference. Looked up at every prefill, so that a parameter replaced
+    (not only updated in place) since the last generate call is seen too."""
     m = model.model
     layers = []
     for layer in m.layers:
@@ -183,8 +185,8 @@ def weights_of(model) -> Weights:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm as HF's Qwen2RMSNorm / LlamaRMSNorm computes it: in float32, cast back before the weight.
-    In float32 that is what torch's fused `rms_norm` computes (the same numbers, one kernel); in lower
-    precision HF rounds before the weight's product, which the fused kernel does not."""
+    In float32 torch's fused `rms_norm` computes the same formula in one kernel; in lower precision HF
+    rounds before the weight's product, which the fused kernel does not, so that case keeps HF's steps."""
     if x.dtype == torch.float32:
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
     h = x.float()
@@ -344,7 +346,6 @@ class LeanDecoder:
     def __init__(self, model, *, compile: bool = False):
         self.model = model
         self.spec = Spec.of(model)
-        self.compile = compile
         self._forward = functools.partial(decoder_forward, spec=self.spec)
         self._compiled = torch.compile(self._forward, dynamic=False, fullgraph=True) if compile else None
 
