@@ -1,6 +1,7 @@
 """Shared fixtures: the character tokenizer and tiny random Qwen2 models (a few thousand parameters, CPU).
 
-Everything here is small on purpose: the test suite must run in seconds on a shared 2-core machine.
+Everything here is small on purpose: the suite runs on a shared 2-core machine, its fast tier
+(`pytest -m "not slow"`) in minutes; a test that takes more than a few seconds is marked `slow`.
 """
 
 from __future__ import annotations

@@ -169,6 +169,7 @@ def _dp_worker(rank: int, world_size: int, init_file: str, out_file: str) -> Non
     exit_rank(0)
 
 
+@pytest.mark.slow
 def test_data_parallel_matches_single_process(tmp_path):
     out_file = tmp_path / "grads.pt"
     mp.spawn(_dp_worker, args=(2, str(tmp_path / "store"), str(out_file)), nprocs=2, join=True)

@@ -305,6 +305,7 @@ def test_base_prints_only_the_path_on_stdout(tmp_path, monkeypatch, capsys):
 # --------------------------------------------------------------------------------------------------
 # a real run in a child process: Ctrl-C and piped progress
 # --------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_ctrl_c_says_where_to_resume_and_piped_output_has_progress_lines(tmp_path, model_dir):
     # Bug stories: Ctrl-C printed a 30-frame KeyboardInterrupt traceback and exited -2; piped output
     # (nohup, tee) showed nothing until the run ended.

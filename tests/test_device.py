@@ -91,6 +91,7 @@ def _offload_worker(rank: int, world_size: int, init_file: str, out_file: str) -
     exit_rank(0)
 
 
+@pytest.mark.slow
 def test_cpu_half_reduces_sharded_cpu_tensors(tmp_path):
     import torch.multiprocessing as mp
 

@@ -11,7 +11,8 @@ the same quantity is computed two ways and must agree:
   - a finished 2-rank job exits 0, run after run (its teardown never aborts a rank).
   - vLLM rollouts (one engine per rank) under 2 ranks vs 1 process with vLLM (skipped without vLLM).
 
-Run: python -m pytest tests/test_dist_train.py -q   (about 5 minutes on 2 CPU cores)
+Run: python -m pytest tests/test_dist_train.py -q   (about 5 minutes on 2 CPU cores; the multi-process
+tests are marked slow, so `pytest -m "not slow"` leaves them out)
 """
 
 from __future__ import annotations
@@ -176,6 +177,7 @@ def one_rank(env, tmp_path_factory) -> Path:
     return run
 
 
+@pytest.mark.slow
 def test_two_ranks_match_one_process_and_only_rank_0_writes(two_ranks: Path, one_rank: Path) -> None:
     two, one = metrics(two_ranks), metrics(one_rank)
     assert sorted(two) == list(range(0, 7))  # one row per step: rank 1 logged nothing
@@ -216,6 +218,7 @@ def _rank_pids(run_dir: Path) -> dict[int, int]:
     return out
 
 
+@pytest.mark.slow
 def test_sigkill_of_one_rank_stops_the_job_and_a_rerun_resumes_exactly(env, two_ranks: Path, tmp_path: Path) -> None:
     run = tmp_path / "killed"
     job = mathrl_train(env, run, nproc=2, wait=False)
@@ -251,6 +254,7 @@ def test_a_finished_two_rank_job_exits_0(env, tmp_path: Path, repeat: int) -> No
     assert (run / "summary.json").is_file() and (run / "final" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_a_finished_run_rerun_with_two_ranks_says_so_once(env, tmp_path: Path) -> None:
     # Bug story: rerunning a finished `--nproc 2` run printed "holds a finished run..." twice, once per
     # rank. The run directory is opened before any model is built, so a finished run's files suffice.
@@ -283,6 +287,7 @@ def max_weight_diff(a: Path, b: Path) -> float:
     return max(float((x[k] - y[k]).abs().max()) for k in x)
 
 
+@pytest.mark.slow
 def test_resume_at_another_world_size(env, two_ranks: Path, one_rank: Path, tmp_path: Path) -> None:
     # Resumed at step 3 with the other world size and run to step 4: step 4 samples from the restored
     # weights (the same rewards) and its update uses the restored optimizer state, so the weights after
@@ -308,6 +313,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_nodes_through_the_c10d_rendezvous(env, two_ranks: Path, tmp_path: Path) -> None:
     # two torchrun agents, as on two machines, meeting at one rendezvous endpoint (here localhost)
     run, port = tmp_path / "nodes", _free_port()
@@ -325,6 +331,7 @@ def test_two_nodes_through_the_c10d_rendezvous(env, two_ranks: Path, tmp_path: P
     assert (run / "summary.json").is_file()
 
 
+@pytest.mark.slow
 def test_vllm_rollouts_under_two_ranks_match_one_process(env, tmp_path: Path) -> None:
     """One vLLM engine per rank (vLLM's external launcher inside the trainer's process group): the same
     samples, rewards and evaluations as one process with vLLM, losses within float tolerance, and the
@@ -348,6 +355,7 @@ TOOLS = ["base.tool_share=0.5", "rollout.tools=[{name: python, fn: calculator}]"
          "rollout.observation_max_tokens=12", "train.steps=2", "eval.every=2"]
 
 
+@pytest.mark.slow
 def test_two_ranks_with_tools_match_one_process(env, tmp_path: Path) -> None:
     # Episodes are sampled per rank (each rank's groups, its own tool pool) and gathered: the step's
     # batch, tool metrics included, is one process's. tool/seconds is a wall time, not compared.

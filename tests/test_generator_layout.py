@@ -61,6 +61,7 @@ def _report_env(out) -> None:
     out.put(os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
+@pytest.mark.slow
 def test_spawned_children_get_their_own_environment_and_the_parent_keeps_its(monkeypatch):
     import torch.multiprocessing as mp
 

@@ -154,6 +154,7 @@ def test_engines_match_the_trainer_after_three_updates_and_syncs(make_tiny_qwen2
         assert engine_gap(copy_engine, model, tok, cfg, seed=30 + round_) <= TOL
 
 
+@pytest.mark.slow
 def test_vllm_matches_the_trainer_after_three_updates_and_merged_syncs(make_tiny_qwen2, char_tokenizer, tmp_path):
     pytest.importorskip("vllm", reason="vLLM is not installed (docs/guide.md: Rollouts with vLLM)", exc_type=ImportError)
     from mathrl.config import VLLMConfig

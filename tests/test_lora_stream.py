@@ -204,6 +204,7 @@ def test_the_stream_keeps_none_of_the_tensors_it_has_yielded(one_rank_group):
 
 
 # ---- two ranks under torchrun -------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_two_ranks_each_stream_the_unsharded_models_merged_weights(tmp_path):
     """Each rank builds the same adapted model, computes `plain_weights` unsharded, shards it with FSDP2
     over 2 gloo ranks and streams it; every rank must get the reference bit for bit, gathering one item

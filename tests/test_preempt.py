@@ -62,6 +62,7 @@ def training_rows(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith("perf/") or k == "perf/skipped_steps"} for r in rows]
 
 
+@pytest.mark.slow
 def test_sigterm_saves_the_step_exits_143_and_the_rerun_matches_an_uninterrupted_run(tmp_path):
     done = run(tmp_path, tmp_path / "uninterrupted")
     assert done.returncode == 0, done.stderr[-2000:]

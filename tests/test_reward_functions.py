@@ -144,6 +144,7 @@ def test_a_batch_that_raises_zeroes_the_whole_batch(verifier):
     assert s.values["boom"] == [0.0, 0.0, 1.0] and s.failures["boom"] == ["error", "error", ""]
 
 
+@pytest.mark.slow
 def test_a_hanging_function_times_out_off_the_main_thread(verifier):
     # the worker is killed after timeout_s (no SIGALRM), so this works from any thread
     r = rewarder(verifier, entry("slow", "x:hangs_on_hang", timeout_s=3))

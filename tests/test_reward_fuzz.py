@@ -226,6 +226,7 @@ def score_within_bound(verifier: Verifier, completions: list[str], references: l
 
 
 # 15 random batches of 1-3 items + 1 explicit one; about 30 s in all (see the module docstring).
+@pytest.mark.slow
 @settings(max_examples=15, deadline=None)
 @given(batch=st.lists(hostile_items, min_size=1, max_size=3))
 @example(batch=HEADLINE_BATCH)

@@ -60,6 +60,7 @@ def started_run(tmp_path) -> Path:
     return run
 
 
+@pytest.mark.slow
 def test_a_second_train_on_a_run_directory_in_use_stops_in_one_line(started_run, tmp_path):
     # Bug story: two `mathrl train ... --run-dir D` started a second apart both wrote D's metrics.jsonl,
     # checkpoints and final/, and both exited 0: D held 4 step rows instead of 6.

@@ -221,6 +221,7 @@ print(json.dumps({"path": str(path), "sha": sha, "events": events}))
 """
 
 
+@pytest.mark.slow
 def test_processes_racing_for_one_base_model_build_it_once(tmp_path):
     # Bug story: two processes building the same base model into an empty cache (ablate.py --jobs 2)
     # both trained it; the second died with "[Errno 39] Directory not empty" on the final rename.

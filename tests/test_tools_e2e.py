@@ -55,6 +55,7 @@ def run(cache, tmp_path, *extra):
         return cfg, train(cfg, console=quiet_console())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sync", "generator"])
 def test_a_run_with_tools_logs_tool_metrics_and_masked_episodes(cache, tmp_path, mode):
     extra = ["rollout.max_staleness=1"] if mode == "generator" else []

@@ -89,6 +89,7 @@ def arith_run(tmp_path_factory):
     return cfg, result, base_dir
 
 
+@pytest.mark.slow
 def test_run_directory_layout(arith_run):
     cfg, result, _ = arith_run
     run = result.run_dir

@@ -65,6 +65,7 @@ def test_the_labelled_set_is_well_formed() -> None:
     assert 0.3 < sum(c["expected"] for c in cases) / len(cases) < 0.8, "both labels well represented"
 
 
+@pytest.mark.slow
 def test_agreement_with_the_labels(scored) -> None:
     misses = [(c["id"], c["gold"], r.extracted, r.reason, r.detail) for c, r in scored
               if (r.score == 1.0) != c["expected"]]
@@ -325,6 +326,7 @@ def load_heldout() -> list[dict]:
     return [json.loads(line) for line in HELDOUT_FILE.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+@pytest.mark.slow
 def test_heldout_agreement_and_no_false_positive() -> None:
     # Pairs from other projects' checker tests and dataset formats; a false positive is a paid wrong answer.
     logging.getLogger("math_verify").setLevel(logging.ERROR)
@@ -337,6 +339,7 @@ def test_heldout_agreement_and_no_false_positive() -> None:
     assert agreement >= MIN_HELDOUT_AGREEMENT, agreement
 
 
+@pytest.mark.slow
 def test_math_verify_checker_is_plain_math_verify() -> None:
     # reward.checker=math-verify must score exactly as math-verify called as its README shows, on
     # every labelled pair of both sets (disagreements with the labels included).

@@ -86,6 +86,7 @@ def random_updates(model, steps: int, seed: int) -> None:
     opt.zero_grad(set_to_none=True)
 
 
+@pytest.mark.slow
 def test_is_an_engine(engine):
     assert isinstance(engine, Engine)
     assert engine.max_model_len == 128  # the model's context when rollout.vllm.max_model_len is null
@@ -160,6 +161,7 @@ def test_a_request_longer_than_max_model_len_is_a_clear_error(engine):
         engine.generate([[5] * 100], max_new_tokens=40, seed=0)
 
 
+@pytest.mark.slow
 def test_building_does_not_touch_the_callers_rng(model_dir):
     # vLLM seeds the global RNGs of its process; in-process that is the trainer's, whose data order and
     # dropout depend on them. The engine restores them (and this second engine in one process works).
@@ -174,6 +176,7 @@ def test_building_does_not_touch_the_callers_rng(model_dir):
         eng.close()
 
 
+@pytest.mark.slow
 def test_bfloat16_engine_follows_a_float32_trainer(make_tiny_qwen2, model_dir, prompts):
     # rollout.vllm.dtype=bfloat16 with a float32 trainer: the sync casts the weights. bf16 weights and
     # compute leave logprobs a few 1e-2 from the float32 ones on average (this model's logits are
@@ -242,6 +245,7 @@ def test_config_checks_before_anything_loads(overrides, fragment):
         load_config(None, ["rollout.engine=vllm", *overrides], check_paths=False)
 
 
+@pytest.mark.slow
 def test_factory_builds_the_configured_engine(policy, char_tokenizer, model_dir):
     from mathrl.rollout.engine import TorchEngine
     from mathrl.rollout.factory import build_engine

@@ -194,6 +194,7 @@ def check_episodes(out, fmt, tok, calls) -> int:
 
 
 # ------------------------------------------------------------------------------------------- the contract
+@pytest.mark.slow
 def test_episodes_keep_the_rollout_contract_as_the_torch_engine_does(episodes, fmt, char_tokenizer, policy, prompts):
     out, calls = episodes
     open_tags = check_episodes(out, fmt, char_tokenizer, calls)

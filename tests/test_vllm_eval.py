@@ -26,6 +26,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e '.[vll
 from test_eval_sweep import RUN_CONFIG, HashVerifier  # noqa: E402
 
 
+@pytest.mark.slow
 def test_one_engine_per_sweep_and_a_synced_checkpoint_equals_a_fresh_engine(tmp_path, make_tiny_qwen2, char_tokenizer,
                                                                              monkeypatch):
     import mathrl.rollout.factory as factory

@@ -17,6 +17,8 @@ import re
 import shlex
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "your_data.md"
 
@@ -46,6 +48,7 @@ def test_the_page_has_its_commands() -> None:
     assert {status for _, status in page_commands()} == {0, 1}
 
 
+@pytest.mark.slow
 def test_the_pages_commands_run_as_it_says(tmp_path, monkeypatch, capsys) -> None:
     from mathrl.cli import main
 
