@@ -89,7 +89,7 @@ class PlainProgress:
 
 
 def remaining_seconds(done: int, left: int, elapsed: float, since_first: float) -> float | None:
-    """Seconds left for `left` units, at the mean time per unit of the `done` units of this session.
+    """Seconds left for `left` units, at the mean time per unit of the `done` units counted since this bar started.
 
     The first unit carries the start-up (model loading, the step-0 evaluation), so once two units are
     done the mean is over the units after it (`since_first`: seconds since the first one ended). A
