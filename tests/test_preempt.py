@@ -62,19 +62,28 @@ def training_rows(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith("perf/") or k == "perf/skipped_steps"} for r in rows]
 
 
+def assert_preempted(stopped: subprocess.CompletedProcess, run_dir: Path, step: int | None = None) -> int:
+    """The stopped run exited 143 without a traceback, saved a checkpoint (of `step` when given) and
+    ended on the resume line naming it; returns the checkpoint's step."""
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr and "KeyboardInterrupt" not in stopped.stderr, stopped.stderr
+    checkpoint = latest_checkpoint(run_dir / "checkpoints")
+    assert checkpoint is not None
+    saved = int(checkpoint.name.removeprefix("step_"))
+    assert step is None or saved == step
+    last = [ln for ln in stopped.stderr.splitlines() if ln.strip()][-1]
+    assert last == (f"mathrl: stopped by SIGTERM after step {saved}; rerun the same command to resume from step "
+                    f"{saved} ({checkpoint})"), last
+    return saved
+
+
 @pytest.mark.slow
 def test_sigterm_saves_the_step_exits_143_and_the_rerun_matches_an_uninterrupted_run(tmp_path):
     done = run(tmp_path, tmp_path / "uninterrupted")
     assert done.returncode == 0, done.stderr[-2000:]
     run_dir = tmp_path / "preempted"
     stopped = run(tmp_path, run_dir, term_step=2)
-    assert stopped.returncode == 143, stopped.stderr[-2000:]
-    assert "Traceback" not in stopped.stderr and "KeyboardInterrupt" not in stopped.stderr, stopped.stderr
-    checkpoint = latest_checkpoint(run_dir / "checkpoints")
-    assert checkpoint is not None and checkpoint.name == "step_000002"  # step 2 ended, then was saved
-    last = [ln for ln in stopped.stderr.splitlines() if ln.strip()][-1]
-    assert last == (f"mathrl: stopped by SIGTERM after step 2; rerun the same command to resume from step 2 "
-                    f"({checkpoint})"), last
+    assert_preempted(stopped, run_dir, step=2)  # step 2 ended, then was saved
     resumed = run(tmp_path, run_dir)  # the same command again
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert training_rows(run_dir) == training_rows(tmp_path / "uninterrupted")
@@ -172,14 +181,7 @@ def test_sigterm_at_two_ranks_saves_exits_143_and_the_rerun_matches_an_uninterru
     stopped = launch_two_ranks(tmp_path, run_dir, term_after=2)
     if stopped.returncode == 0:  # the run ended before the signal reached it: nothing to check
         pytest.skip("the run finished before SIGTERM arrived")
-    assert stopped.returncode == 143, stopped.stderr[-3000:]
-    assert "Traceback" not in stopped.stderr, stopped.stderr
-    checkpoint = latest_checkpoint(run_dir / "checkpoints")
-    assert checkpoint is not None
-    step = int(checkpoint.name.removeprefix("step_"))
-    last = [ln for ln in stopped.stderr.splitlines() if ln.strip()][-1]
-    assert last == (f"mathrl: stopped by SIGTERM after step {step}; rerun the same command to resume from step "
-                    f"{step} ({checkpoint})"), last
+    assert_preempted(stopped, run_dir)
     resumed = launch_two_ranks(tmp_path, run_dir)  # the same command again
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert training_rows(run_dir) == training_rows(tmp_path / "uninterrupted")
