@@ -100,6 +100,9 @@ class ConfigRules:
         for name, section in (("base", b), ("data.arith", self.data.arith)):
             if section.min_digits > section.max_digits:
                 errors.append(f"{name}.min_digits={section.min_digits} is above {name}.max_digits={section.max_digits}")
+            if section.mul_share > 0 and section.decimal_share > 0:
+                errors.append(f"{name}.mul_share={section.mul_share}: products are integer problems; "
+                              f"set {name}.decimal_share=0 (it is {section.decimal_share})")
         if b.hidden_size % b.num_heads or b.num_heads % b.num_kv_heads:
             errors.append(f"base: hidden_size={b.hidden_size} must be a multiple of num_heads={b.num_heads}, "
                           f"and num_heads a multiple of num_kv_heads={b.num_kv_heads}")

@@ -86,6 +86,8 @@ class BaseModelConfig:
     check_prob: ZeroToOne = 0.0  # per-column chance of a self-check ("?" and the column recomputed) in the pretraining text
     decimal_share: ZeroToOne = 0.0  # share of pretraining problems with one-decimal-place operands (2.5+13.7); part of the cache key only when > 0
     tool_share: ZeroToOne = 0.0  # share of pretraining solutions written as python tool calls (recipes/arith_tools.yaml); part of the cache key only when > 0
+    mul_share: ZeroToOne = 0.0  # share of pretraining problems that are products a*b, solved by long multiplication (recipes/arith_tools_mul.yaml); with mul_digits, part of the cache key only when > 0
+    mul_digits: Digits = 2  # digits of a pretraining product's second factor (the first: min_digits..max_digits)
 
 
 @dataclass
@@ -116,6 +118,8 @@ class ArithConfig:
     max_digits: Digits = 3  # (min_digits <= max_digits)
     heldout_permille: Annotated[int, Range(1, 999)] = 50  # share of the problem space reserved for evaluation (1/1000)
     decimal_share: ZeroToOne = 0.0  # share of problems with one-decimal-place operands (2.5+13.7=...\boxed{16.2}), in the training stream and the arith eval set; the base model learns them with base.decimal_share
+    mul_share: ZeroToOne = 0.0  # share of problems that are products a*b (long multiplication; decimal_share must be 0), in the training stream and the arith eval set; the base model learns them with base.mul_share
+    mul_digits: Digits = 2  # digits of a product's second factor (the first: min_digits..max_digits)
     min_carries: Carries = 0  # training stream: only problems whose column addition carries at least this often (0: every problem; at most max_digits)
     hard_min_carries: Carries = 2  # the eval source arith_hard: held-out problems with at least this many carries (at most max_digits)
 
@@ -233,6 +237,7 @@ class RolloutConfig:
     max_tool_calls: NonNeg[int] = 3  # tool calls run per episode; a call past it gets an observation saying so, and is not run
     observation_max_tokens: Count = 32  # longer observations are cut in the middle, with a note saying how much was cut
     tool_workers: Count = 4  # tool calls run in parallel
+    tool_delay_steps: NonNeg[int] = 1  # torch engine: decode steps from a call's closing token to reading its output (the call runs while the other rows decode; the row feeds the observation's opening tag, then masked padding); 0 = the output is fed with the closing token in one window forward that waits for the step's calls (docs/tools.md)
 
 
 @dataclass

@@ -92,6 +92,9 @@ def recipe_hash(cfg) -> str:
     for key in ("check_prob", "decimal_share", "tool_share"):  # added later: left out at 0 so the models built before them keep their hash
         if not fields.get(key):
             fields.pop(key, None)
+    if not fields.get("mul_share"):  # likewise, with the factor size that only products use
+        fields.pop("mul_share", None)
+        fields.pop("mul_digits", None)
     payload = json.dumps({"version": BASE_FORMAT_VERSION, **fields}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:12]
 

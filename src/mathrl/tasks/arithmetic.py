@@ -26,6 +26,18 @@ others.
 Hard problems (`min_carries` > 0): only problems whose column addition carries at least that often
 (`carries`: 458+67 carries twice), by rejection sampling.
 
+Products (`mul_share` > 0: that share of the problems) are `a*b`, the first factor of
+`min_digits..max_digits` digits and the second of exactly `mul_digits`. Their worked solution is long
+multiplication: one partial product per digit of the second factor, from the right, each written
+column by column (`digit*d+carry=value`, two digits) and then whole; then the partials are added,
+shifted, in the addition's own columns:
+
+    347*26=6:7*6+0=42,4*6+4=28,3*6+2=20,=2082;2:7*2+0=14,4*2+1=09,3*2+0=06,=694;2082+6940=2+0+0=02,8+4+0=12,0+9+1=10,2+6+1=09,\\boxed{9022}
+
+A 4-by-2-digit product takes 14 columns where a sum of the same operands takes 4: the work a tool
+call (`347*26`, six characters) saves grows with the product (recipes/arith_tools_mul.yaml). Products
+are integer problems (no decimal share with them), and `min_carries` filters sums only.
+
 Train/held-out split: a problem belongs to the held-out set iff a keyed hash of its canonical text
 (`2.5+13.7` and `25+137` are different problems) falls in the first `heldout_permille` of 1000
 buckets (`is_heldout`). Training problems and the base model's pretraining data are drawn by
@@ -71,6 +83,8 @@ class ArithmeticTask:
     split_key: str = "mathrl-arith-v1"  # changing it reshuffles which problems are held out
     decimal_share: float = 0.0  # share of problems whose operands have one decimal place (see the module docstring)
     min_carries: int = 0  # only problems whose column addition carries at least this often (0: every problem)
+    mul_share: float = 0.0  # share of problems that are products a*b (see the module docstring)
+    mul_digits: int = 2  # digits of a product's second factor
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_digits <= self.max_digits <= 18:
@@ -81,14 +95,20 @@ class ArithmeticTask:
             raise ValueError(f"decimal_share must be in [0, 1], got {self.decimal_share}")
         if self.decimal_share > 0 and self.pad_operands:
             raise ValueError("pad_operands writes integer operands; decimal problems (decimal_share > 0) are not padded")
+        if not 0.0 <= self.mul_share <= 1.0:
+            raise ValueError(f"mul_share must be in [0, 1], got {self.mul_share}")
+        if self.mul_share > 0 and self.decimal_share > 0:
+            raise ValueError("products are integer problems: mul_share > 0 needs decimal_share 0")
+        if not 1 <= self.mul_digits <= 18:
+            raise ValueError(f"mul_digits must be in 1..18, got {self.mul_digits}")
         if not 0 <= self.min_carries <= self.max_digits:
             raise ValueError(f"min_carries must be in 0..max_digits={self.max_digits} (a column addition of "
                              f"{self.max_digits}-digit operands carries at most {self.max_digits} times), got {self.min_carries}")
 
     # -- the split ----------------------------------------------------------------------------------
-    def is_heldout(self, a: int, b: int, *, decimal: bool = False) -> bool:
-        """Whether the problem a+b (decimal: a/10 + b/10) is held out: a keyed hash of its canonical text."""
-        text = f"{decimal_text(a)}+{decimal_text(b)}" if decimal else f"{a}+{b}"
+    def is_heldout(self, a: int, b: int, *, decimal: bool = False, mul: bool = False) -> bool:
+        """Whether the problem a+b (decimal: a/10 + b/10; mul: a*b) is held out: a keyed hash of its canonical text."""
+        text = f"{decimal_text(a)}+{decimal_text(b)}" if decimal else f"{a}*{b}" if mul else f"{a}+{b}"
         digest = hashlib.blake2b(f"{self.split_key}:{text}".encode(), digest_size=8).digest()
         return int.from_bytes(digest, "little") % 1000 < self.heldout_permille
 
@@ -97,14 +117,20 @@ class ArithmeticTask:
         low = 0 if digits == 1 else 10 ** (digits - 1)
         return rng.randint(low, 10**digits - 1)
 
-    def _draw(self, rng: random.Random, *, heldout: bool) -> tuple[int, int, bool]:
-        """(a, b, decimal) with decimal operands scaled by 10. With decimal_share 0 and min_carries 0 it
-        draws exactly what it drew before either existed (no extra draws from `rng`)."""
+    def _factor(self, rng: random.Random) -> int:
+        low = 0 if self.mul_digits == 1 else 10 ** (self.mul_digits - 1)
+        return rng.randint(low, 10**self.mul_digits - 1)
+
+    def _draw(self, rng: random.Random, *, heldout: bool) -> tuple[int, int, bool, bool]:
+        """(a, b, decimal, mul) with decimal operands scaled by 10. With decimal_share 0, mul_share 0 and
+        min_carries 0 it draws exactly what it drew before any of them existed (no extra draws from `rng`)."""
         for _ in range(1_000_000):
             decimal = self.decimal_share > 0 and rng.random() < self.decimal_share
-            a, b = self._operand(rng), self._operand(rng)
-            if self.is_heldout(a, b, decimal=decimal) == heldout and (not self.min_carries or carries(a, b) >= self.min_carries):
-                return a, b, decimal
+            mul = self.mul_share > 0 and rng.random() < self.mul_share
+            a, b = self._operand(rng), (self._factor(rng) if mul else self._operand(rng))
+            hard_enough = mul or not self.min_carries or carries(a, b) >= self.min_carries
+            if self.is_heldout(a, b, decimal=decimal, mul=mul) == heldout and hard_enough:
+                return a, b, decimal, mul
         raise ValueError(f"no {'held-out' if heldout else 'training'} problem found in the configured problem space")
 
     def train_problems(self, n: int, *, seed: int, keep: Callable[[Problem], bool] | None = None) -> list[Problem]:
@@ -128,10 +154,10 @@ class ArithmeticTask:
     def heldout_problems(self, n: int, *, seed: int = 0) -> list[Problem]:
         """`n` distinct held-out problems. The default seed keeps the evaluation set fixed across runs."""
         rng = random.Random(f"heldout:{seed}")
-        seen: dict[tuple[int, int, bool], Problem] = {}
+        seen: dict[tuple[int, int, bool, bool], Problem] = {}
         for _ in range(200 * n + 10_000):  # bounded: a small problem space may hold fewer than n
-            a, b, decimal = self._draw(rng, heldout=True)
-            seen.setdefault((a, b, decimal), self._problem(a, b, decimal))
+            key = self._draw(rng, heldout=True)
+            seen.setdefault(key, self._problem(*key))
             if len(seen) == n:
                 return list(seen.values())
         raise ValueError(
@@ -140,8 +166,11 @@ class ArithmeticTask:
             "lower data.eval_size or widen the task"
         )
 
-    def _problem(self, a: int, b: int, decimal: bool = False) -> Problem:
+    def _problem(self, a: int, b: int, decimal: bool = False, mul: bool = False) -> Problem:
         meta: dict = {"digits": max(len(str(a)), len(str(b)))}
+        if mul:
+            meta["product"] = True
+            return Problem(id=f"{a}*{b}", question=f"{a}*{b}", answer=str(a * b), meta=meta)
         if decimal:
             meta["decimal"] = True
             return Problem(id=self.question(a, b, decimal=True), question=self.question(a, b, decimal=True),
@@ -155,9 +184,14 @@ class ArithmeticTask:
         return f"{a:0{width}d}+{b:0{width}d}"
 
     @staticmethod
+    def is_product(problem: Problem) -> bool:
+        return "*" in problem.question
+
+    @staticmethod
     def parse(problem: Problem) -> tuple[int, int, bool]:
-        """(a, b, decimal) of a problem's question; decimal operands scaled by 10 ("2.5+13.7" -> 25, 137, True)."""
-        a, b = problem.question.split("+")
+        """(a, b, decimal) of a problem's question; decimal operands scaled by 10 ("2.5+13.7" -> 25, 137,
+        True); a product's factors ("347*26" -> 347, 26, False: `is_product` tells it apart)."""
+        a, b = problem.question.split("*" if ArithmeticTask.is_product(problem) else "+")
         decimal = "." in problem.question
         return int(a.replace(".", "")), int(b.replace(".", "")), decimal
 
@@ -183,8 +217,8 @@ class ArithmeticTask:
                  else self.solution(p, rng=rng, slip_prob=slip_prob, check_prob=check_prob)) for p in problems]
 
     def tool_solution(self, problem: Problem) -> str:
-        """The sum computed by a python tool call, in the python_blocks format (rollout/episodes.py), its
-        output, and the boxed answer copied from it:
+        """The sum (or product) computed by a python tool call, in the python_blocks format
+        (rollout/episodes.py), its output, and the boxed answer copied from it:
 
             123+45=```python
             123+45
@@ -197,12 +231,16 @@ class ArithmeticTask:
         a, b, decimal = self.parse(problem)
         if decimal:
             raise ValueError("tool traces are written for integer problems")
-        return f"```python\n{a}+{b}\n```\n```output\n{a + b}\n```\n\\boxed{{{a + b}}}"
+        op, value = ("*", a * b) if self.is_product(problem) else ("+", a + b)
+        return f"```python\n{a}{op}{b}\n```\n```output\n{value}\n```\n\\boxed{{{value}}}"
 
     def solution(self, problem: Problem, *, rng: random.Random | None = None, slip_prob: float = 0.0,
                  check_prob: float = 0.0) -> str:
-        """The worked solution of a problem of this task, integer or decimal (`worked_solution`)."""
+        """The worked solution of a problem of this task, integer, decimal (`worked_solution`) or a product
+        (`product_solution`)."""
         a, b, decimal = self.parse(problem)
+        if self.is_product(problem):
+            return self.product_solution(a, b, rng=rng, slip_prob=slip_prob)
         return self.worked_solution(a, b, decimal=decimal, rng=rng, slip_prob=slip_prob, check_prob=check_prob)
 
     def worked_solution(self, a: int, b: int, *, decimal: bool = False, rng: random.Random | None = None,
@@ -225,6 +263,15 @@ class ArithmeticTask:
         a policy pretrained on this text can learn that checking pays (recipes/arith_check_grpo.yaml).
         """
         width = self.max_digits if self.pad_operands else 0
+        columns, answer = self._add_columns(a, b, width=width, rng=rng, slip_prob=slip_prob, check_prob=check_prob)
+        if decimal:  # the digits as written (a slip included), the point before the last one
+            answer = (answer[:-1] or "0") + "." + answer[-1]
+        return ",".join(columns) + ",\\boxed{" + answer + "}"
+
+    @staticmethod
+    def _add_columns(a: int, b: int, *, width: int, rng: random.Random | None, slip_prob: float,
+                     check_prob: float) -> tuple[list[str], str]:
+        """The columns of a + b as written (`worked_solution`) and the sum their digits spell."""
         da, db = f"{a:0{width}d}"[::-1], f"{b:0{width}d}"[::-1]
         carry, columns, digits = 0, [], []
         for i in range(max(len(da), len(db))):
@@ -241,10 +288,40 @@ class ArithmeticTask:
             columns.append(column)
             digits.append(str(total % 10))
             carry = total // 10
-        answer = (str(carry) if carry else "") + "".join(reversed(digits))
-        if decimal:  # the digits as written (a slip included), the point before the last one
-            answer = (answer[:-1] or "0") + "." + answer[-1]
-        return ",".join(columns) + ",\\boxed{" + answer + "}"
+        return columns, (str(carry) if carry else "") + "".join(reversed(digits))
+
+    def product_solution(self, a: int, b: int, *, rng: random.Random | None = None, slip_prob: float = 0.0) -> str:
+        """Long multiplication ending in `\\boxed{}` (the module docstring shows one).
+
+        One partial product per digit `d` of b, from the right: `d:` and a column per digit x of a,
+        from the right, `x*d+carry=value` (two digits: the digit and the next carry), then `=` and the
+        partial as written. Then the partials, each shifted by its place, are added to the running
+        total one at a time in `worked_solution`'s columns (`2082+6940=...`), and the last total is
+        boxed. With `slip_prob` > 0 every column, of a partial or of a sum, slips with that chance the
+        way `worked_solution`'s do, and what follows uses the written value.
+        """
+        slips = rng is not None and slip_prob > 0
+        parts, partials = [], []
+        for d in (int(c) for c in reversed(str(b))):
+            carry, columns, digits = 0, [], []
+            for x in (int(c) for c in reversed(str(a))):
+                value = x * d + carry
+                if slips and rng.random() < slip_prob:
+                    value = rng.choice([v for v in range(90) if v != value])
+                columns.append(f"{x}*{d}+{carry}={value:02d}")
+                digits.append(str(value % 10))
+                carry = value // 10
+            partial = (str(carry) if carry else "") + "".join(reversed(digits))
+            parts.append(f"{d}:" + ",".join(columns) + f",={partial}")
+            partials.append(partial)
+        total = partials[0]
+        for place, partial in enumerate(partials[1:], start=1):
+            shifted = partial + "0" * place
+            columns, total_next = self._add_columns(int(total), int(shifted), width=0, rng=rng,
+                                                    slip_prob=slip_prob, check_prob=0.0)
+            parts.append(f"{int(total)}+{int(shifted)}=" + ",".join(columns))
+            total = total_next
+        return ";".join(parts) + ",\\boxed{" + str(int(total)) + "}"
 
 
 if __name__ == "__main__":
@@ -257,7 +334,8 @@ if __name__ == "__main__":
 
 def base_pretraining_text(base) -> Callable[[int, random.Random], list[tuple[str, str]]]:
     """The pretraining text of the tiny base model a `BaseModelConfig` describes (operand sizes,
-    decimal share, slips, checks), as the `pretraining_text` callable that `model/tiny.py` builds it from."""
-    task = ArithmeticTask(min_digits=base.min_digits, max_digits=base.max_digits, decimal_share=base.decimal_share)
+    decimal share, products, slips, checks, tool traces), as the `pretraining_text` callable that `model/tiny.py` builds it from."""
+    task = ArithmeticTask(min_digits=base.min_digits, max_digits=base.max_digits, decimal_share=base.decimal_share,
+                          mul_share=base.mul_share, mul_digits=base.mul_digits)
     return functools.partial(task.pretraining_examples, slip_prob=base.slip_prob, check_prob=base.check_prob,
                              tool_share=base.tool_share)

@@ -24,10 +24,11 @@ if TYPE_CHECKING:  # torch loads only when a pretraining batch is drawn
 
 
 def arithmetic_task(cfg: Config) -> ArithmeticTask:
-    """The training stream's task (data.arith: operand sizes, decimal share, minimum carries)."""
+    """The training stream's task (data.arith: operand sizes, decimal and product shares, minimum carries)."""
     a = cfg.data.arith
     return ArithmeticTask(min_digits=a.min_digits, max_digits=a.max_digits, heldout_permille=a.heldout_permille,
-                          decimal_share=a.decimal_share, min_carries=a.min_carries)
+                          decimal_share=a.decimal_share, min_carries=a.min_carries, mul_share=a.mul_share,
+                          mul_digits=a.mul_digits)
 
 
 @dataclass(frozen=True)
@@ -236,7 +237,8 @@ class PretrainText:
         source = cfg.algo.ptx.data
         if source == "arith":
             self.task = ArithmeticTask(min_digits=cfg.base.min_digits, max_digits=cfg.base.max_digits,
-                                       decimal_share=cfg.base.decimal_share)
+                                       decimal_share=cfg.base.decimal_share, mul_share=cfg.base.mul_share,
+                                       mul_digits=cfg.base.mul_digits)
         else:
             self.docs = _read_texts(Path(source))
 

@@ -353,15 +353,18 @@ def finish_sft(s: SFTRun, *, base: dict, last: dict, wall_seconds: float) -> Non
 
 # ----------------------------------------------------------------------------------------- example data
 def write_arith_sft_jsonl(path: str | Path, *, rows: int, min_digits: int = 1, max_digits: int = 3, seed: int = 0,
-                          slip_prob: float = 0.0, check_prob: float = 0.0, tool_share: float = 0.0) -> Path:
+                          slip_prob: float = 0.0, check_prob: float = 0.0, tool_share: float = 0.0,
+                          mul_share: float = 0.0, mul_digits: int = 2) -> Path:
     """`rows` training-split arithmetic problems (never held out) with worked solutions, one JSON object
     per line: {"problem", "answer", "response"}; slip_prob > 0 adds the base model's deliberate slips,
     check_prob > 0 its self-checks (each repairs its column); tool_share > 0 writes that share of the
     rows as tool traces (a python block computing the sum, its output, the boxed answer: what
-    `mathrl sft` with rollout.tools learns, the output masked)."""
+    `mathrl sft` with rollout.tools learns, the output masked); mul_share > 0 makes that share of the
+    problems products with a `mul_digits`-digit second factor (long multiplication, or a tool trace)."""
     from mathrl.tasks.arithmetic import ArithmeticTask
 
-    task, rng = ArithmeticTask(min_digits=min_digits, max_digits=max_digits), random.Random(f"sft-data:{seed}")
+    task = ArithmeticTask(min_digits=min_digits, max_digits=max_digits, mul_share=mul_share, mul_digits=mul_digits)
+    rng = random.Random(f"sft-data:{seed}")
     path = Path(path)
     with path.open("w") as f:
         for problem in task.train_problems(rows, seed=seed):
@@ -385,6 +388,9 @@ if __name__ == "__main__":
     parser.add_argument("--slip-prob", type=float, default=0.0, help="per-column chance of a slip (0: clean solutions)")
     parser.add_argument("--check-prob", type=float, default=0.0, help="per-column chance of a self-check (1: check every column)")
     parser.add_argument("--tool-share", type=float, default=0.0, help="share of rows written as python-tool traces (1: all)")
+    parser.add_argument("--mul-share", type=float, default=0.0, help="share of problems that are products (1: all)")
+    parser.add_argument("--mul-digits", type=int, default=2, help="digits of a product's second factor")
     a = parser.parse_args()
     print(write_arith_sft_jsonl(a.out, rows=a.rows, min_digits=a.min_digits, max_digits=a.max_digits, seed=a.seed,
-                                slip_prob=a.slip_prob, check_prob=a.check_prob, tool_share=a.tool_share))
+                                slip_prob=a.slip_prob, check_prob=a.check_prob, tool_share=a.tool_share,
+                                mul_share=a.mul_share, mul_digits=a.mul_digits))
