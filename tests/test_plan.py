@@ -43,6 +43,17 @@ def test_tiny_model_by_hand():
     assert plan.fits
 
 
+def test_the_lean_decode_loop_plans_its_preallocated_cache():
+    # rollout.decode=lean allocates its cache for a batch bucket of rows (40 -> 48) and whole blocks of
+    # 64 columns (512 + 48 = 560 -> 576), on the trainer's GPU and in a torch generator alike
+    cfg = load_config(None, ["rollout.decode=lean", "rollout.batch_size=40"])
+    plan = estimate_memory(cfg, gpus=2, gpu_mem_gib=80)
+    assert plan.components["torch engine KV cache"] == 48 * 576 * (2 * 4 * 2 * 32) * 2
+    assert "lean" in plan.notes["torch engine KV cache"]
+    hf = estimate_memory(load_config(None, ["rollout.batch_size=40"]), gpus=2, gpu_mem_gib=80)
+    assert hf.components["torch engine KV cache"] == 40 * 560 * (2 * 4 * 2 * 32) * 2
+
+
 def test_checkpointing_keeps_layer_inputs_and_one_layer():
     cfg = load_config(None, ["model.gradient_checkpointing=true"])
     plan = estimate_memory(cfg, gpus=1, gpu_mem_gib=80)

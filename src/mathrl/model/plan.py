@@ -417,6 +417,16 @@ def _kv_bytes_per_token(a: Architecture) -> int:
     return 2 * a.layers * a.kv_heads * a.head_dim
 
 
+def _torch_cache(cfg: Config, rows: int, seq_len: int) -> tuple[int, int, str]:
+    """(rows, tokens per row, how) of the torch engine's KV cache: rollout.decode=lean preallocates it
+    for a batch bucket of rows and whole blocks of columns (rollout/lean.py: bucket, cache_columns)."""
+    if cfg.rollout.decode != "lean":
+        return rows, seq_len, ""
+    from mathrl.rollout.lean import bucket, cache_columns
+
+    return bucket(rows), cache_columns(seq_len), " (lean: preallocated, rows in a batch bucket, columns in blocks)"
+
+
 def _vllm_bytes(cfg: Config) -> int:
     """Bytes per element of vLLM's weights and KV cache (rollout.vllm.dtype; auto: model.dtype)."""
     vdtype = cfg.rollout.vllm.dtype
@@ -462,8 +472,9 @@ def _trainer_engine(cfg: Config, a: Architecture, *, n: int, pb: int, cb: int, g
     if n > 1:
         c["torch engine weights"] = (a.params + a.lora_params) * pb
         notes["torch engine weights"] = f"an unsharded copy of the policy, {a.params + a.lora_params:,} x {pb} B, on every GPU"
+    rows, seq_len, how = _torch_cache(cfg, rows, seq_len)
     c["torch engine KV cache"] = rows * seq_len * kv_per_token * cb
-    notes["torch engine KV cache"] = f"{rows:,} sequences x {seq_len:,} tokens x {kv_per_token:,} x {cb} B"
+    notes["torch engine KV cache"] = f"{rows:,} sequences x {seq_len:,} tokens x {kv_per_token:,} x {cb} B{how}"
     weights = c.get("torch engine weights", 0)
     return c, notes, weights + c["torch engine KV cache"], weights
 
@@ -487,11 +498,11 @@ def _generator_engine(cfg: Config, a: Architecture, index: int, gpu: int | None,
         vb = _vllm_bytes(cfg)
         return GeneratorUse(index, None, "vLLM", a.params * vb + int(kv_gb * GIB), None,
                             f"weights {a.params:,} x {vb} B + KV cache {kv_gb:g} GiB (rollout.vllm.kv_cache_gb)")
-    rows = min(cfg.rollout.batch_size, cfg.rollout_batch_size)
+    rows, seq_len, how = _torch_cache(cfg, min(cfg.rollout.batch_size, cfg.rollout_batch_size), seq_len)
     kv_per_token = _kv_bytes_per_token(a)
     runtime = int(RUNTIME_GIB * GIB) if gpu is not None else 0
     note = (f"its own copy {a.params:,} x {pb} B + KV cache {rows:,} sequences x {seq_len:,} tokens x "
-            f"{kv_per_token:,} x {pb} B" + (f" + {RUNTIME_GIB:g} GiB runtime" if runtime else ""))
+            f"{kv_per_token:,} x {pb} B{how}" + (f" + {RUNTIME_GIB:g} GiB runtime" if runtime else ""))
     return GeneratorUse(index, gpu, "torch", a.params * pb + rows * seq_len * kv_per_token * pb + runtime, None, note)
 
 
