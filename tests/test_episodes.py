@@ -75,10 +75,17 @@ def prompts(char_tokenizer):
     return [char_tokenizer(t)["input_ids"] for t in ["1+2=", "123+456=", "9=", "77+8=", "5+5=", "300+21="] * 4]
 
 
-def engine_with(model, tok, fmt=STAR, pool=None, **limits) -> TorchEngine:
+def engine_with(model, tok, fmt=STAR, pool=None, delay=0, decode="hf", **limits) -> TorchEngine:
     tools = ToolUse(fmt=fmt, pool=pool or EchoPool(), tokenizer=tok, **{"max_turns": 4, "max_tool_calls": 3,
                                                                           "observation_max_tokens": 12, **limits})
-    return TorchEngine(model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tools=tools)
+    return TorchEngine(model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tools=tools,
+                       tool_delay_steps=delay, decode=decode)
+
+
+# the two schedules (TorchEngine._generate_chunk): 0 = the observation in one window with the closing
+# token; >= 1 = one token per step, read at step t + D (STAR's opening tag "<" is one token: D = 1 and
+# 2 read as soon as it is fed, 5 pads three steps)
+DELAYS = [0, 1, 5]
 
 
 # ------------------------------------------------------------------------------------------- formats
@@ -136,11 +143,12 @@ def test_cut_middle_keeps_head_and_tail_and_says_how_much_was_cut(n, limit, expe
 
 
 # ------------------------------------------------------------------------------------------- the engine
-def test_observations_are_forced_masked_and_tokenized_once(make_model, char_tokenizer, prompts):
+@pytest.mark.parametrize("delay", DELAYS)
+def test_observations_are_forced_masked_and_tokenized_once(make_model, char_tokenizer, prompts, delay):
     tok = char_tokenizer
     model = make_model()
     pool = EchoPool()
-    out = engine_with(model, tok, pool=pool).generate(prompts, max_new_tokens=40, seed=0)
+    out = engine_with(model, tok, pool=pool, delay=delay).generate(prompts, max_new_tokens=40, seed=0)
     assert out.tool_calls.sum() > 3, "the fixture should call tools"
     star = tok("*", add_special_tokens=False)["input_ids"][0]
     for i in range(len(out)):
@@ -165,47 +173,56 @@ def test_observations_are_forced_masked_and_tokenized_once(make_model, char_toke
     assert torch.equal(out.turns, 1 + out.tool_calls + out.tool_capped)  # malformed calls: none here
 
 
-def test_sampling_logprobs_equal_a_scoring_pass_over_the_whole_transcript(make_model, char_tokenizer, prompts):
+@pytest.mark.parametrize("decode", ["hf", "lean"])
+@pytest.mark.parametrize("delay", DELAYS)
+def test_sampling_logprobs_equal_a_scoring_pass_over_the_whole_transcript(make_model, char_tokenizer, prompts, delay,
+                                                                          decode):
     # The trainer scores the transcript in one pass, observations in the context; the engine sampled
     # it with observations fed as forced tokens into its KV cache, other rows' unused window columns
-    # masked. The two must agree at every model token, or every PPO ratio would be off.
+    # (D = 0) or a waiting row's padding (D >= 1) masked. The two must agree at every model token, or
+    # every PPO ratio would be off.
     model = make_model()
-    out = engine_with(model, char_tokenizer).generate(prompts, max_new_tokens=40, seed=3)
+    out = engine_with(model, char_tokenizer, delay=delay, decode=decode).generate(prompts, max_new_tokens=40, seed=3)
     assert (out.observation_mask.sum(-1) > 0).sum() >= 3
     with torch.no_grad():
         lp, _ = response_logprobs(model, out.prompt_ids, out.prompt_mask, out.response_ids, out.context_mask)
     assert_close(lp * out.response_mask, out.logprobs, atol=1e-5, rtol=0)
 
 
-def test_the_same_seed_gives_the_same_episodes(make_model, char_tokenizer, prompts):
+@pytest.mark.parametrize("delay", DELAYS)
+def test_the_same_seed_gives_the_same_episodes(make_model, char_tokenizer, prompts, delay):
     model = make_model()
-    a = engine_with(model, char_tokenizer).generate(prompts, max_new_tokens=40, seed=5)
-    b = engine_with(model, char_tokenizer).generate(prompts, max_new_tokens=40, seed=5)
+    a = engine_with(model, char_tokenizer, delay=delay).generate(prompts, max_new_tokens=40, seed=5)
+    b = engine_with(model, char_tokenizer, delay=delay).generate(prompts, max_new_tokens=40, seed=5)
     assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.observation_mask, b.observation_mask)
 
 
-def test_an_episode_without_calls_is_exactly_the_single_turn_sample(make_model, char_tokenizer, prompts):
+@pytest.mark.parametrize("delay", DELAYS)
+def test_an_episode_without_calls_is_exactly_the_single_turn_sample(make_model, char_tokenizer, prompts, delay):
     # a closing tag the model never writes (a multi-character string the char model won't produce
     # after an opening it never writes): the tool path changes nothing else
     model = make_model()
     never = CallFormat("never", "\x00\x00", "\x00\x00", "<", ">")
     plain = TorchEngine(model, eos_token_id=char_tokenizer.eos_token_id, pad_token_id=char_tokenizer.pad_token_id)
     a = plain.generate(prompts, max_new_tokens=30, seed=2)
-    b = engine_with(model, char_tokenizer, fmt=never).generate(prompts, max_new_tokens=30, seed=2)
+    b = engine_with(model, char_tokenizer, fmt=never, delay=delay).generate(prompts, max_new_tokens=30, seed=2)
     assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logprobs, b.logprobs)
     assert b.observation_mask.sum() == 0 and b.tool_calls.sum() == 0
 
 
-def test_limits_cap_calls_end_turns_and_cut_observations(make_model, char_tokenizer, prompts):
+@pytest.mark.parametrize("delay", DELAYS)
+def test_limits_cap_calls_end_turns_and_cut_observations(make_model, char_tokenizer, prompts, delay):
     model = make_model()
-    capped = engine_with(model, char_tokenizer, max_tool_calls=1, max_turns=8).generate(prompts, max_new_tokens=60, seed=0)
+    capped = engine_with(model, char_tokenizer, max_tool_calls=1, max_turns=8, delay=delay).generate(
+        prompts, max_new_tokens=60, seed=0)
     assert capped.tool_calls.max() <= 1
     assert capped.tool_capped.sum() > 0  # calls past the cap were answered with the limit's message, not run
-    ended = engine_with(model, char_tokenizer, max_turns=2).generate(prompts, max_new_tokens=60, seed=0)
+    ended = engine_with(model, char_tokenizer, max_turns=2, delay=delay).generate(prompts, max_new_tokens=60, seed=0)
     assert ended.turns.max() <= 2
     # a row that closed a second call at its last turn ends there, cut short (truncated)
     assert ended.truncated[ended.turns == 2].float().mean() >= 0.0
-    short = engine_with(model, char_tokenizer, observation_max_tokens=4).generate(prompts, max_new_tokens=60, seed=0)
+    short = engine_with(model, char_tokenizer, observation_max_tokens=4, delay=delay).generate(
+        prompts, max_new_tokens=60, seed=0)
     open_close = 2  # "<" and ">"
     for i in range(len(short)):
         obs = short.observation_mask[i]
@@ -214,15 +231,101 @@ def test_limits_cap_calls_end_turns_and_cut_observations(make_model, char_tokeni
             assert end - start <= 4 + open_close or end == int(short.context_lengths[i])
 
 
-def test_tool_errors_and_timeouts_are_counted_per_episode(make_model, char_tokenizer, prompts):
+@pytest.mark.parametrize("delay", DELAYS)
+def test_tool_errors_and_timeouts_are_counted_per_episode(make_model, char_tokenizer, prompts, delay):
     model = make_model()
-    out = engine_with(model, char_tokenizer, pool=EchoPool("timeout")).generate(prompts, max_new_tokens=40, seed=0)
+    out = engine_with(model, char_tokenizer, pool=EchoPool("timeout"), delay=delay).generate(
+        prompts, max_new_tokens=40, seed=0)
     assert torch.equal(out.tool_timeouts, out.tool_calls) and out.tool_errors.sum() == 0
     metrics = episode_metrics(out, [False] * len(out))
     assert metrics["tool/timeout_rate"] == 1.0 and metrics["tool/error_rate"] == 0.0
     assert metrics["tool/call_rate"] == float((out.tool_calls > 0).float().mean())
     assert metrics["rollout/turns_max"] == float(out.turns.max())
     assert 0 < metrics["rollout/observation_token_share"] < 1
+
+
+class LatePool:
+    """Answers each call like EchoPool, but only once the engine has run `after` more forwards since the
+    call (counted by `step`), or after `fallback_s` if it never does; `late` counts the calls the
+    fallback had to answer (the engine stood still waiting for them)."""
+
+    def __init__(self, after: int = 1, fallback_s: float = 3.0):
+        import threading
+
+        self.after, self.fallback_s, self.calls, self.late = after, fallback_s, [], 0
+        self.steps, self.waiting, self.lock = 0, [], threading.Lock()
+
+    def submit(self, name, args):
+        import threading
+
+        f = Future()
+        self.calls.append((name, args))
+        with self.lock:
+            self.waiting.append((self.steps + self.after, f, Result(f"[{name}:{args}]", "ok", 0.5)))
+
+        def fallback():
+            with self.lock:
+                if f.done():
+                    return
+                self.late += 1
+                f.set_result(Result(f"[{name}:{args}]", "ok", 0.5))
+        threading.Timer(self.fallback_s, fallback).start()
+        return f
+
+    def step(self):
+        with self.lock:
+            self.steps += 1
+            due = [w for w in self.waiting if w[0] <= self.steps]
+            self.waiting = [w for w in self.waiting if w[0] > self.steps]
+            for _, f, result in due:
+                if not f.done():
+                    f.set_result(result)
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("decode", ["hf", "lean"])
+def test_with_a_delay_samples_do_not_depend_on_when_the_calls_end(make_model, char_tokenizer, prompts, monkeypatch,
+                                                                  decode):
+    # D >= 1: a call runs while the other rows decode, and its row reads the output at step t + D. A
+    # tool that answers only after the engine has gone on decoding gives the episodes of a tool that
+    # answers at once (EchoPool), so seeds reproduce whatever the tools' timing; and the engine never
+    # stood still for such a call (with D = 0 it would, at the step that closed the call).
+    model = make_model()
+    late = LatePool(after=1)
+    feed = TorchEngine._feed
+
+    def counting_feed(self, *args, **kwargs):
+        out = feed(self, *args, **kwargs)
+        late.step()
+        return out
+
+    monkeypatch.setattr(TorchEngine, "_feed", counting_feed)
+    a = engine_with(model, char_tokenizer, delay=3, decode=decode).generate(prompts, max_new_tokens=40, seed=4)
+    b = engine_with(model, char_tokenizer, pool=late, delay=3, decode=decode).generate(prompts, max_new_tokens=40, seed=4)
+    assert int(a.tool_calls.sum()) > 3, "the fixture should call tools"
+    for name in ("response_ids", "response_mask", "observation_mask", "logprobs", "tool_calls", "turns", "truncated"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert late.late == 0, "the engine waited for a call it did not need yet"
+
+
+def test_a_delay_pads_the_calling_row_and_changes_nothing_but_the_schedule(make_model, char_tokenizer, prompts):
+    # D = 1 and D = 2 both read STAR's output once its one-token opening tag is fed: the same episodes.
+    # The lean and HF forwards build the same episodes on the D >= 1 schedule too.
+    model = make_model()
+    one = engine_with(model, char_tokenizer, delay=1).generate(prompts, max_new_tokens=40, seed=6)
+    two = engine_with(model, char_tokenizer, delay=2).generate(prompts, max_new_tokens=40, seed=6)
+    lean = engine_with(model, char_tokenizer, delay=5, decode="lean").generate(prompts, max_new_tokens=40, seed=6)
+    hf = engine_with(model, char_tokenizer, delay=5).generate(prompts, max_new_tokens=40, seed=6)
+    assert torch.equal(one.response_ids, two.response_ids) and torch.equal(one.logprobs, two.logprobs)
+    assert torch.equal(lean.response_ids, hf.response_ids) and torch.equal(lean.observation_mask, hf.observation_mask)
+    assert_close(lean.logprobs, hf.logprobs, atol=1e-5, rtol=0)
+
+
+def test_a_negative_delay_is_refused(make_model, char_tokenizer):
+    with pytest.raises(ValueError, match="tool_delay_steps=-1"):
+        engine_with(make_model(), char_tokenizer, delay=-1)
 
 
 def test_a_void_turn_is_a_last_turn_without_an_answer(char_tokenizer):

@@ -80,7 +80,8 @@ def test_a_run_with_tools_logs_tool_metrics_and_masked_episodes(cache, tmp_path,
     for r in called:
         assert len(r["observation"]) == len(r["token_ids"])
         seen = "".join(t for t, o in zip(r["response"], r["observation"]) if o)  # a char model: one char per token
-        assert seen.startswith("```output\n")
+        # an observation cut by rollout.max_new_tokens ends the response, possibly inside its opening tag
+        assert seen.startswith("```output\n") or ("```output\n".startswith(seen) and r["observation"][-1]), seen
 
 
 def test_sft_on_tool_traces_learns_the_calls_not_the_outputs(char_tokenizer):

@@ -154,16 +154,27 @@ class _Decoding:
     cache: Any
     logits: torch.Tensor  # [A, V]
 
-    def record(self, token: torch.Tensor, token_logprob: torch.Tensor, *, eos_token_id: int) -> torch.Tensor:
-        """Write the active rows' sampled tokens ([A]) into their next columns; returns [A] bool: EOS."""
-        at = self.column[self.rows]  # [A]
-        self.tokens[self.rows, at] = token
-        self.logprobs[self.rows, at] = token_logprob
-        self.mask[self.rows, at] = 1.0
-        self.column[self.rows] = at + 1
+    def record(self, token: torch.Tensor, token_logprob: torch.Tensor, *, eos_token_id: int,
+               rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Write sampled tokens ([S]) into the next columns of `rows` ([S] output rows; default all
+        the active rows); returns [S] bool: EOS."""
+        rows = self.rows if rows is None else rows
+        at = self.column[rows]  # [S]
+        self.tokens[rows, at] = token
+        self.logprobs[rows, at] = token_logprob
+        self.mask[rows, at] = 1.0
+        self.column[rows] = at + 1
         done = token == eos_token_id
-        self.finished[self.rows[done]] = True
+        self.finished[rows[done]] = True
         return done
+
+    def observe(self, rows: list[int], ids: list[int]) -> None:
+        """Write one observation token into the next column of each of `rows` (output rows)."""
+        rows_t = torch.tensor(rows, dtype=torch.long, device=self.tokens.device)
+        at = self.column[rows_t]
+        self.tokens[rows_t, at] = torch.tensor(ids, dtype=torch.long, device=self.tokens.device)
+        self.observed[rows_t, at] = 1.0
+        self.column[rows_t] = at + 1
 
     def keep_rows(self, keep: torch.Tensor) -> None:
         """Keep only the active rows `keep` ([A'] indices into the active rows), in the cache too."""
@@ -188,6 +199,15 @@ class _Decoding:
         )
 
 
+@dataclass
+class _Forced:
+    """A row that feeds its call's observation instead of sampling (`TorchEngine._forced_step`)."""
+
+    queue: list[int]  # tokens still to feed: the opening tag, then (once read) the output and the closing tag
+    read_at: int | None  # the decode step at which the call's output is read; None once read
+    logits: torch.Tensor | None = None  # [V] the row's logits after its last real token, kept while it pads
+
+
 class TorchEngine:
     """Batched sampling with a KV cache from a Hugging Face causal LM (any device, any dtype).
 
@@ -203,12 +223,15 @@ class TorchEngine:
     """
 
     def __init__(self, model, *, eos_token_id: int, pad_token_id: int, batch_size: int = 512, tools=None,
-                 decode: str = "hf", compile: bool = False):
+                 decode: str = "hf", compile: bool = False, tool_delay_steps: int = 0):
         self.model = model
         if decode not in ("hf", "lean"):
             raise ValueError(f"decode={decode!r}: use 'hf' or 'lean'")
         self.lean = LeanDecoder.for_model(model, compile=compile) if decode == "lean" else None
         self.tools = tools  # rollout.episodes.ToolUse: responses are episodes with tool calls; None: single-turn
+        if isinstance(tool_delay_steps, bool) or not isinstance(tool_delay_steps, int) or tool_delay_steps < 0:
+            raise ValueError(f"tool_delay_steps={tool_delay_steps!r}: use an integer >= 0")
+        self.tool_delay_steps = tool_delay_steps  # D: the step a call's output is read, after the closing step (_generate_chunk)
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
         self.batch_size = batch_size
@@ -285,20 +308,41 @@ class TorchEngine:
 
     def _generate_chunk(self, prompts, *, max_new_tokens, temperature, top_p, seed) -> RolloutBatch:
         """One chunk of rows. With tools (`self.tools`), a row whose sampled token closes a call gets the
-        call's observation as forced tokens in the next forward: one forward feeds each row its own
-        tokens, right-aligned in a window as wide as the longest observation, the columns a row does
-        not use masked out of attention (so they change nothing but the cache's width). The calls
-        closed at one decode step run in parallel in the tool pool, and that step's forward waits for
-        them, so that the samples never depend on how long a tool took (the same seed gives the same
-        episodes)."""
+        call's observation as forced tokens, on one of two schedules (`tool_delay_steps`, D):
+
+        - D = 0: the observation is fed in the next forward together with the closing token, one forward
+          feeding each row its own tokens right-aligned in a window as wide as the longest observation,
+          the columns a row does not use masked out of attention (so they change nothing but the cache's
+          width). That forward waits for the calls closed at its step.
+        - D >= 1: the calling row feeds its observation one token per decode step, the opening tag first
+          (known before the call ends), while the other rows go on sampling; the call's output is read
+          at step t + D (t: the step that closed the call), or once the tag is fed if that is later, and
+          the row feeds masked padding in the steps between. Only that read waits, and only for a call
+          still running.
+
+        The calls run in parallel in the tool pool; on either schedule the samples never depend on how
+        long a tool took (the same seed gives the same episodes)."""
         device = next(self.model.parameters()).device
         generator = torch.Generator(device=device).manual_seed(seed)
         prompt_ids, prompt_mask = left_pad(prompts, self.pad_token_id)
         prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
         episodes = self.tools.start(prompt_ids.shape[0], prompts) if self.tools is not None else None
         d = self._prefill(prompt_ids, prompt_mask, max_new_tokens, with_observations=episodes is not None)
+
+        def sample(logits):
+            return _next_token(logits, temperature, top_p, generator)  # [A], [A]
+
+        if episodes is not None and self.tool_delay_steps > 0:
+            self._decode_forced(d, episodes, max_new_tokens=max_new_tokens, sample=sample)
+        else:
+            self._decode(d, episodes, max_new_tokens=max_new_tokens, sample=sample)
+        return d.batch(prompt_ids, prompt_mask, episodes)
+
+    def _decode(self, d: _Decoding, episodes, *, max_new_tokens: int, sample) -> None:
+        """The decode loop of single-turn responses (`episodes` None) and of episodes with D = 0: every
+        active row samples at every step."""
         for t in range(max_new_tokens):
-            token, token_logprob = _next_token(d.logits, temperature, top_p, generator)  # [A], [A]
+            token, token_logprob = sample(d.logits)  # [A], [A]
             done = d.record(token, token_logprob, eos_token_id=self.eos_token_id)
             called = []  # indices into the active rows of the calls this token closed
             if episodes is None:
@@ -308,7 +352,8 @@ class TorchEngine:
             else:
                 called = [i for i, (r, tok) in enumerate(zip(d.rows.tolist(), token.tolist()))
                           if not done[i] and episodes.feed(r, tok)]
-                ended = torch.tensor([r in episodes.ended for r in d.rows.tolist()], dtype=torch.bool, device=device)
+                ended = torch.tensor([r in episodes.ended for r in d.rows.tolist()], dtype=torch.bool,
+                                     device=done.device)
                 stop = done | ended | (d.column[d.rows] >= max_new_tokens)
                 if bool(stop.all()):
                     break
@@ -321,9 +366,89 @@ class TorchEngine:
                 if called:  # the calls of rows that stay, at their new places
                     slot = {int(k): j for j, k in enumerate(keep.tolist())}
                     called = [slot[i] for i in called if i in slot]
-            if not self._feed(d, token, called, episodes, max_new_tokens):
+            if not called:
+                inputs, window, positions, fed = token[:, None], None, d.next_position, None
+            else:
+                inputs, window, positions, fed = self._observation_window(
+                    episodes, d.rows, token, called, d.column, d.next_position, max_new_tokens, d.tokens, d.observed)
+            if not self._feed(d, inputs, window, positions, fed, max_new_tokens):
                 break
-        return d.batch(prompt_ids, prompt_mask, episodes)
+        if episodes is not None:
+            episodes.drain()
+
+    def _decode_forced(self, d: _Decoding, episodes, *, max_new_tokens: int, sample) -> None:
+        """The decode loop of episodes with D >= 1 (`_generate_chunk`): one token per row and step,
+        sampled or forced, or masked padding for a row waiting for its call's output."""
+        forced: dict[int, _Forced] = {}  # output row -> its observation still to feed
+        step = 0
+        while True:
+            inputs, fed, stop = self._forced_step(d, episodes, forced, step, sample)  # [A] each
+            stop |= d.column[d.rows] >= max_new_tokens
+            if bool(stop.all()):
+                break
+            if bool(stop.any()):
+                for r in d.rows[stop].tolist():
+                    forced.pop(r, None)  # cut off by max_new_tokens: its call is still counted (drain)
+                keep = (~stop).nonzero().squeeze(1)
+                d.keep_rows(keep)
+                inputs, fed = inputs[keep], None if fed is None else fed[keep]
+            window = None if fed is None else fed[:, None]
+            self._feed(d, inputs[:, None], window, d.next_position, fed, max_new_tokens)
+            step += 1
+        episodes.drain()
+
+    def _forced_step(self, d: _Decoding, episodes, forced: dict, step: int, sample):
+        """One step of the D >= 1 schedule. Rows feeding an observation take its next token (reading
+        their call's output when it is due: the only wait) or masked padding; the others sample, and a
+        sample that closes a call makes its row feed the observation from the next step on.
+        -> ([A] input ids, [A] 1 where a row feeds a token and 0 on padding, or None when none pads,
+        [A] bool: the row ends here: EOS, or a call at its last turn)."""
+        rows = d.rows.tolist()
+        ids = [self.pad_token_id] * len(rows)
+        free, padded, observed = [], [], []  # indices into the active rows
+        for i, r in enumerate(rows):
+            f = forced.get(r)
+            if f is None:
+                free.append(i)
+                continue
+            if not f.queue and f.read_at is not None and step >= f.read_at:
+                f.queue, f.read_at = episodes.output(r), None  # waits only if the call is still running
+            if f.queue:
+                ids[i] = f.queue.pop(0)
+                observed.append(i)
+                if not f.queue and f.read_at is None:
+                    del forced[r]  # its last observation token: the row samples from the next step on
+            elif f.read_at is None:  # an empty observation after padding: sample now, from the last real logits
+                del forced[r]
+                d.logits[i] = f.logits
+                free.append(i)
+            else:
+                if f.logits is None:
+                    f.logits = d.logits[i].clone()  # the logits after the row's last real token
+                padded.append(i)
+        if observed:
+            d.observe([rows[i] for i in observed], [ids[i] for i in observed])
+        inputs = torch.tensor(ids, dtype=torch.long, device=d.rows.device)
+        stop = torch.zeros(len(rows), dtype=torch.bool, device=d.rows.device)
+        if free:
+            every = len(free) == len(rows)
+            index = None if every else torch.tensor(free, dtype=torch.long, device=d.rows.device)
+            token, token_logprob = sample(d.logits if every else d.logits[index])  # [S], [S]
+            at = d.rows if every else d.rows[index]
+            done = d.record(token, token_logprob, eos_token_id=self.eos_token_id, rows=at)
+            inputs[free] = token
+            stop[free] = done
+            read_after = max(self.tool_delay_steps, len(episodes.tools.opening) + 1)
+            for i, r, tok, ended in zip(free, at.tolist(), token.tolist(), done.tolist()):
+                if not ended and episodes.feed(r, tok):
+                    forced[r] = _Forced(list(episodes.tools.opening), read_at=step + read_after)
+                elif r in episodes.ended:
+                    stop[i] = True
+        fed = None
+        if padded:
+            fed = torch.ones(len(rows), dtype=torch.long, device=d.rows.device)
+            fed[padded] = 0
+        return inputs, fed, stop
 
     def _prefill(self, prompt_ids, prompt_mask, max_new_tokens: int, *, with_observations: bool) -> _Decoding:
         """The prompts' forward (left padding does not shift positions) and empty response buffers."""
@@ -354,22 +479,17 @@ class TorchEngine:
             logits=logits,
         )
 
-    def _feed(self, d: _Decoding, token, called: list[int], episodes, max_new_tokens: int) -> bool:
-        """The next forward: each active row's sampled token, or for the rows in `called` (indices into
-        the active rows) the token and the call's observation (`_observation_window`). Updates `d`'s
-        cache, attention mask, positions and logits; returns False when no row has columns left (an
-        observation filled the last columns of every row)."""
-        if not called:
-            inputs, window, positions, fed = token[:, None], None, d.next_position, None
-        else:
-            inputs, window, positions, fed = self._observation_window(
-                episodes, d.rows, token, called, d.column, d.next_position, max_new_tokens, d.tokens, d.observed)
+    def _feed(self, d: _Decoding, inputs, window, positions, fed, max_new_tokens: int) -> bool:
+        """The next forward: [A, W] `inputs` at `positions`, `window` 1 on the columns a row feeds (None:
+        all), `fed` [A] the tokens each row feeds (None: one each). Updates `d`'s cache, attention mask,
+        positions and logits; returns False when no row has columns left (an observation filled the last
+        columns of every row)."""
         if self.lean is not None:
             d.logits = self.lean.feed(d.cache, inputs, window, positions)  # the lean cache keeps its own mask
         else:
             if window is None:
-                window = d.attention_mask.new_ones((len(d.rows), 1))
-            d.attention_mask = torch.cat([d.attention_mask, window], dim=1)
+                window = d.attention_mask.new_ones(inputs.shape)
+            d.attention_mask = torch.cat([d.attention_mask, window.to(d.attention_mask.dtype)], dim=1)
             out = self.model(
                 input_ids=inputs,
                 attention_mask=d.attention_mask,
@@ -380,7 +500,7 @@ class TorchEngine:
             d.cache = _output_cache(out)
             d.logits = out.logits[:, -1, :]
         d.next_position = d.next_position + (1 if fed is None else fed[:, None])
-        if fed is not None and bool((d.column[d.rows] >= max_new_tokens).any()):
+        if fed is not None and inputs.shape[1] > 1 and bool((d.column[d.rows] >= max_new_tokens).any()):
             # an observation filled a row's last columns: the row ends there, cut short
             keep = (d.column[d.rows] < max_new_tokens).nonzero().squeeze(1)
             if len(keep) == 0:

@@ -135,9 +135,26 @@ class ToolUse:
 
     def __post_init__(self) -> None:
         self._close_width = len(self.tokenizer(self.fmt.call_close, add_special_tokens=False)["input_ids"]) + 2
+        self.opening = self.encode(self.fmt.observation_open)  # an observation's first tokens, the same for every call
+        self.closing = self.encode(self.fmt.observation_close)
+        # A turn can only end with the closing tag after a token whose own text ends with the tag's last
+        # character; checked once per token id, so that most sampled tokens cost no decode of the turn.
+        # Only for an ASCII last character: a token's text alone is then the end of its text in context.
+        last = self.fmt.call_close[-1:]
+        self._last_char = last if last.isascii() else None
+        self._may_close: dict[int, bool] = {}
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def may_close(self, token: int) -> bool:
+        """False when `token` cannot be the last token of a call's closing tag (no decode of the turn needed)."""
+        if self._last_char is None:
+            return True
+        known = self._may_close.get(token)
+        if known is None:
+            known = self._may_close[token] = self.tokenizer.decode([token]).endswith(self._last_char)
+        return known
 
     def start(self, rows: int, prompts: list[list[int]] | None = None) -> Episodes:
         """The episodes of one call's `rows`. With `prompts`, a prompt that ends inside an open call
@@ -177,6 +194,8 @@ class Episodes:
         t = self.tools
         turn = self.turn[row]
         turn.append(token)
+        if not t.may_close(token):
+            return False
         tail = t.tokenizer.decode(turn[-t._close_width :])
         if not tail.endswith(t.fmt.call_close):
             return False
@@ -204,20 +223,35 @@ class Episodes:
         """The observation token ids of `rows` (each with a call pending), waiting for their calls; the
         calls already run in parallel in the pool. The tool's output is cut in the middle to
         rollout.observation_max_tokens tokens, with a note saying how many were cut."""
-        t, out = self.tools, []
-        for row in rows:
-            pending = self.pending.pop(row)
-            if isinstance(pending, str):
-                text = pending
-            else:
-                result = pending.result()
-                text = result.text
-                self.seconds[row] += result.seconds
-                self.errors[row] += result.status == "error"
-                self.timeouts[row] += result.status == "timeout"
-            body = cut_middle(t.encode(text), t.observation_max_tokens, lambda cut: t.encode(CUT_NOTE.format(cut=cut)))
-            out.append(t.encode(t.fmt.observation_open) + body + t.encode(t.fmt.observation_close))
-        return out
+        return [self.tools.opening + self.output(row) for row in rows]
+
+    def output(self, row: int) -> list[int]:
+        """The observation of `row`'s pending call after its opening tag (`ToolUse.opening`): the tool's
+        output, cut in the middle to rollout.observation_max_tokens tokens with a note saying how many
+        were cut, then the closing tag. Waits for the call if it is still running."""
+        t = self.tools
+        pending = self.pending.pop(row)
+        if isinstance(pending, str):
+            text = pending
+        else:
+            result = pending.result()
+            text = result.text
+            self.seconds[row] += result.seconds
+            self.errors[row] += result.status == "error"
+            self.timeouts[row] += result.status == "timeout"
+        body = cut_middle(t.encode(text), t.observation_max_tokens, lambda cut: t.encode(CUT_NOTE.format(cut=cut)))
+        return body + t.closing
+
+    def ready(self, row: int) -> bool:
+        """Whether `row`'s pending call has finished (reading its output would not wait)."""
+        pending = self.pending[row]
+        return isinstance(pending, str) or pending.done()
+
+    def drain(self) -> None:
+        """Wait for the calls whose output no row read (a row cut off by max_new_tokens while its call
+        ran), so that every call run is counted in the stats."""
+        for row in list(self.pending):
+            self.output(row)
 
     def stats(self) -> dict[str, torch.Tensor]:
         """Per-row counts for the RolloutBatch: calls run, errors, timeouts, capped calls, turns, seconds."""
