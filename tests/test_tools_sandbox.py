@@ -24,7 +24,7 @@ from typing import Callable
 import pytest
 
 from mathrl.tools import BUILTIN_TOOLS, run_python, sandbox_mode, sandbox_problem, sandbox_works
-from mathrl.tools.sandbox import check_python_kwargs
+from mathrl.tools.sandbox import WarmSandboxes, check_python_kwargs
 
 MODES = ("bwrap", "unshare", "rlimit")
 ROOT = os.geteuid() == 0
@@ -46,6 +46,25 @@ def mode(request) -> dict:
     if python is None:
         pytest.skip(f"sandbox {request.param!r} does not work here: {sandbox_problem(request.param)}")
     return {"sandbox": request.param, "python": python}
+
+
+@pytest.fixture(params=["cold", "warm"])
+def start(request):
+    """How the call's sandbox starts: now ("cold"), or ahead of the call ("warm": a `WarmSandboxes` of
+    one, started with the call's settings). Returns a function (code, **kwargs) -> ToolResult that runs
+    the call that way, and for "warm" checks that the pre-started sandbox ran it and none is left."""
+    def run(code, **kwargs):
+        if request.param == "cold":
+            return run_python(code, **kwargs)
+        stock = WarmSandboxes({k: v for k, v in kwargs.items() if k != "timeout_s"}, 1)
+        try:
+            assert stock.ready() == 1
+            result = run_python(code, prestarted=stock, **kwargs)
+            assert stock.taken == 1, "the call did not run in the pre-started sandbox"
+        finally:
+            stock.close()
+        return result
+    return run
 
 
 def marked_processes(marker: str) -> list[int]:
@@ -100,14 +119,14 @@ def test_repl_output(mode, args, status, text, why):
     assert (result.status, result.text) == (status, text), why
 
 
-def test_environment_and_temporary_directory(mode, monkeypatch):
+def test_environment_and_temporary_directory(mode, start, monkeypatch):
     # why: the code sees only PATH, LANG and HOME (its fresh cwd), and its directory is gone afterwards
     parent = tempfile.mkdtemp(prefix="mathrl-test-")
     os.chmod(parent, 0o711)  # as root the code's uid must be able to cross it
     monkeypatch.setattr(tempfile, "tempdir", parent)
     try:
         code = "import os\nprint(sorted(os.environ))\nprint(os.getcwd() == os.environ['HOME'])\nopen('f', 'w').write('x')"
-        result = run_python(code, timeout_s=30, **mode)
+        result = start(code, timeout_s=30, **mode)
         assert result.text.splitlines()[0] in ("['HOME', 'LANG', 'PATH']", "['HOME', 'LANG', 'PATH', 'PWD']"), result.text
         assert result.text.splitlines()[1] == "True"
         assert os.listdir(parent) == []
@@ -115,9 +134,9 @@ def test_environment_and_temporary_directory(mode, monkeypatch):
         os.rmdir(parent)
 
 
-def test_cpu_limit(mode):
+def test_cpu_limit(mode, start):
     # why: CPU time is bounded apart from the wall clock (a call can be slow while the CPU is busy)
-    result = run_python("while True: pass", timeout_s=60, cpu_s=1, **mode)
+    result = start("while True: pass", timeout_s=60, cpu_s=1, **mode)
     assert result.status == "timeout"
     assert result.text == "timeout: the code used more than 1 s of CPU and was stopped"
 
@@ -242,7 +261,7 @@ def context(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("hook", ["default hook", "no hook"])
 @pytest.mark.parametrize("case", HOSTILE, ids=[c.name for c in HOSTILE])
-def test_hostile(mode, case, hook, context):
+def test_hostile(mode, case, hook, context, start):
     kwargs = {"timeout_s": 10, **case.kwargs}
     if hook == "no hook":
         if mode["sandbox"] == "bwrap":
@@ -254,11 +273,11 @@ def test_hostile(mode, case, hook, context):
     ctx = context
     code = case.code.format(target=ctx.target, marker=ctx.marker, port=ctx.port, sleeper=SLEEPER.format(marker=ctx.marker))
     if case.name == "memory hog":
-        result = run_python(code, **mode, **kwargs)
+        result = start(code, **mode, **kwargs)
     else:
         tracemalloc.start()
         try:
-            result = run_python(code, **mode, **kwargs)
+            result = start(code, **mode, **kwargs)
             peak = tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
@@ -299,6 +318,8 @@ KWARGS = [
     ({"max_processes": True}, "max_processes must be a positive number, got True", "a bool is not a count"),
     ({"timeout_s": 3}, "the python tool has no option 'timeout_s'", "the timeout is the spec's field, not a kwarg"),
     ({"python": "/nonexistent/python"}, "python='/nonexistent/python' is not an executable file", "checked before use"),
+    ({"warm": 4}, None, "sandboxes a ToolPool starts ahead"),
+    ({"warm": -1}, "warm must be a whole number of sandboxes >= 0, got -1", "a count"),
 ]
 
 
@@ -339,3 +360,74 @@ def test_site_packages_makes_the_interpreters_packages_importable():
     assert run_python("import sympy", sandbox=mode).status == "error"
     got = run_python("import sympy\nsympy.factorint(360)", sandbox=mode, site_packages=True, memory_mb=1024, timeout_s=30)
     assert (got.status, got.text) == ("ok", "{2: 3, 3: 2, 5: 1}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Sandboxes started ahead (kwarg warm)
+# ---------------------------------------------------------------------------------------------------
+
+
+def descendants(pid: int) -> list[int]:
+    """The living processes below `pid` (zombies not counted), from /proc."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z":
+                parents[int(entry)] = int(fields[1])
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def test_a_prestarted_sandbox_runs_one_call_and_nothing_of_it_reaches_the_next(mode):
+    # why: an interpreter is never reused: a call's variables, files, cwd and children are gone before
+    # the next call, which runs in a sandbox of its own started ahead
+    stock = WarmSandboxes(mode, 1)
+    try:
+        first = run_python("import os\nsecret = 41\nopen('left', 'w').write('x')\nos.getpid()", prestarted=stock,
+                           timeout_s=30, **mode)
+        stock.refill()
+        second = run_python("import os\nprint(os.listdir('.'))\nprint(globals().get('secret'))\nos.getpid()",
+                            prestarted=stock, timeout_s=30, **mode)
+        assert stock.taken == 2 and first.status == second.status == "ok", (first, second)
+        assert second.text.splitlines()[:2] == ["[]", "None"]
+        if mode["sandbox"] == "rlimit":  # (bwrap and unshare give each sandbox a pid namespace of its own)
+            assert first.text != second.text.splitlines()[2]  # another process
+    finally:
+        stock.close()
+
+
+def test_settings_other_than_the_stocks_start_their_own_sandbox(mode):
+    # why: a sandbox started with one tool's limits must not run a call with other limits
+    stock = WarmSandboxes(mode, 1)
+    try:
+        result = run_python("import resource\nresource.getrlimit(resource.RLIMIT_NPROC)[0]", prestarted=stock,
+                            timeout_s=30, max_processes=7, **mode)
+        assert (result.text, stock.taken) == ("7", 0)
+    finally:
+        stock.close()
+
+
+def test_a_pool_with_warm_sandboxes_leaves_no_process_behind(mode):
+    # why: the sandboxes waiting for calls are processes of the trainer's; closing the pool ends them
+    from mathrl.tools import ToolPool, ToolSpec
+
+    assert descendants(os.getpid()) == []
+    pool = ToolPool([ToolSpec("python", "python", kwargs={**mode, "warm": 3}, timeout_s=30)], workers=2)
+    results = [f.result() for f in [pool.submit("python", f"{i} * 2") for i in range(6)]]
+    assert [r.text for r in results] == [str(2 * i) for i in range(6)]
+    assert pool._prestarted["python"].taken >= 1
+    assert descendants(os.getpid()) != []  # the refilled sandboxes wait
+    pool.close()
+    deadline = time.monotonic() + 10
+    while descendants(os.getpid()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert descendants(os.getpid()) == []

@@ -27,7 +27,8 @@ from mathrl.tools.base import Builtin, Status, ToolResult, ToolSpec
 from mathrl.tools.builtins import BUILTIN_TOOLS
 from mathrl.tools.calculator import calculate
 from mathrl.tools.pool import ToolPool, check_tool_specs, tool_schemas
-from mathrl.tools.sandbox import SANDBOX_MODES, python, run_python, sandbox_mode, sandbox_problem, sandbox_works
+from mathrl.tools.sandbox import SANDBOX_MODES, WarmSandboxes, python, run_python, sandbox_mode, sandbox_problem, sandbox_works
 
 __all__ = ["BUILTIN_TOOLS", "SANDBOX_MODES", "Builtin", "Status", "ToolPool", "ToolResult", "ToolSpec", "calculate",
-           "check_tool_specs", "tool_schemas", "python", "run_python", "sandbox_mode", "sandbox_problem", "sandbox_works"]
+           "WarmSandboxes", "check_tool_specs", "tool_schemas", "python", "run_python", "sandbox_mode", "sandbox_problem",
+           "sandbox_works"]

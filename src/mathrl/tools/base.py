@@ -53,6 +53,9 @@ class Builtin:
     """For the chat template's tool schema."""
     check_kwargs: Callable[[dict], list[str]]
     """One-line reasons a spec's kwargs are invalid for this tool."""
+    prestart: Callable[[dict], object] | None = None
+    """Given a spec's kwargs: what a `ToolPool` starts ahead of the tool's calls and hands to `run` as
+    ``prestarted=`` (an object with ``close()``), or None for nothing; the python tool's sandboxes."""
 
     def __call__(self, args: str | dict, **kwargs) -> str:
         return self.fn(args, **kwargs)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from mathrl.registry import TOOLS
 from mathrl.tools.base import Builtin
 from mathrl.tools.calculator import FUNCTIONS, calculate, calculator
-from mathrl.tools.sandbox import check_python_kwargs, python, run_python
+from mathrl.tools.sandbox import check_python_kwargs, python, run_python, warm_sandboxes
 
 BUILTIN_TOOLS: dict[str, Builtin] = {
     "python": Builtin(
@@ -14,7 +14,7 @@ BUILTIN_TOOLS: dict[str, Builtin] = {
         parameter_description="Python code (standard library only); the value of a final expression is shown.",
         description="Run Python code in a fresh sandbox and read its output (stdout, stderr, the value of "
                     "the last expression, or the last line of an error).",
-        check_kwargs=check_python_kwargs),
+        check_kwargs=check_python_kwargs, prestart=warm_sandboxes),
     "calculator": Builtin(
         fn=calculator, run=calculate, parameter="expression",
         parameter_description="One arithmetic expression: numbers, + - * / // % **, parentheses and "

@@ -192,6 +192,13 @@ class ToolPool:
         self._live: set[_Worker] = set()
         self._pending: set[Future] = set()
         self._closed = False
+        self._prestarted = {}  # tool name -> what its built-in starts ahead of its calls (python: `warm` sandboxes)
+        for spec in specs:
+            builtin = BUILTIN_TOOLS.get(spec.fn)
+            if builtin is not None and builtin.prestart is not None:
+                started = builtin.prestart(spec.kwargs)
+                if started is not None:
+                    self._prestarted[spec.name] = started
 
     # -- public ------------------------------------------------------------------------------------
 
@@ -233,6 +240,8 @@ class ToolPool:
         for worker in workers:
             worker.process.kill()  # a call waiting on it sees the process end and returns
         self._executor.shutdown(wait=True, cancel_futures=True)
+        for started in self._prestarted.values():
+            started.close()  # the sandboxes still waiting for a call
         for worker in workers:
             worker.kill()  # joined and its pipe closed once no thread waits on it
         with self._lock:
@@ -265,7 +274,8 @@ class ToolPool:
         start = time.perf_counter()
         try:
             if spec.fn in BUILTIN_TOOLS:
-                result = BUILTIN_TOOLS[spec.fn].run(args, timeout_s=spec.timeout_s, stop=self._stop, **spec.kwargs)
+                extra = {"prestarted": self._prestarted[spec.name]} if spec.name in self._prestarted else {}
+                result = BUILTIN_TOOLS[spec.fn].run(args, timeout_s=spec.timeout_s, stop=self._stop, **extra, **spec.kwargs)
             else:
                 result = self._call_user(spec, args)
         except BaseException as e:  # a bug of ours: still an observation, and the pool goes on
@@ -273,6 +283,8 @@ class ToolPool:
         with self._lock:
             self._pending.discard(out)
         out.set_result(result)
+        if spec.name in self._prestarted and not self._stop.is_set():
+            self._prestarted[spec.name].refill()  # after the result: no call waits for another's start-up
 
     def _call_user(self, spec: ToolSpec, args: str | dict) -> ToolResult:
         start = time.perf_counter()

@@ -51,6 +51,7 @@ docs/tools.md lists what each mode was tested to stop, and the start-up cost of 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import fcntl
@@ -70,8 +71,8 @@ from pathlib import Path
 
 from mathrl.tools.base import ToolResult
 
-__all__ = ["LIMIT_DEFAULTS", "ROOT_UID_BASE", "SANDBOX_MODES", "check_python_kwargs", "python", "run_python",
-           "sandbox_mode", "sandbox_problem", "sandbox_works"]
+__all__ = ["LIMIT_DEFAULTS", "ROOT_UID_BASE", "SANDBOX_MODES", "WarmSandboxes", "check_python_kwargs", "python",
+           "run_python", "sandbox_mode", "sandbox_problem", "sandbox_works", "warm_sandboxes"]
 
 log = logging.getLogger(__name__)
 
@@ -88,9 +89,10 @@ LIMIT_DEFAULTS = {
 }
 """The sandbox's limits (kwargs of the `python` tool) and their defaults."""
 
-OTHER_KWARGS = ("sandbox", "python", "audit_hook", "site_packages")
-"""The `python` tool's other kwargs: the mode, the interpreter (default `sys.executable`), and the
-audit hook (None: on where there is no mount namespace)."""
+OTHER_KWARGS = ("sandbox", "python", "audit_hook", "site_packages", "warm")
+"""The `python` tool's other kwargs: the mode, the interpreter (default `sys.executable`), the
+audit hook (None: on where there is no mount namespace), the interpreter's site-packages, and the
+sandboxes a `ToolPool` keeps started ahead (`warm`, 0: none)."""
 
 TMPFS_FILES = 4
 """bwrap's writable /tmp is `TMPFS_FILES` x `max_file_mb`: the limit on all files together."""
@@ -103,6 +105,8 @@ ROOT_UID_SLOTS = 500
 _GRACE_S = 0.5  # after the program exits: how long its escaped descendants may keep the pipes open
 _POLL_S = 0.05  # how often the wait for output also checks the process, the deadline and `stop`
 _PROBE_TIMEOUT_S = 60.0  # a mode's first-use check may wait this long on a loaded machine
+_STDIN_CODE_BYTES = 60000  # code up to this size goes to a pre-started sandbox through its stdin pipe (64 KiB
+# of buffer: the write never waits for the sandbox); longer code starts a sandbox of its own
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -125,8 +129,11 @@ def _prepare():
     for item in limits.split(","):  # set here: inside the user namespace, and once the uid is dropped
         name, soft, hard = item.replace("=", ":").split(":")
         resource.setrlimit(getattr(resource, name), (int(soft), int(hard)))
-    with open(code_path, encoding="utf-8", errors="replace") as f:
-        source = f.read()
+    if code_path == "-":  # a pre-started sandbox: it waits here, limits set, until the parent sends the code
+        source = sys.stdin.buffer.read().decode("utf-8", "replace")  # EOF (the parent gone): nothing to run
+    else:
+        with open(code_path, encoding="utf-8", errors="replace") as f:
+            source = f.read()
     sys.argv = [""]
     if audit:
         _install_hook(*audit.split("\n", 1))
@@ -223,14 +230,19 @@ class _Call:
 
 
 def run_python(args: str | dict, *, timeout_s: float = 5.0, stop: threading.Event | None = None,
-               **kwargs) -> ToolResult:
+               prestarted: WarmSandboxes | None = None, **kwargs) -> ToolResult:
     """Run model-written code in a sandbox; never raises.
 
     Args:
         args: the code, or ``{"code": str}``.
-        timeout_s: wall-clock seconds, from the start of the subprocess; then the group is killed.
+        timeout_s: wall-clock seconds, from the start of the subprocess (or, in a pre-started sandbox,
+            from when the code is sent); then the group is killed.
         stop: when set (e.g. by `ToolPool.close`), the running program is killed and the call ends.
-        kwargs: `sandbox` (`SANDBOX_MODES`), `python`, `audit_hook` and the limits of `LIMIT_DEFAULTS`.
+        prestarted: sandboxes started ahead (`WarmSandboxes`) to take this call's from; one started for
+            these settings is used once and never again. Without them, when none is ready, or for code
+            over 60000 bytes, the sandbox starts now.
+        kwargs: `sandbox` (`SANDBOX_MODES`), `python`, `audit_hook`, `site_packages`, `warm` (read by
+            the `ToolPool`) and the limits of `LIMIT_DEFAULTS`.
     """
     start = time.perf_counter()
     try:
@@ -239,7 +251,11 @@ def run_python(args: str | dict, *, timeout_s: float = 5.0, stop: threading.Even
         if problems:
             return ToolResult(f"error: {problems[0]}", "error", time.perf_counter() - start)
         call = _resolve(kwargs)
-        text, status = _run_in_sandbox(code, call, timeout_s=timeout_s, stop=stop)
+        started = None
+        if prestarted is not None and len(code.encode("utf-8", "replace")) <= _STDIN_CODE_BYTES:
+            started = prestarted.take(call)
+        outcome = started.run(code, timeout_s=timeout_s, stop=stop) if started is not None else None
+        text, status = outcome or _run_in_sandbox(code, call, timeout_s=timeout_s, stop=stop)
     except _Refused as e:
         text, status = f"error: {e}", "error"
     except Exception as e:  # a broken host (no /tmp space, ...): still an observation, not a crash
@@ -282,6 +298,9 @@ def check_python_kwargs(kwargs: dict) -> list[str]:
         elif key == "site_packages":
             if not isinstance(value, bool):
                 problems.append(f"site_packages must be true or false, got {value!r}")
+        elif key == "warm":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                problems.append(f"warm must be a whole number of sandboxes >= 0, got {value!r}")
         else:
             problems.append(f"the python tool has no option {key!r}; options: "
                             f"{', '.join([*OTHER_KWARGS, *LIMIT_DEFAULTS])}")
@@ -391,35 +410,181 @@ def _binary(name: str) -> str | None:
 
 
 def _run_in_sandbox(code: str, call: _Call, *, timeout_s: float, stop: threading.Event | None) -> tuple[str, str]:
-    """(text, status) of running `code` under `call`'s mode and limits."""
+    """(text, status) of running `code` under `call`'s mode and limits, in a sandbox started now."""
+    with contextlib.ExitStack() as stack:
+        work_dir, uid = _workspace(stack, call, code=code)
+        proc = _start(call, work_dir, uid, stdin_code=False)
+        return _finish(proc, call, uid, timeout_s=timeout_s, stop=stop)
+
+
+def _workspace(stack: contextlib.ExitStack, call: _Call, *, code: str | None) -> tuple[Path, int | None]:
+    """A fresh temporary directory (its `home` is the code's cwd and HOME; `code.py` holds `code`
+    unless the code comes through stdin) and, as root, a claimed uid; `stack` releases both."""
     root = os.geteuid() == 0
-    with tempfile.TemporaryDirectory(prefix="mathrl-py-", ignore_cleanup_errors=True) as work, \
-            _claimed_uid(root) as uid:
-        work_dir = Path(work)
-        home = work_dir / "home"
-        home.mkdir()
+    work_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mathrl-py-", ignore_cleanup_errors=True)))
+    uid = stack.enter_context(_claimed_uid(root))
+    home = work_dir / "home"
+    home.mkdir()
+    paths = [work_dir, home]
+    if code is not None:
         code_file = work_dir / "code.py"
         code_file.write_text(code, encoding="utf-8", errors="replace")  # a lone surrogate from JSON: U+FFFD
         code_file.chmod(0o644)
-        if uid is not None and call.mode != "bwrap":
-            for path in (work_dir, home, code_file):
-                os.chown(path, uid, uid)
-        argv, options = _command(call, work_dir=work_dir, uid=uid)
+        paths.append(code_file)
+    if uid is not None and call.mode != "bwrap":
+        for path in paths:
+            os.chown(path, uid, uid)
+    return work_dir, uid
+
+
+def _start(call: _Call, work_dir: Path, uid: int | None, *, stdin_code: bool) -> subprocess.Popen:
+    """The sandbox's process: its runner reads the code from work_dir/code.py, or from its stdin."""
+    argv, options = _command(call, work_dir=work_dir, uid=uid, stdin_code=stdin_code)
+    try:
+        return subprocess.Popen(argv, stdin=subprocess.PIPE if stdin_code else subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                close_fds=True, **options)
+    except OSError as e:
+        raise _Refused(f"cannot start the sandbox: {e}") from None
+
+
+def _finish(proc: subprocess.Popen, call: _Call, uid: int | None, *, timeout_s: float,
+            stop: threading.Event | None) -> tuple[str, str]:
+    """Wait for the program (its output capped, the deadline `timeout_s` from now), then kill whatever
+    of it is left; (text, status)."""
+    try:
+        stdout, stderr, ended = _collect(proc, deadline=time.monotonic() + timeout_s,
+                                         cap=int(call.limits["max_output_bytes"]), stop=stop)
+    finally:
+        _end(proc, call, uid)
+    return _outcome(proc.returncode, stdout, stderr, ended, call, timeout_s)
+
+
+def _end(proc: subprocess.Popen, call: _Call, uid: int | None) -> None:
+    """Kill the sandbox's process group (and as root in rlimit mode every process of its uid); close its pipes."""
+    _kill_group(proc)
+    if uid is not None and call.mode == "rlimit":
+        _kill_uid(uid, call.python)
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Sandboxes started ahead of their calls
+# ---------------------------------------------------------------------------------------------------
+
+
+class _Prestarted:
+    """One sandbox started ahead of its call: its runner has started python inside the sandbox, set
+    the limits and waits on its stdin for the code. It runs one call, then it and its temporary
+    directory are gone."""
+
+    def __init__(self, call: _Call):
+        self.call = call
+        self._stack = contextlib.ExitStack()
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True, close_fds=True, **options)
-        except OSError as e:
-            raise _Refused(f"cannot start the sandbox: {e}") from None
+            self.work_dir, self.uid = _workspace(self._stack, call, code=None)
+            self.proc = _start(call, self.work_dir, self.uid, stdin_code=True)
+        except BaseException:
+            self._stack.close()
+            raise
+        self._ended = False
+
+    def run(self, code: str, *, timeout_s: float, stop: threading.Event | None) -> tuple[str, str] | None:
+        """(text, status) of `code`, or None when the sandbox died while it waited (start another)."""
         try:
-            stdout, stderr, ended = _collect(proc, deadline=time.monotonic() + timeout_s,
-                                             cap=int(call.limits["max_output_bytes"]), stop=stop)
+            try:
+                self.proc.stdin.write(code.encode("utf-8", "replace"))  # <= 60000 bytes: fits the pipe
+                self.proc.stdin.close()
+            except OSError:  # BrokenPipeError: it is gone
+                return None
+            self._ended = True
+            try:
+                return _finish(self.proc, self.call, self.uid, timeout_s=timeout_s, stop=stop)
+            finally:
+                self._stack.close()
         finally:
-            _kill_group(proc)
-            if uid is not None and call.mode == "rlimit":
-                _kill_uid(uid, call.python)
-            proc.stdout.close()
-            proc.stderr.close()
-        return _outcome(proc.returncode, stdout, stderr, ended, call, timeout_s)
+            self.close()
+
+    def close(self) -> None:
+        """Kill it unused (or after its call) and delete its directory. Idempotent."""
+        if not self._ended:
+            self._ended = True
+            _end(self.proc, self.call, self.uid)
+        self._stack.close()
+
+
+class WarmSandboxes:
+    """Sandboxes of one python tool started ahead of its calls (`ToolPool`, kwarg `warm` of the tool).
+
+    `size` of them wait, each started with the tool's settings (mode, interpreter, limits, hook);
+    `take` hands the oldest to a call, so that the call does not pay the interpreter's and the
+    namespaces' start-up, and `refill` starts replacements (the `ToolPool` calls it once a call's
+    result is delivered, so that no call waits for the start of another's sandbox). A sandbox runs
+    exactly one call: no interpreter state, file or process of one call reaches the next. `close`
+    kills those still waiting (`ToolPool.close` calls it)."""
+
+    def __init__(self, kwargs: dict, size: int):
+        kwargs = {k: v for k, v in kwargs.items() if k != "warm"}
+        try:
+            self.call: _Call | None = _resolve(kwargs)
+        except _Refused:  # no working mode: every call says why (cold)
+            self.call, size = None, 0
+        self.size = size
+        self.taken = 0  # calls served by a sandbox started ahead
+        self._ready: collections.deque[_Prestarted] = collections.deque()
+        self._lock = threading.Lock()
+        self._closed = False
+        self.refill()
+
+    def take(self, call: _Call) -> _Prestarted | None:
+        """The oldest waiting sandbox when it was started for `call`'s settings, else None."""
+        if call != self.call:
+            return None
+        with self._lock:
+            if self._closed or not self._ready:
+                return None
+            self.taken += 1
+            return self._ready.popleft()
+
+    def refill(self) -> None:
+        """Start sandboxes until `size` wait (each starts in the background: this returns once its
+        process is spawned)."""
+        while self.ready() < self.size and not self._closed:
+            self._add()
+
+    def ready(self) -> int:
+        with self._lock:
+            return len(self._ready)
+
+    def _add(self) -> None:
+        try:
+            started = _Prestarted(self.call)
+        except Exception as e:  # a broken host: the calls start their own and report it
+            log.debug("python tool: a sandbox could not be started ahead: %s", e)
+            return
+        with self._lock:
+            if not self._closed and len(self._ready) < self.size:
+                self._ready.append(started)
+                return
+        started.close()
+
+    def close(self) -> None:
+        """Kill the sandboxes still waiting, and start no more. Idempotent."""
+        with self._lock:
+            self._closed = True
+            waiting = list(self._ready)
+            self._ready.clear()
+        for started in waiting:
+            started.close()
+
+
+def warm_sandboxes(kwargs: dict) -> WarmSandboxes | None:
+    """The sandboxes a `ToolPool` keeps started for a python tool with these kwargs (None: `warm` 0)."""
+    size = kwargs.get("warm", 0)
+    return WarmSandboxes(kwargs, size) if size else None
 
 
 def _limits(limits: dict) -> dict:
@@ -435,13 +600,13 @@ def _limits(limits: dict) -> dict:
     }
 
 
-def _command(call: _Call, *, work_dir: Path, uid: int | None) -> tuple[list[str], dict]:
-    """The argv and Popen options that run the runner under `call.mode`."""
+def _command(call: _Call, *, work_dir: Path, uid: int | None, stdin_code: bool = False) -> tuple[list[str], dict]:
+    """The argv and Popen options that run the runner under `call.mode` (the code from stdin, or code.py)."""
     bwrap = call.mode == "bwrap"
     home = "/tmp" if bwrap else str(work_dir / "home")
     limits = ",".join(f"{name}={soft}:{hard}" for name, (soft, hard) in _limits(call.limits).items())
     audit = "\n".join([home, *_readable_roots(call.python)]) if call.audit_hook else ""
-    code = "/code.py" if bwrap else str(work_dir / "code.py")
+    code = "-" if stdin_code else "/code.py" if bwrap else str(work_dir / "code.py")
     runner = [call.python, "-I", *([] if call.site_packages else ["-S"]), "-B", "-c", _RUNNER, str(uid) if bwrap and uid is not None else "", code,
               limits, audit]
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": home}
@@ -449,14 +614,15 @@ def _command(call: _Call, *, work_dir: Path, uid: int | None) -> tuple[list[str]
     if uid is not None and not bwrap:  # as root: start as the call's own unprivileged uid (thread-safe, no preexec)
         options.update(user=uid, group=uid, extra_groups=[])
     if bwrap:
-        return [_binary("bwrap"), *_bwrap_args(call, work_dir=work_dir, root=uid is not None, env=env), *runner], options
+        return [_binary("bwrap"), *_bwrap_args(call, work_dir=work_dir, root=uid is not None, env=env,
+                                               code_file=not stdin_code), *runner], options
     if call.mode == "unshare":
         return [_binary("unshare"), "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child",
                 "--mount-proc", *runner], options
     return runner, options
 
 
-def _bwrap_args(call: _Call, *, work_dir: Path, root: bool, env: dict) -> list[str]:
+def _bwrap_args(call: _Call, *, work_dir: Path, root: bool, env: dict, code_file: bool = True) -> list[str]:
     if root:
         # Without a user namespace, as root: the code must run as a real unprivileged uid for
         # RLIMIT_NPROC to apply (a user namespace would map it back to uid 0); the runner drops to it.
@@ -483,7 +649,8 @@ def _bwrap_args(call: _Call, *, work_dir: Path, root: bool, env: dict) -> list[s
         args += ["--ro-bind", prefix, prefix]
     tmpfs_bytes = int(call.limits["max_file_mb"]) * TMPFS_FILES << 20
     args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(tmpfs_bytes), "--tmpfs", "/tmp",
-             "--ro-bind", str(work_dir / "code.py"), "/code.py", "--remount-ro", "/", "--chdir", "/tmp", "--clearenv"]
+             *(["--ro-bind", str(work_dir / "code.py"), "/code.py"] if code_file else []),
+             "--remount-ro", "/", "--chdir", "/tmp", "--clearenv"]
     for key, value in env.items():
         args += ["--setenv", key, value]
     return args
