@@ -96,25 +96,37 @@ def _r1_runs() -> tuple[RunStep, ...]:
     return tuple(steps)
 
 
-TOOL_RECIPE = "recipes/arith_tools.yaml"
 TOOL_SEEDS = 5
 
 
-def _tool_runs() -> tuple[RunStep, ...]:
-    """Finding 14's guided start: a few hundred tool traces, SFT on them per seed (the SFT model's own
-    held-out pass@1 is arm d), then RL with the tool from the SFT model (arm c)."""
-    traces = "{out}/tool_traces.jsonl"
-    steps = [RunStep("tool_traces", ("{python}", "-m", "mathrl.train.sft", traces, "--rows", "500", "--min-digits", "5",
-                                     "--max-digits", "6", "--tool-share", "1.0"), traces)]
+def _tool_runs(recipe: str, prefix: str, trace_args: tuple[str, ...]) -> tuple[RunStep, ...]:
+    """Finding 14's guided start on one task: a few hundred tool traces (`trace_args`: the task's
+    operands), SFT on them per seed (the SFT model's own held-out pass@1 is arm d), then RL with the
+    tool from the SFT model (arm c). Run names start with `prefix`."""
+    traces = f"{{out}}/{prefix}tool_traces.jsonl"
+    steps = [RunStep(f"{prefix}tool_traces", ("{python}", "-m", "mathrl.train.sft", traces, "--rows", "500",
+                                              *trace_args, "--tool-share", "1.0"), traces)]
     for s in range(TOOL_SEEDS):
-        sft, rl = f"tools_sft_seed{s}", f"tools_sft_rl_seed{s}"
-        steps.append(RunStep(sft, ("{python}", "-m", "mathrl.cli", "sft", TOOL_RECIPE, f"data.train={traces}", "sft.steps=300",
+        sft, rl = f"{prefix}tools_sft_seed{s}", f"{prefix}tools_sft_rl_seed{s}"
+        steps.append(RunStep(sft, ("{python}", "-m", "mathrl.cli", "sft", recipe, f"data.train={traces}", "sft.steps=300",
                                    "eval.every=100", "data.eval_size=100", f"seed={s}", "--run-dir", f"{{out}}/{sft}"),
-                             f"{{out}}/{sft}/summary.json", ("tool_traces",)))
-        steps.append(RunStep(rl, ("{python}", "-m", "mathrl.cli", "train", TOOL_RECIPE, f"model.path={{out}}/{sft}/final",
+                             f"{{out}}/{sft}/summary.json", (f"{prefix}tool_traces",)))
+        steps.append(RunStep(rl, ("{python}", "-m", "mathrl.cli", "train", recipe, f"model.path={{out}}/{sft}/final",
                                   "eval.every=10", "data.eval_size=100", f"seed={s}", "--run-dir", f"{{out}}/{rl}"),
                              f"{{out}}/{rl}/summary.json", (sft,)))
     return tuple(steps)
+
+
+def _tool_curves(finding: str, prefix: str) -> Analysis:
+    """The four arms' curves of one task of finding 14 (grid recipes/findings/<finding>.yaml: no_<...>, <...>_from_base)."""
+    return Analysis(f"curves_{finding}", (
+        *FINDINGS_CMD, "curves", *seeds(f"no_{prefix}tools", TOOL_SEEDS), *seeds(f"{prefix}tools_from_base", TOOL_SEEDS),
+        *seeds(f"{prefix}tools_sft_rl", TOOL_SEEDS, zero_suffix=True),
+        "--group", *["(a) RL without tools"] * TOOL_SEEDS, *["(b) RL with the tool, from base"] * TOOL_SEEDS,
+        *["(c) SFT on tool traces, then RL"] * TOOL_SEEDS,
+        "--metrics", "eval/arith_heldout/pass@1", "eval/arith_heldout/tool/call_rate", "tool/call_rate",
+        "tool/void_turn_rate", "actor/grad_norm",
+        "--fig", f"{{fig}}/{finding}.png"), f"{{fig}}/{finding}.png", needs=(finding,))
 
 
 FINDINGS: tuple[Finding, ...] = (
@@ -150,15 +162,10 @@ FINDINGS: tuple[Finding, ...] = (
     Finding("integer_hack", "integer_hack", analyses=(curves("integer_hack"),)),
     Finding("difficulty", "difficulty", analyses=(curves("difficulty"),)),
     Finding("clip_binds", "clip_binds", analyses=(curves("clip_binds"),)),
-    Finding("tools", "tools", runs=_tool_runs(), analyses=(
-        Analysis("curves_tools", (*FINDINGS_CMD, "curves", *seeds("no_tools", TOOL_SEEDS), *seeds("tools_from_base", TOOL_SEEDS),
-                                  *seeds("tools_sft_rl", TOOL_SEEDS, zero_suffix=True),
-                                  "--group", *["(a) RL without tools"] * TOOL_SEEDS, *["(b) RL with the tool, from base"] * TOOL_SEEDS,
-                                  *["(c) SFT on tool traces, then RL"] * TOOL_SEEDS,
-                                  "--metrics", "eval/arith_heldout/pass@1", "eval/arith_heldout/tool/call_rate", "tool/call_rate",
-                                  "tool/void_turn_rate", "actor/grad_norm",
-                                  "--fig", "{fig}/tools.png"), "{fig}/tools.png", needs=("tools",)),
-    )),
+    Finding("tools", "tools", runs=_tool_runs("recipes/arith_tools.yaml", "", ("--min-digits", "5", "--max-digits", "6")),
+            analyses=(_tool_curves("tools", ""),)),
+    Finding("tools_mul", "tools_mul", runs=_tool_runs("recipes/arith_tools_mul.yaml", "mul_", (
+        "--min-digits", "3", "--max-digits", "4", "--mul-share", "1.0")), analyses=(_tool_curves("tools_mul", "mul_"),)),
     Finding("entropy_long", "entropy_long", analyses=(
         curves("entropy_long"),
         Analysis("entropy_tokens", (*FINDINGS_CMD, "entropy-tokens", *seeds("entropy_adaptive_long", 5),
