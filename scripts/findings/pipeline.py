@@ -165,7 +165,14 @@ FINDINGS: tuple[Finding, ...] = (
     Finding("tools", "tools", runs=_tool_runs("recipes/arith_tools.yaml", "", ("--min-digits", "5", "--max-digits", "6")),
             analyses=(_tool_curves("tools", ""),)),
     Finding("tools_mul", "tools_mul", runs=_tool_runs("recipes/arith_tools_mul.yaml", "mul_", (
-        "--min-digits", "3", "--max-digits", "4", "--mul-share", "1.0")), analyses=(_tool_curves("tools_mul", "mul_"),)),
+        "--min-digits", "3", "--max-digits", "4", "--mul-share", "1.0")), analyses=(
+        _tool_curves("tools_mul", "mul_"),
+        Analysis("curves_tools_mul_void", (
+            *FINDINGS_CMD, "curves", *seeds("mul_tools_from_base", TOOL_SEEDS), *seeds("mul_tools_void_filter", TOOL_SEEDS),
+            "--group", *["(b) RL with the tool, from base"] * TOOL_SEEDS, *["(b) with the void-turn filter"] * TOOL_SEEDS,
+            "--metrics", "eval/arith_heldout/pass@1", "tool/void_turn_rate", "actor/grad_norm", "filter/void_turn",
+            "--fig", "{fig}/tools_mul_void.png"), "{fig}/tools_mul_void.png"),
+    )),
     Finding("entropy_long", "entropy_long", analyses=(
         curves("entropy_long"),
         Analysis("entropy_tokens", (*FINDINGS_CMD, "entropy-tokens", *seeds("entropy_adaptive_long", 5),
