@@ -323,6 +323,30 @@ def test_a_delay_pads_the_calling_row_and_changes_nothing_but_the_schedule(make_
     assert_close(lean.logprobs, hf.logprobs, atol=1e-5, rtol=0)
 
 
+class SilentPool(EchoPool):
+    """Every call's output is empty."""
+
+    def submit(self, name, args):
+        self.calls.append((name, args))
+        f = Future()
+        f.set_result(Result("", self.status, 0.5))
+        return f
+
+
+@pytest.mark.parametrize("delay", DELAYS)
+def test_an_empty_observation_is_no_token_and_the_row_samples_on(make_model, char_tokenizer, prompts, delay):
+    # tags and output all empty: the call leaves no token, and the row's next token is sampled from the
+    # logits of its closing token (after D >= 1's padding too), as a scoring pass of the transcript has them
+    model = make_model()
+    bare = CallFormat("bare", "", "*", "", "")
+    out = engine_with(model, char_tokenizer, fmt=bare, pool=SilentPool(), delay=delay).generate(
+        prompts, max_new_tokens=30, seed=1)
+    assert out.tool_calls.sum() > 3 and out.observation_mask.sum() == 0
+    with torch.no_grad():
+        lp, _ = response_logprobs(model, out.prompt_ids, out.prompt_mask, out.response_ids, out.context_mask)
+    assert_close(lp * out.response_mask, out.logprobs, atol=1e-5, rtol=0)
+
+
 def test_a_negative_delay_is_refused(make_model, char_tokenizer):
     with pytest.raises(ValueError, match="tool_delay_steps=-1"):
         engine_with(make_model(), char_tokenizer, delay=-1)

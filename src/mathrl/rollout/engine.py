@@ -418,9 +418,10 @@ class TorchEngine:
                 observed.append(i)
                 if not f.queue and f.read_at is None:
                     del forced[r]  # its last observation token: the row samples from the next step on
-            elif f.read_at is None:  # an empty observation after padding: sample now, from the last real logits
+            elif f.read_at is None:  # an empty observation: sample now, from the logits of the last real token
                 del forced[r]
-                d.logits[i] = f.logits
+                if f.logits is not None:  # (after padding; else the last forward fed a real token)
+                    d.logits[i] = f.logits
                 free.append(i)
             else:
                 if f.logits is None:
