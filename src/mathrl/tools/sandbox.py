@@ -46,6 +46,12 @@ subprocess starts as it. ``rlimit`` then also kills every process of that uid af
 interpreter must be readable by that uid in ``unshare`` and ``rlimit`` (a python under /root is
 not: use ``bwrap``, or ``python=/usr/bin/python3``); `sandbox_problem` says so.
 
+Started ahead (`WarmSandboxes`, kwarg `warm` of a `ToolPool`'s python tool): the same sandbox and
+runner, started before its call with the limits set, waiting on its stdin for the code; it runs one
+call and is killed with its directory like any other, so a call pays neither the interpreter's nor
+the namespaces' start-up (7 ms a call instead of 25-35 ms with bwrap) and no call's state reaches
+another's.
+
 docs/tools.md lists what each mode was tested to stop, and the start-up cost of each.
 """
 
