@@ -1,4 +1,4 @@
-"""The built-in arithmetic task: multi-digit addition with a digit-by-digit worked solution.
+"""The built-in arithmetic task: multi-digit addition with a digit-by-digit worked solution (and products).
 
 Problems are `a+b` with operands of `min_digits..max_digits` digits. The worked solution adds column by
 column from the right, writing the carry in explicitly, and ends in `\\boxed{answer}`:
