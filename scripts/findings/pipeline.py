@@ -102,7 +102,9 @@ TOOL_SEEDS = 5
 def _tool_runs(recipe: str, prefix: str, trace_args: tuple[str, ...]) -> tuple[RunStep, ...]:
     """Finding 14's guided start on one task: a few hundred tool traces (`trace_args`: the task's
     operands), SFT on them per seed (the SFT model's own held-out pass@1 is arm d), then RL with the
-    tool from the SFT model (arm c). Run names start with `prefix`."""
+    tool from the SFT model (arm c). Run names start with `prefix`. Arm c never stops for steps that
+    train nothing (`max_empty_steps=0`): an SFT model that gets every sample right is a result of the
+    arm, not a failed run (the setting decides only whether such a run stops)."""
     traces = f"{{out}}/{prefix}tool_traces.jsonl"
     steps = [RunStep(f"{prefix}tool_traces", ("{python}", "-m", "mathrl.train.sft", traces, "--rows", "500",
                                               *trace_args, "--tool-share", "1.0"), traces)]
@@ -112,7 +114,8 @@ def _tool_runs(recipe: str, prefix: str, trace_args: tuple[str, ...]) -> tuple[R
                                    "eval.every=100", "data.eval_size=100", f"seed={s}", "--run-dir", f"{{out}}/{sft}"),
                              f"{{out}}/{sft}/summary.json", (f"{prefix}tool_traces",)))
         steps.append(RunStep(rl, ("{python}", "-m", "mathrl.cli", "train", recipe, f"model.path={{out}}/{sft}/final",
-                                  "eval.every=10", "data.eval_size=100", f"seed={s}", "--run-dir", f"{{out}}/{rl}"),
+                                  "eval.every=10", "data.eval_size=100", "data.dynamic_sampling.max_empty_steps=0",
+                                  f"seed={s}", "--run-dir", f"{{out}}/{rl}"),
                              f"{{out}}/{rl}/summary.json", (sft,)))
     return tuple(steps)
 
