@@ -9,7 +9,8 @@ its decode loop. The two must build the same episodes from the same samples:
 - the sampling logprobs of the model tokens equal the trainer's scoring pass over the whole
   transcript (observations in the context), at T=1 and T=0.7;
 - the torch engine, drawing the vLLM episodes' model tokens instead of its own random ones (the two
-  engines draw different random numbers), builds exactly the same episodes;
+  engines draw different random numbers), builds exactly the same episodes, on both of its schedules
+  (rollout.tool_delay_steps 0 and 1);
 - the same seed gives the same episodes, and a row's episode does not depend on the other rows.
 
 The model is the random tiny Qwen2 of tests/test_vllm_engine.py with the logits of "(" and ")" raised
@@ -227,42 +228,62 @@ def test_sampling_logprobs_equal_a_scoring_pass_over_the_whole_transcript(engine
     assert float((lp[mask] - out.logprobs[mask]).abs().max()) <= TOL
 
 
-def replayed(out):
+def replayed(out, steps: dict | None = None):
     """A stand-in for the torch engine's sampler (`sample_top_p`) that draws the model tokens of `out`,
     row by row (skipping the observations the engine forces itself), with their logprobs under the
-    engine's own logits. It fails as soon as the engine asks for a row that `out` has already ended."""
+    engine's own logits. It fails as soon as the engine asks for a row that `out` has already ended.
+
+    With `steps` (the D >= 1 schedule: {"step": the engine's current decode step}), a row that closed a
+    call feeds its observation one token per step and is not asked to sample for that many steps."""
     ends = out.context_lengths.tolist()
     column = [0] * len(out)
     active = list(range(len(out)))  # the engine's rows still going, in its order
+    busy_until = [-1] * len(out)  # the last step a row feeds its observation (D >= 1)
 
     def sample(scaled, top_p, generator):
-        assert scaled.shape[0] == len(active), "the torch engine ends rows elsewhere than the vLLM episodes"
-        assert all(out.response_mask[r, column[r]] == 1 for r in active)
-        token = torch.tensor([int(out.response_ids[r, column[r]]) for r in active])
+        step = steps["step"] if steps is not None else 0
+        asked = [r for r in active if step > busy_until[r]]
+        assert scaled.shape[0] == len(asked), "the torch engine ends rows elsewhere than the vLLM episodes"
+        assert all(out.response_mask[r, column[r]] == 1 for r in asked)
+        token = torch.tensor([int(out.response_ids[r, column[r]]) for r in asked])
         logprob = torch.log_softmax(scaled.double(), -1).gather(-1, token[:, None]).squeeze(-1).float()
-        for r in active:
+        for r in asked:
             column[r] += 1
+            start = column[r]
             while column[r] < ends[r] and out.observation_mask[r, column[r]] == 1:
                 column[r] += 1
+            if steps is not None:
+                busy_until[r] = step + column[r] - start
         active[:] = [r for r in active if column[r] < ends[r]]
         return token, logprob
 
     return sample
 
 
+@pytest.mark.parametrize("delay", [0, 1])
 def test_the_torch_engine_drawing_the_same_samples_builds_the_same_episodes(episodes, fmt, char_tokenizer, policy,
-                                                                              prompts, monkeypatch):
+                                                                              prompts, monkeypatch, delay):
     # The two engines draw different random numbers, so their samples differ; given the vLLM episodes'
     # model tokens as its samples, the torch engine must end every row at the same token, answer the
     # same calls at the same columns with the same observations, count the same, and report the
-    # same logprobs.
+    # same logprobs; on both of its schedules (rollout.tool_delay_steps 0: an observation in one window
+    # forward; 1: fed one token per step while the other rows sample).
     import mathrl.rollout.engine as torch_engine
 
     out = episodes[0]
-    monkeypatch.setattr(torch_engine, "sample_top_p", replayed(out))
+    steps = None
+    if delay:
+        steps, forced_step = {"step": 0}, TorchEngine._forced_step
+
+        def counting(self, d, episodes_, forced, step, sample):
+            steps["step"] = step
+            return forced_step(self, d, episodes_, forced, step, sample)
+
+        monkeypatch.setattr(TorchEngine, "_forced_step", counting)
+    monkeypatch.setattr(torch_engine, "sample_top_p", replayed(out, steps))
     pool = LengthPool()
-    again = TorchEngine(policy, eos_token_id=EOS, pad_token_id=PAD, tools=tool_use(fmt, char_tokenizer, pool)
-                        ).generate(prompts, max_new_tokens=MAX_NEW, seed=0)
+    again = TorchEngine(policy, eos_token_id=EOS, pad_token_id=PAD, tools=tool_use(fmt, char_tokenizer, pool),
+                        tool_delay_steps=delay).generate(prompts, max_new_tokens=MAX_NEW, seed=0)
     for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "observation_mask", "truncated",
                  "tool_calls", "tool_errors", "tool_timeouts", "tool_capped", "turns", "tool_seconds"):
         assert torch.equal(getattr(again, name), getattr(out, name)), name
