@@ -138,9 +138,13 @@ def _changed(value):
 def test_base_model_dir_changes_with_every_recipe_field(tmp_path):
     # The cache is keyed by a hash of the recipe: changing ANY field must build a new model instead of
     # silently reusing one trained differently.
+    # mul_digits shapes only products: it is changed on a recipe that has some (mul_share > 0); without
+    # them it trains nothing differently, and tests/test_products.py checks that it then keeps the hash.
     dirs = {base_model_dir(TINY, tmp_path)}
     for f in dataclasses.fields(BaseModelConfig):
-        changed = dataclasses.replace(TINY, **{f.name: _changed(getattr(TINY, f.name))})
+        start = dataclasses.replace(TINY, mul_share=0.5) if f.name == "mul_digits" else TINY
+        changed = dataclasses.replace(start, **{f.name: _changed(getattr(start, f.name))})
+        assert base_model_dir(changed, tmp_path) != base_model_dir(start, tmp_path), f.name
         dirs.add(base_model_dir(changed, tmp_path))
     assert len(dirs) == 1 + len(dataclasses.fields(BaseModelConfig))
 
