@@ -1,4 +1,4 @@
-"""Are two runs the same run? metrics.jsonl (bar perf/* timings), evals.jsonl, rollouts.jsonl and the
+"""Are two runs the same run? metrics.jsonl (bar the perf/* and tool/seconds timings), evals.jsonl, rollouts.jsonl and the
 final weights, compared exactly.
 
     python scripts/compare_runs.py runs/before runs/after [--ignore perf/ --ignore run_dir]
@@ -21,9 +21,14 @@ from safetensors import safe_open
 JSONL = ("metrics.jsonl", "evals.jsonl", "rollouts.jsonl")
 
 
+def _drop(row: dict, ignore: tuple[str, ...]) -> dict:
+    """`row` without the keys that contain one of `ignore` (`tool/seconds` is also
+    `eval/<set>/tool/seconds`), in nested dicts too (evals.jsonl's `tools`)."""
+    return {k: _drop(v, ignore) if isinstance(v, dict) else v for k, v in row.items() if not any(i in k for i in ignore)}
+
+
 def _rows(path: Path, ignore: tuple[str, ...]) -> list[dict]:
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [{k: v for k, v in r.items() if not k.startswith(ignore)} for r in rows]
+    return [_drop(json.loads(line), ignore) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _first_difference(a: list[dict], b: list[dict]) -> str:
@@ -70,9 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("a", type=Path)
     parser.add_argument("b", type=Path)
     parser.add_argument("--ignore", action="append", default=None,
-                        help="key prefix left out of the JSONL rows (default: perf/ and run_dir)")
+                        help="keys containing this are left out of the JSONL rows (default: perf/, tool/seconds and run_dir)")
     args = parser.parse_args(argv)
-    ignore = tuple(args.ignore or ("perf/", "run_dir"))
+    ignore = tuple(args.ignore or ("perf/", "tool/seconds", "run_dir"))
     results = compare(args.a, args.b, ignore)
     for what, diff in results:
         print(f"{what:16s} {'identical' if not diff else 'DIFFERENT: ' + diff}")
