@@ -332,10 +332,15 @@ if __name__ == "__main__":
         print(p.question + "=" + task.solution(p))
 
 
+def base_task(base) -> ArithmeticTask:
+    """The problems of the tiny base model's pretraining text, from a `BaseModelConfig` (operand sizes,
+    decimal and product shares): its text here, and the PTX source's (tasks/sources.py)."""
+    return ArithmeticTask(min_digits=base.min_digits, max_digits=base.max_digits, decimal_share=base.decimal_share,
+                          mul_share=base.mul_share, mul_digits=base.mul_digits)
+
+
 def base_pretraining_text(base) -> Callable[[int, random.Random], list[tuple[str, str]]]:
     """The pretraining text of the tiny base model a `BaseModelConfig` describes (operand sizes,
     decimal share, products, slips, checks, tool traces), as the `pretraining_text` callable that `model/tiny.py` builds it from."""
-    task = ArithmeticTask(min_digits=base.min_digits, max_digits=base.max_digits, decimal_share=base.decimal_share,
-                          mul_share=base.mul_share, mul_digits=base.mul_digits)
-    return functools.partial(task.pretraining_examples, slip_prob=base.slip_prob, check_prob=base.check_prob,
+    return functools.partial(base_task(base).pretraining_examples, slip_prob=base.slip_prob, check_prob=base.check_prob,
                              tool_share=base.tool_share)

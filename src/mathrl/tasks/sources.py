@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from mathrl.config import Config
 from mathrl.registry import ARITH_SOURCES
 from mathrl.seeds import derive_seed
-from mathrl.tasks.arithmetic import ArithmeticTask
+from mathrl.tasks.arithmetic import ArithmeticTask, base_task
 from mathrl.tasks.base import Problem
 from mathrl.tasks.curriculum import Curriculum
 from mathrl.tasks.loading import FieldMap, load_problems, preset_for, source_name
@@ -236,9 +236,7 @@ class PretrainText:
         self.task: ArithmeticTask | None = None
         source = cfg.algo.ptx.data
         if source == "arith":
-            self.task = ArithmeticTask(min_digits=cfg.base.min_digits, max_digits=cfg.base.max_digits,
-                                       decimal_share=cfg.base.decimal_share, mul_share=cfg.base.mul_share,
-                                       mul_digits=cfg.base.mul_digits)
+            self.task = base_task(cfg.base)
         else:
             self.docs = _read_texts(Path(source))
 
