@@ -403,12 +403,12 @@ def test_tool_episodes_are_the_hf_engines(make_tiny_qwen2, char_tokenizer):
     assert_close(lp * b.response_mask, b.logprobs, atol=1e-5, rtol=0)
 
 
-def test_config_switch_builds_a_lean_engine(make_tiny_qwen2, char_tokenizer):
+def test_the_default_engine_is_lean_and_hf_is_one_switch_away(make_tiny_qwen2, char_tokenizer):
     from mathrl.config import load_config
     from mathrl.rollout.factory import build_engine
 
     model = make_tiny_qwen2(seed=0)
     default = build_engine(load_config(None, []), model=model, tokenizer=char_tokenizer, model_path="unused")
-    lean = build_engine(load_config(None, ["rollout.decode=lean"]), model=model, tokenizer=char_tokenizer,
-                        model_path="unused")
-    assert default.lean is None and isinstance(lean.lean, LeanDecoder)
+    hf = build_engine(load_config(None, ["rollout.decode=hf"]), model=model, tokenizer=char_tokenizer,
+                      model_path="unused")
+    assert isinstance(default.lean, LeanDecoder) and hf.lean is None  # lean is the default; hf one switch away

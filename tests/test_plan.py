@@ -38,19 +38,20 @@ def test_tiny_model_by_hand():
     assert plan.components["head gradients"] == 2 * 99 * 128 * 2  # head and embedding weight gradients, bf16
     # no reference model and no critic in the default run; the torch engine's KV cache instead of vLLM
     assert "reference model" not in plan.components and "critic" not in plan.components
-    # 128 sequences per GPU x (512 prompt + 48 response tokens) x K and V of 4 layers x 2 kv heads x 32 x 2 B
-    assert plan.components["torch engine KV cache"] == 64 * 560 * (2 * 4 * 2 * 32) * 2
+    # 64 sequences per GPU (a batch bucket) x (512 prompt + 48 response tokens, 560 -> 576 in 64-column blocks:
+    # the lean decode loop, the default, preallocates it) x K and V of 4 layers x 2 kv heads x 32 x 2 B
+    assert plan.components["torch engine KV cache"] == 64 * 576 * (2 * 4 * 2 * 32) * 2
     assert plan.fits
 
 
 def test_the_lean_decode_loop_plans_its_preallocated_cache():
-    # rollout.decode=lean allocates its cache for a batch bucket of rows (40 -> 48) and whole blocks of
+    # rollout.decode=lean (the default) allocates its cache for a batch bucket of rows (40 -> 48) and whole blocks of
     # 64 columns (512 + 48 = 560 -> 576), on the trainer's GPU and in a torch generator alike
     cfg = load_config(None, ["rollout.decode=lean", "rollout.batch_size=40"])
     plan = estimate_memory(cfg, gpus=2, gpu_mem_gib=80)
     assert plan.components["torch engine KV cache"] == 48 * 576 * (2 * 4 * 2 * 32) * 2
     assert "lean" in plan.notes["torch engine KV cache"]
-    hf = estimate_memory(load_config(None, ["rollout.batch_size=40"]), gpus=2, gpu_mem_gib=80)
+    hf = estimate_memory(load_config(None, ["rollout.decode=hf", "rollout.batch_size=40"]), gpus=2, gpu_mem_gib=80)
     assert hf.components["torch engine KV cache"] == 40 * 560 * (2 * 4 * 2 * 32) * 2
 
 
@@ -281,15 +282,16 @@ def test_two_vllm_generators_on_own_gpus_and_on_one():
 
 
 def test_a_torch_engine_generator():
-    # its own float32 copy 3,205,120 B; a KV cache of min(rollout.batch_size 512, 128 rows) x (512 + 48)
-    # tokens x 512 (K and V: 2 x 4 layers x 2 kv heads x 32) x 4 B = 146,800,640 B; the 1 GiB runtime
+    # its own float32 copy 3,205,120 B; a KV cache of min(rollout.batch_size 512, 128 rows) x (512 + 48 -> 576,
+    # the lean loop's 64-column blocks) tokens x 512 (K and V: 2 x 4 layers x 2 kv heads x 32) x 4 B
+    # = 150,994,944 B; the 1 GiB runtime
     cfg = load_config(None, ["rollout.max_staleness=1"])
     plan = estimate_memory(cfg, gpus=2, gpu_mem_gib=80, trainer_gpus=[0])
     (gen,) = plan.generators
     assert (gen.gpu, gen.engine, gen.share) == (1, "torch", None)
-    assert gen.bytes == 3_205_120 + 146_800_640 + GIB
-    # the trainer's torch engine evaluates from its own module: its bf16 KV cache 128 x 560 x 512 x 2 B
-    assert plan.evaluation_peak == TINY_RESIDENT + 73_400_320
+    assert gen.bytes == 3_205_120 + 150_994_944 + GIB
+    # the trainer's torch engine evaluates from its own module: its bf16 KV cache 128 x 576 x 512 x 2 B
+    assert plan.evaluation_peak == TINY_RESIDENT + 75_497_472
     # sharing a 1 GiB GPU: over, and the fix named is the torch engine's
     error = generator_layout_error(cfg, trainer_gpus=[0], gpus=1, gpu_mem_gib=1)
     assert error.startswith("rollout.generator: the generators do not fit: GPU 0: trainer ") and "rollout.batch_size" in error
@@ -300,8 +302,8 @@ def test_a_cpu_run_puts_everything_in_host_memory():
     plan = estimate_memory(cfg, gpus=0, gpu_mem_gib=80, host_mem_gib=0.1)
     assert "runtime" not in plan.components and "gathered weights" not in plan.components  # float32 compute
     (gen,) = plan.generators
-    assert (gen.gpu, gen.bytes) == (None, 3_205_120 + 146_800_640)  # no CUDA context on a CPU
-    assert plan.evaluation_peak == 3_205_120 + 6_410_440 + 146_800_640  # the trainer's float32 KV cache
+    assert (gen.gpu, gen.bytes) == (None, 3_205_120 + 150_994_944)  # no CUDA context on a CPU
+    assert plan.evaluation_peak == 3_205_120 + 6_410_440 + 150_994_944  # the trainer's float32 KV cache
     (host,) = plan.loads
     assert host.parts == (("trainer", plan.total), ("generator 0 torch", gen.bytes), ("kept policy versions", 2 * TINY_VERSION))
     assert host.capacity == int(0.1 * GIB) and not plan.fits
