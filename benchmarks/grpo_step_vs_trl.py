@@ -42,7 +42,9 @@ first RL step of every run is warm-up and dropped. ratio = TRL seconds / mathrl 
 (medians over all timed steps): above 1 means mathrl is faster. The side `mathrl-async` is mathrl with
 `rollout.max_staleness=1`: a generator process samples the next step while the trainer updates, each on
 half of `--threads` cores (docs/async.md); its time per RL step is the trainer's whole cycle,
-perf/step_seconds + perf/wait_seconds (the wait for its batch). Each side also prints where its step
+perf/step_seconds + perf/wait_seconds (the wait for its batch). The side `mathrl-hf` is mathrl with
+`rollout.decode=hf`: the torch engine's forward at every token through the Hugging Face modules
+instead of the lean decode loop (the default), the same samples up to float rounding. Each side also prints where its step
 goes (medians over the timed steps): mathrl its perf/rollout_seconds, perf/reward_seconds and
 perf/train_seconds (everything after the rewards); TRL the time inside its generation call, inside its
 no-grad logprob passes (the old-policy logprobs: TRL computes them whenever one generation feeds
@@ -77,9 +79,10 @@ SMALL_MODEL = {  # a shrunk Qwen2: the architecture of qwen2.5-0.5b with these s
     "hidden_size": 512, "num_hidden_layers": 4, "max_window_layers": 4, "num_attention_heads": 8,
     "num_key_value_heads": 2, "intermediate_size": 1536, "vocab_size": 32000, "max_position_embeddings": 1024,
 }
-SIDES = ("mathrl", "mathrl-async", "trl", "trl-defaults")  # trl: matched precision; trl-defaults: TRL as shipped
+SIDES = ("mathrl", "mathrl-hf", "mathrl-async", "trl", "trl-defaults")  # trl: matched precision; trl-defaults: TRL as shipped
+# mathrl-hf: the Hugging Face forward at every token (rollout.decode=hf), to rule the lean decode loop out;
 # mathrl-async: one step off-policy, a generator process beside the trainer, each on half the threads
-ASYNC = ("rollout.max_staleness=1",)
+EXTRA = {"mathrl": (), "mathrl-hf": ("rollout.decode=hf",), "mathrl-async": ("rollout.max_staleness=1",)}
 
 
 def build_small_model(out_dir: Path) -> str:
@@ -214,7 +217,7 @@ def child(side: str, steps: int, threads: int, model_dir: str, workload: str) ->
     w = WORKLOADS[workload]
     with tempfile.TemporaryDirectory() as tmp:
         if side.startswith("mathrl"):
-            result = run_mathrl(steps, model_dir, Path(tmp), w, ASYNC if side == "mathrl-async" else ())
+            result = run_mathrl(steps, model_dir, Path(tmp), w, EXTRA[side])
         else:
             result = run_trl(steps, model_dir, Path(tmp), w, matched=side == "trl")
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
@@ -288,7 +291,8 @@ def main() -> None:
     trl = next(side for side in ("trl", "trl-defaults") if side in args.sides)
     print(f"\n| workload {args.workload} | seconds per GRPO step (median) | / mathrl | {trl} / this | peak RSS (MB) |")
     print("| --- | --- | --- | --- | --- |")
-    names = {"mathrl": "mathrl", "mathrl-async": "mathrl async (generator + trainer, 1 step off-policy)",
+    names = {"mathrl": "mathrl", "mathrl-hf": "mathrl, HF forward per token (rollout.decode=hf)",
+             "mathrl-async": "mathrl async (generator + trainer, 1 step off-policy)",
              "trl": "TRL matched (fp32, no checkpointing)", "trl-defaults": "TRL as shipped (bf16, checkpointing)"}
     for side in args.sides:
         print(f"| {names[side]} | {median[side]:.2f} | {median[side] / median['mathrl']:.2f} "
