@@ -118,7 +118,7 @@ if (( dry )); then
   mfu=(--device cpu --arch tiny --batch 2 --prompt 16 --response 48 --steps 2 --warmup 1)
   resume=(train.steps=6 train.save_every=2 rollout.prompts_per_step=4 rollout.n=4 train.mini_batch_size=16
           rollout.max_new_tokens=16 data.eval_size=4 eval.n=1 eval.every=1000)
-  engines=(--device cpu --batch 8 --max-new-tokens 8 --repeats 1 --runners torch hf)
+  engines=(--device cpu --batch 8 --max-new-tokens 8 --repeats 1 --runners torch lean hf)
   sampler=(--device cpu --rows 4 --vocab 32000 --threads 1)
   entropy=(--device cpu --positions 64 --vocab 4096 --hidden 64 --chunk-size 32 --threads 1)
   wsync=(--device cpu --mb 16 --repeats 2)
@@ -443,7 +443,7 @@ else:
     sys.exit(1)
 EOF
 
-# rollout throughput: the torch engine vs model.generate (and vLLM where installed), same weights
+# rollout throughput: the torch engine (HF forward, and the lean decode loop) vs model.generate (and vLLM where installed), same weights
 key_rollout_engines() {
   "$py" -c "
 import json, sys
