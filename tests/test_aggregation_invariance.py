@@ -21,6 +21,7 @@ import torch.multiprocessing as mp
 from torch.testing import assert_close
 
 from mathrl.algo.losses import AGG_MODES, aggregate, batch_counts, dp_scale, global_counts, policy_loss
+from mathrl.registry import POLICY_LOSSES
 from mathrl.train.dist import close_distributed, exit_rank
 
 
@@ -127,21 +128,36 @@ def _dp_problem() -> _DPProblem:
     return _DPProblem(x, targets, old, adv, mask)
 
 
-def _dp_gradients(problem: _DPProblem, rows: slice, mode: str) -> tuple[list[torch.Tensor], float]:
-    """One rank's step: global counts, loss * dp_scale(), backward, DDP-style gradient average."""
+# the registered losses whose result does not depend on the split (clip_cov and kl_cov pick tokens
+# within each call: docs/tricks.md); dro with a beta of its own
+SPLIT_FREE_LOSSES = {"ppo_clip": {}, "gspo": {"eps_low": 0.2, "eps_high": 0.28}, "gspo_token": {}, "cispo": {},
+                     "sapo": {}, "geo_mean": {}, "dppo_tv": {}, "dppo_kl": {}, "gpg": {}, "dro": {"beta": 0.1}}
+
+
+def _dp_gradients(problem: _DPProblem, rows: slice, mode: str, loss_name: str = "ppo_clip") -> tuple[list[torch.Tensor], float]:
+    """One rank's step: global counts, loss * dp_scale(), backward, DDP-style gradient average; returns
+    the gradients and the loss summed over ranks (the whole batch's loss)."""
     model = _dp_model()
     mask = problem.mask[rows]
     num_tokens, num_seqs = global_counts(mask)
     lp = _dp_logprobs(model, problem.x[rows], problem.targets[rows])
-    per_token, _ = policy_loss(lp, problem.old_logprobs[rows], problem.advantages[rows], mask)
+    if loss_name == "ppo_clip":
+        per_token, _ = policy_loss(lp, problem.old_logprobs[rows], problem.advantages[rows], mask)
+    else:  # a registered loss, with its own aggregation where it has one
+        entry = POLICY_LOSSES.get(loss_name)
+        per_token, _ = entry.fn(lp, problem.old_logprobs[rows], problem.advantages[rows], mask,
+                                **SPLIT_FREE_LOSSES[loss_name])
+        mode = entry.agg or mode
     loss = aggregate(per_token, mask, mode=mode, num_tokens=num_tokens, num_seqs=num_seqs, max_len=5)
     (loss * dp_scale()).backward()
     grads = [p.grad for p in model.parameters()]
+    total = loss.detach().clone()
     if dist.is_initialized():
         for g in grads:  # what DDP/FSDP do: all-reduce, then divide by the world size
             dist.all_reduce(g, op=dist.ReduceOp.SUM)
             g.div_(dist.get_world_size())
-    return grads, loss.item()
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return grads, total.item()
 
 
 def _dp_worker(rank: int, world_size: int, init_file: str, out_file: str) -> None:
@@ -158,6 +174,7 @@ def _dp_worker(rank: int, world_size: int, init_file: str, out_file: str) -> Non
         half = problem.mask.shape[0] // world_size
         rows = slice(rank * half, (rank + 1) * half)
         results = {mode: _dp_gradients(problem, rows, mode)[0] for mode in AGG_MODES}
+        results["losses"] = {name: _dp_gradients(problem, rows, "token_mean", name) for name in SPLIT_FREE_LOSSES}
         results["counts"] = global_counts(problem.mask[rows])
         results["dp_scale"] = dp_scale()
         if rank == 0:
@@ -183,3 +200,12 @@ def test_data_parallel_matches_single_process(tmp_path):
         assert expected[0].abs().sum() > 0
         for got, want in zip(results[mode], expected):
             assert_close(got, want, msg=lambda m, mode=mode: f"{mode}: {m}")
+    # every registered loss but the covariance ones: 2 ranks give the 1-process loss (within 1e-6, the
+    # acceptance bound; float64 makes it ~1e-16) and gradient
+    for name in SPLIT_FREE_LOSSES:
+        expected, expected_loss = _dp_gradients(problem, slice(None), "token_mean", name)
+        got, got_loss = results["losses"][name]
+        assert expected[0].abs().sum() > 0, name
+        assert abs(got_loss - expected_loss) <= 1e-6, (name, got_loss, expected_loss)
+        for g, w in zip(got, expected):
+            assert_close(g, w, msg=lambda m, name=name: f"{name}: {m}")

@@ -249,7 +249,8 @@ def test_an_unregistered_name_is_an_error_naming_the_field_and_the_choices(overr
         # dual clip (Ye et al. 2020) needs c > 1 to bound the ratio above 1 + eps for negative advantages
         (["algo.clip.dual_clip_c=1"], "algo.clip.dual_clip_c"),
         (["algo.clip.dual_clip_c=0.5"], "algo.clip.dual_clip_c"),
-        (["algo.clip.eps_low=1.0"], "algo.clip.eps_low"),
+        # eps_low = 1 is a lower bound of 0 (none: CISPO's truncation from above only); past 1 it is nonsense
+        (["algo.clip.eps_low=1.5"], "algo.clip.eps_low"),
         (["rollout.temperature=0"], "rollout.temperature"),
         (["rollout.top_p=0"], "rollout.top_p"),
         (["rollout.top_p=1.5"], "rollout.top_p"),

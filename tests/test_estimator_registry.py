@@ -50,7 +50,8 @@ def test_a_registered_estimator_is_a_config_choice(registered):
 
 def test_an_unregistered_estimator_names_the_field_and_the_choices():
     with pytest.raises(ConfigError, match=r"algo.adv.estimator='batch_mean': must be a registered advantage "
-                                          r"estimator: grpo, rloo, reinforce_pp, gae"):
+                                          r"estimator: grpo, rloo, reinforce_pp, gae, grpo_passk, "
+                                          r"reinforce_pp_baseline, opo, gpg, maxrl, gdpo"):
         load_config(None, ["algo.adv.estimator=batch_mean"])
 
 
@@ -96,4 +97,5 @@ def test_the_group_estimators_are_the_group_functions_on_every_token(name):
 
 def test_the_builtins_declare_what_they_need():
     assert [n for n in ADVANTAGE_ESTIMATORS.names() if ADVANTAGE_ESTIMATORS.get(n).needs_critic] == ["gae"]
-    assert [n for n in ADVANTAGE_ESTIMATORS.names() if ADVANTAGE_ESTIMATORS.get(n).needs_groups] == ["grpo", "rloo"]
+    assert [n for n in ADVANTAGE_ESTIMATORS.names() if ADVANTAGE_ESTIMATORS.get(n).needs_groups] == [
+        "grpo", "rloo", "grpo_passk", "reinforce_pp_baseline", "opo", "gpg", "maxrl", "gdpo"]

@@ -15,7 +15,7 @@ import torch
 from rich.console import Console
 
 from mathrl.config import load_config
-from mathrl.registry import ENGINES, PROMPT_TEMPLATES
+from mathrl.registry import ENGINES, LOSS_TERMS, PROMPT_TEMPLATES, SHAPING_TERMS
 from mathrl.reward import shaping
 from mathrl.rollout.factory import EngineSpec
 from mathrl.tasks.prompts import render_prompt
@@ -52,16 +52,16 @@ def extensions(monkeypatch):
         seen["shaping"].append(x.lengths.shape)
         return torch.full_like(x.lengths, 0.1, dtype=torch.float32)
 
-    monkeypatch.setattr(shaping, "SHAPING_TERMS", [*shaping.SHAPING_TERMS,
-                                                   shaping.ShapingTerm("tenth", lambda cfg: True, tenth)])
+    SHAPING_TERMS.register("tenth", shaping.ShapingTerm(lambda cfg: True, tenth))
 
     def tokens_seen(x: update.TermInputs):
         seen["loss"].append(x.logprobs.shape)
         return None, float(x.mask.sum())  # adds nothing to the loss; logs the micro-batch's counted tokens
 
-    monkeypatch.setattr(update, "LOSS_TERMS", [*update.LOSS_TERMS,
-                                               update.LossTerm("tokens_seen", lambda cfg: True, tokens_seen)])
+    LOSS_TERMS.register("tokens_seen", update.LossTerm(lambda cfg: True, tokens_seen))
     yield seen
+    SHAPING_TERMS.remove("tenth")
+    LOSS_TERMS.remove("tokens_seen")
     ENGINES.remove("counting")
     PROMPT_TEMPLATES.remove("sum_is")
 

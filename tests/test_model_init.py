@@ -52,6 +52,30 @@ def test_architecture_has_the_published_size(name):
     assert round(count / 1e9, 2) == PUBLISHED[name]
 
 
+def qwen3_param_count(c: dict) -> int:
+    """Parameters of a Qwen3 decoder by hand: as Qwen2 but no q/k/v bias, an explicit head_dim, and an
+    RMSNorm over each head's query and key (q_norm, k_norm: head_dim weights each) in every layer."""
+    h, i, v, n, d = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["num_hidden_layers"], c["head_dim"]
+    q, kv = c["num_attention_heads"] * d, c["num_key_value_heads"] * d
+    per_layer = (h * q + 2 * h * kv + q * h + 2 * d) + 3 * h * i + 2 * h
+    return v * h * (1 if c["tie_word_embeddings"] else 2) + n * per_layer + h
+
+
+def test_qwen3_8b_base_has_the_published_size():
+    # The model card: 8.2B parameters, 6.95B of them outside the (untied) embeddings.
+    from transformers import AutoModelForCausalLM
+
+    from mathrl.model.init import CONFIG_DIR
+
+    raw = json.loads((CONFIG_DIR / "qwen3-8b-base.json").read_text())
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(architecture_config("qwen3-8b-base"))
+    count = sum(p.numel() for p in model.parameters())
+    assert count == qwen3_param_count(raw)
+    assert round(count / 1e9, 1) == 8.2
+    assert round((count - 2 * raw["vocab_size"] * raw["hidden_size"]) / 1e9, 2) == 6.95
+
+
 def _small_config_file(tmp_path, vocab_size=300):
     # The 0.5B's config with a small size: same code path as the shipped ones, seconds on a CPU.
     from mathrl.model.init import CONFIG_DIR

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,17 @@ import torch
 from torch.testing import assert_close
 
 from mathrl.algo.losses import aggregate, policy_loss
-from mathrl.algo.rollout_correction import correction_weights, log_ratio
+from mathrl.algo.rollout_correction import (
+    chain,
+    correction_weights,
+    geo_rs_keep,
+    icepop_keep,
+    kl_rs_keep,
+    log_ratio,
+    mismatch_kl,
+    opsm_keep,
+    rule_keeps,
+)
 
 LN2, LN3 = math.log(2.0), math.log(3.0)
 
@@ -213,7 +224,7 @@ def _update_once(overrides, old, rollout_lp, mask, adv):
     logprobs = (old + 0.1).clone().requires_grad_(True)  # pi_theta moved a little away from the proximal policy
     x = TermInputs(cfg, batch, logprobs, torch.zeros(n, t), batch.loss_mask, float(batch.loss_mask.sum()),
                    float(n), 0.0, 0.0, {"entropy": 0.0, "kl": 0.0}, {})
-    loss, _ = pg_term(x)
+    loss, _ = pg_term(x, step=1)
     loss.backward()
     return float(loss.detach()), logprobs.grad, metrics, batch
 
@@ -250,3 +261,303 @@ def test_off_policy_tis_is_token_tis_and_cannot_be_combined_with_rollout_correct
     assert load_config(None, []).correction() is None
     with pytest.raises(ConfigError, match="takes one importance weight"):
         load_config(None, ["algo.off_policy=decoupled", "algo.rollout_correction.mode=tis"])
+
+
+# --------------------------------------------------------------------------------------------------
+# rejection rules (algo.rollout_correction.masks): each by hand on OLD / ROLLOUT / MASK
+#   log ratio (old - rollout): row 0 = [ln 2, 0, -ln 2] (ratios 2, 1, 1/2), row 1 = [ln 3, ln 3, <pad>]
+#   True = kept; padding counts as kept (the loss mask takes it out)
+# --------------------------------------------------------------------------------------------------
+T_, F_ = True, False
+ROW0_KEPT_ROW1_REJECTED = [[T_, T_, T_], [F_, F_, T_]]
+
+GEO_CASES = [
+    # (lower, upper, keep, why)
+    (0.5, 2.0, ROW0_KEPT_ROW1_REJECTED,
+     "row 0: mean log ratio (ln2 + 0 - ln2) / 3 = 0, geometric mean 1, kept; row 1: (ln3 + ln3) / 2 = ln3, 3 > 2"),
+    (0.999, 1.001, ROW0_KEPT_ROW1_REJECTED,
+     "verl's preset window: row 0 is kept whole although two of its tokens have ratios 2 and 1/2 (they cancel)"),
+    (0.5, 3.0, [[T_] * 3, [T_] * 3], "row 1's geometric mean 3 is on the upper bound: kept (inclusive, as verl)"),
+    (0.5, 2.9, ROW0_KEPT_ROW1_REJECTED, "just under 3 rejects row 1; the sequence ratio 3 * 3 = 9 plays no part"),
+]
+
+
+@pytest.mark.parametrize("lower, upper, keep, why", GEO_CASES, ids=[f"{c[0]}-{c[1]}" for c in GEO_CASES])
+def test_geo_rs_keeps_responses_by_the_geometric_mean_of_their_ratios(lower, upper, keep, why):
+    assert geo_rs_keep(OLD, ROLLOUT, MASK, lower=lower, upper=upper).tolist() == keep, why
+
+
+def test_geo_rs_bounds_the_reciprocal_of_verls_k1_ratio():
+    # Row 2's ratios are all 1/2 (geometric mean 1/2). The window [0.6, 2] is on pi_old / pi_rollout:
+    # 1/2 < 0.6 rejects it. verl's seq_mean_k1 would read "0.6_2" as bounds on pi_rollout / pi_old = 2,
+    # inside [0.6, 2], and keep it: the same window here is [1/2, 1/0.6] (docs/tricks.md).
+    old = torch.tensor([[-LN2, -LN2, -LN2]])
+    assert geo_rs_keep(old, torch.zeros(1, 3), torch.ones(1, 3), lower=0.6, upper=2.0).tolist() == [[F_, F_, F_]]
+    assert geo_rs_keep(old, torch.zeros(1, 3), torch.ones(1, 3), lower=0.5, upper=1 / 0.6).tolist() == [[T_, T_, T_]]
+
+
+ICEPOP_CASES = [
+    (0.5, 2.0, ROW0_KEPT_ROW1_REJECTED, "IcePop's [0.5, 2]: ratios 2, 1, 1/2 are inside (bounds inclusive), 3 is not"),
+    (0.6, 2.5, [[T_, T_, F_], [F_, F_, T_]], "ratio 1/2 is under 0.6 and 3 over 2.5: each token on its own"),
+    (0.4, 4.0, [[T_] * 3, [T_] * 3], "every ratio is inside [0.4, 4]"),
+]
+
+
+@pytest.mark.parametrize("lower, upper, keep, why", ICEPOP_CASES, ids=[f"{c[0]}-{c[1]}" for c in ICEPOP_CASES])
+def test_icepop_rejects_each_token_whose_ratio_is_outside_the_window(lower, upper, keep, why):
+    assert icepop_keep(OLD, ROLLOUT, MASK, lower=lower, upper=upper).tolist() == keep, why
+
+
+def test_icepop_with_tis_is_the_icepop_objective():
+    # IcePop weighs a token by M(rho) = rho * 1[0.5 <= rho <= 2]: tis (cap 2) times the mask.
+    w, _ = correction_weights(OLD, ROLLOUT, MASK, mode="tis", level="token", cap=2.0)
+    keep = icepop_keep(OLD, ROLLOUT, MASK, lower=0.5, upper=2.0)
+    assert_close(w * keep, torch.tensor([[2.0, 1.0, 0.5], [0.0, 0.0, 0.0]]))
+
+
+# Per-token estimates of KL(pi_rollout || pi_old) at rho = 2, 1, 1/2 and 3:
+#   k3 = rho - 1 - ln rho:  2 - 1 - ln2 = 0.3069, 0, 1/2 - 1 + ln2 = 0.1931, 3 - 1 - ln3 = 0.9014
+#   k2 = (ln rho)^2 / 2:    0.2402, 0, 0.2402, 0.6035
+#   row means: k3 row 0 = (1 - ln2 + 0 - 1/2 + ln2) / 3 = 1/6 = 0.1667, row 1 = 2 - ln3 = 0.9014
+#              k2 row 0 = ln2^2 / 3 = 0.1602,                          row 1 = ln3^2 / 2 = 0.6035
+KL_RS_CASES = [
+    ("k3", 0.2, ROW0_KEPT_ROW1_REJECTED, "k3 means 0.1667 <= 0.2 < 0.9014"),
+    ("k3", 0.165, [[F_] * 3, [F_, F_, T_]], "row 0's k3 mean 1/6 = 0.1667 is just over 0.165"),
+    ("k2", 0.165, ROW0_KEPT_ROW1_REJECTED, "row 0's k2 mean 0.1602 is under 0.165: k2 and k3 differ away from ratio 1"),
+    ("k2", 0.16, [[F_] * 3, [F_, F_, T_]], "0.1602 > 0.16"),
+    ("k3", 1.0, [[T_] * 3, [T_] * 3], "both means are under 1"),
+]
+
+
+@pytest.mark.parametrize("estimator, threshold, keep, why", KL_RS_CASES, ids=[f"{c[0]}-{c[1]}" for c in KL_RS_CASES])
+def test_kl_rs_rejects_responses_whose_mean_kl_estimate_is_over_the_threshold(estimator, threshold, keep, why):
+    assert kl_rs_keep(OLD, ROLLOUT, MASK, estimator=estimator, threshold=threshold).tolist() == keep, why
+
+
+# OPSM on the mirrored batch: old = -OLD, so log pi_rollout - log pi_old is row 0 = [ln2, 0, -ln2]
+# (mean 0) and row 1 = [ln3, ln3] (mean ln3 = 1.0986): the trainer finds row 1 far less likely than the engine did.
+OPSM_OLD = torch.tensor([[-LN2, 0.0, LN2], [-LN3, -LN3, -99.0]])
+OPSM_CASES = [
+    # (advantages, delta, keep, why)
+    ([[-1.0] * 3, [-1.0] * 3], 0.5, ROW0_KEPT_ROW1_REJECTED, "both negative; row 1's mean 1.0986 > 0.5, row 0's 0 is not"),
+    ([[-1.0] * 3, [1.0] * 3], 0.5, [[T_] * 3, [T_] * 3], "row 1 is as far off-policy but its advantage is positive: kept"),
+    ([[-1.0] * 3, [0.0] * 3], 0.5, [[T_] * 3, [T_] * 3], "advantage 0 is not negative (TRL keeps A >= 0)"),
+    ([[-1.0] * 3, [-1.0] * 3], 1.1, [[T_] * 3, [T_] * 3], "delta 1.1 is over ln3 = 1.0986"),
+    ([[-1.0] * 3, [1.0, -1.0, -1.0]], 0.5, [[T_] * 3, [T_, F_, T_]],
+     "per-token advantages (DeepSeek-V3.2's M_{i,t}): only row 1's negative token goes (the third is padding)"),
+]
+
+
+@pytest.mark.parametrize("adv, delta, keep, why", OPSM_CASES, ids=[str(i) for i in range(len(OPSM_CASES))])
+def test_opsm_rejects_negative_responses_the_trainer_drifted_from(adv, delta, keep, why):
+    assert opsm_keep(OPSM_OLD, ROLLOUT, torch.tensor(adv), MASK, delta=delta).tolist() == keep, why
+
+
+def test_opsm_takes_one_advantage_per_response_too():
+    assert opsm_keep(OPSM_OLD, ROLLOUT, torch.tensor([-1.0, -1.0]), MASK, delta=0.5).tolist() == ROW0_KEPT_ROW1_REJECTED
+
+
+def test_chained_rules_keep_the_intersection():
+    # icepop [0.6, 4] rejects row 0's ratio-1/2 token; geo_rs [0.5, 2] rejects row 1 (geometric mean 3).
+    keeps = rule_keeps(OLD, ROLLOUT, MASK, ["icepop", "geo_rs"], icepop_bounds=(0.6, 4.0), geo_rs_bounds=(0.5, 2.0))
+    assert keeps["icepop"].tolist() == [[T_, T_, F_], [T_, T_, T_]]
+    assert keeps["geo_rs"].tolist() == ROW0_KEPT_ROW1_REJECTED
+    both = [[T_, T_, F_], [F_, F_, T_]]
+    assert chain(keeps.values(), like=MASK).tolist() == both
+    assert chain(reversed(list(keeps.values())), like=MASK).tolist() == both  # the order of the rules is irrelevant
+    assert chain([], like=MASK).all()  # no rule keeps everything
+
+
+def test_rule_list_is_checked():
+    with pytest.raises(ValueError, match="distinct"):
+        rule_keeps(OLD, ROLLOUT, MASK, ["icepop", "icepop"])
+    with pytest.raises(ValueError, match="distinct"):
+        rule_keeps(OLD, ROLLOUT, MASK, ["clip"])
+    with pytest.raises(ValueError, match="needs the advantages"):
+        rule_keeps(OLD, ROLLOUT, MASK, ["opsm"])
+    with pytest.raises(ValueError, match="0 < lower <= 1 <= upper"):
+        icepop_keep(OLD, ROLLOUT, MASK, lower=1.2, upper=2.0)  # a window without ratio 1 rejects on-policy tokens
+
+
+def test_mismatch_kl_by_hand():
+    # over the 5 sampled tokens: k1 = mean(rollout - old) = -(ln2 + 0 - ln2 + 2 ln3) / 5 = -0.4394
+    # k3 = (k3 sum of row 0 = 1/2) + 2 (2 - ln3) over 5 = (4.5 - 2 ln3) / 5 = 0.4606; padding (99 apart) never enters
+    k1, k3 = mismatch_kl(OLD, ROLLOUT, MASK)
+    assert float(k1) == pytest.approx(-2 * LN3 / 5, rel=1e-6)
+    assert float(k3) == pytest.approx((4.5 - 2 * LN3) / 5, rel=1e-6)
+    k1, k3 = mismatch_kl(OLD, OLD.clone(), MASK)
+    assert float(k1) == 0 and float(k3) == 0
+
+
+def test_masks_in_the_step_by_hand():
+    # masks=[icepop] at [0.6, 4], no importance weight: the weights are the keep mask, row 0's third token 0.
+    adv = torch.ones(2, 3)
+    loss, grad, metrics, batch = _update_once(["algo.rollout_correction.masks=[icepop]",
+                                               "algo.rollout_correction.icepop_bounds=[0.6, 4]"], OLD, ROLLOUT, MASK, adv)
+    assert_close(batch.is_weights * MASK, torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]]))
+    assert batch.loss_mask.sum() == 5  # rejected=zero: the rejected token stays in the normaliser
+    assert metrics["rollout_corr/icepop_rejected"] == pytest.approx(1 / 5)
+    assert metrics["rollout_corr/k1_kl"] == pytest.approx(-2 * LN3 / 5, rel=1e-6)
+    assert metrics["rollout_corr/k3_kl"] == pytest.approx((4.5 - 2 * LN3) / 5, rel=1e-6)
+    assert "actor/rollout_is_weight" not in metrics  # no importance weight is on
+    r = math.exp(0.1)  # pi_theta = old + 0.1 on every token, under the clip 1.28: -r A per kept token, over 5
+    assert loss == pytest.approx(-r * 4 / 5, rel=1e-6)
+    assert grad[0, 2] == 0
+
+
+def test_chained_masks_with_tis_and_drop_by_hand():
+    # tis (cap 2.5) weights [[2, 1, 1/2], [2.5, 2.5]]; icepop [0.6, 4] rejects (0, 2), geo_rs [0.5, 2] rejects row 1:
+    # only (0, 0) and (0, 1) remain, and with drop they alone are the normaliser.
+    overrides = ["algo.rollout_correction.mode=tis", "algo.rollout_correction.cap=2.5", "algo.rollout_correction.rejected=drop",
+                 "algo.rollout_correction.masks=[icepop, geo_rs]", "algo.rollout_correction.icepop_bounds=[0.6, 4]",
+                 "algo.rollout_correction.geo_rs_bounds=[0.5, 2]"]
+    loss, _, metrics, batch = _update_once(overrides, OLD, ROLLOUT, MASK, torch.ones(2, 3))
+    assert_close(batch.is_weights, torch.tensor([[2.0, 1.0, 0.0], [0.0, 0.0, 0.0]]))
+    assert_close(batch.loss_mask, torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]))
+    # each rule's share is its own, of the sample filters' 5 tokens (not of what the other rules left)
+    assert metrics["rollout_corr/icepop_rejected"] == pytest.approx(1 / 5)
+    assert metrics["rollout_corr/geo_rs_rejected"] == pytest.approx(2 / 5)
+    assert metrics["actor/rollout_is_over_cap"] == pytest.approx(2 / 5)  # tis caps the two ratio-3 tokens
+    r = math.exp(0.1)
+    assert loss == pytest.approx(-r * (2.0 + 1.0) / 2, rel=1e-6)
+
+
+def test_opsm_is_applied_after_the_advantages():
+    from types import SimpleNamespace
+
+    from mathrl.algo.estimators import Advantages
+    from mathrl.config import load_config
+    from mathrl.train.step import Scored, advantage_masks, importance_weights
+
+    cfg = load_config(None, ["algo.rollout_correction.masks=[opsm]", "algo.rollout_correction.rejected=drop"])
+    metrics: dict = {}
+    # opsm is not applied with the rules that need no advantages (there are none yet) ...
+    is_weights, loss_mask = importance_weights(cfg, OPSM_OLD, ROLLOUT, MASK, MASK.clone(), metrics)
+    assert is_weights is None and torch.equal(loss_mask, MASK)
+    assert "rollout_corr/k1_kl" in metrics and "rollout_corr/opsm_rejected" not in metrics
+    # ... but once they are: row 1 (negative, mean log(pi_rollout / pi_old) = ln3 > 0.5) goes, and with drop leaves the mask
+    scored = Scored(old_logprobs=OPSM_OLD, entropy=None, ref_logprobs=None, ref_entropy=None, ref_kl=None,
+                    is_weights=is_weights, loss_mask=loss_mask)
+    got = SimpleNamespace(rollout=SimpleNamespace(logprobs=ROLLOUT))
+    prep = SimpleNamespace(batch=SimpleNamespace(response_mask=MASK), checks=SimpleNamespace(loss_mask=MASK))
+    out = advantage_masks(cfg, scored, Advantages(-torch.ones(2, 3) * MASK), got, prep, metrics=metrics)
+    assert_close(out.is_weights * MASK, torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]))  # padding: never in the loss
+    assert_close(out.loss_mask, torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]))
+    assert metrics["rollout_corr/opsm_rejected"] == pytest.approx(2 / 5)
+
+
+def test_a_default_run_has_no_correction_and_no_new_metric():
+    from mathrl.config import load_config
+    from mathrl.train.step import importance_weights
+
+    metrics: dict = {}
+    is_weights, loss_mask = importance_weights(load_config(None, []), OLD, ROLLOUT, MASK, MASK, metrics)
+    assert is_weights is None and loss_mask is MASK and metrics == {}
+
+
+def test_bypass_takes_the_rollout_logprobs_as_old_without_a_scoring_pass(monkeypatch):
+    from types import SimpleNamespace
+
+    from mathrl.config import load_config
+    from mathrl.train import step
+    from mathrl.train.batching import TrainBatch
+
+    def no_pass(*args, **kwargs):
+        raise AssertionError("bypass must not run the old-logprob scoring pass")
+
+    monkeypatch.setattr(step, "scoring_pass", no_pass)
+    # bfloat16: without bypass, auto would recompute (the engine's logprobs are not the trainer's here)
+    cfg = load_config(None, ["algo.rollout_correction.bypass=true", "model.dtype=bfloat16"])
+    rollout_lp = torch.tensor([[-0.5, -1.0, -2.0], [-0.25, -3.0, -7.0]])
+    batch = TrainBatch(prompt_ids=torch.zeros(2, 1, dtype=torch.long), prompt_mask=torch.ones(2, 1),
+                       response_ids=torch.zeros(2, 3, dtype=torch.long), response_mask=MASK.clone(), loss_mask=MASK.clone(),
+                       old_logprobs=None, advantages=None, ref_logprobs=None, ref_entropy=None, correct=torch.zeros(2),
+                       rollout_logprobs=rollout_lp)
+    trainer = SimpleNamespace(cfg=cfg, model=None)
+    got = SimpleNamespace(rollout=SimpleNamespace(logprobs=rollout_lp))
+    prep = SimpleNamespace(batch=batch, checks=SimpleNamespace(loss_mask=MASK.clone()), rows=None)
+    metrics: dict = {}
+    scored = step.score(trainer, got, prep, metrics=metrics)
+    assert torch.equal(scored.old_logprobs, rollout_lp * MASK)  # old == rollout on every sampled token
+    assert scored.entropy is None and scored.is_weights is None and metrics == {}
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    (["algo.rollout_correction.mode=tis"], "algo.rollout_correction.mode=tis"),
+    (["algo.rollout_correction.masks=[k3_rs]"], "algo.rollout_correction.masks=[k3_rs]"),
+    (["algo.off_policy=decoupled"], "algo.off_policy=decoupled"),
+    (["train.old_logprobs=recompute"], "leave train.old_logprobs=auto"),
+    (["algo.entropy.mode=adaptive"], "algo.entropy.mode=adaptive"),
+])
+def test_bypass_refuses_what_needs_the_trainers_old_logprobs(overrides, fragment):
+    from mathrl.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"algo\.rollout_correction\.bypass=true .*" + re.escape(fragment)):
+        load_config(None, ["algo.rollout_correction.bypass=true", *overrides])
+
+
+def test_mask_settings_are_checked_before_anything_loads():
+    from mathrl.config import ConfigError, load_config
+
+    for override, message in [("masks=[geo_rs, geo_rs]", "without repeats"), ("icepop_bounds=[1.5, 2]", "0 < lower <= 1 <= upper"),
+                              ("geo_rs_bounds=[0.999]", "0 < lower <= 1 <= upper"), ("k3_rs_threshold=0", "must be > 0"),
+                              ("opsm_delta=-1", "must be > 0"), ("masks=[tis]", "is not one of")]:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            load_config(None, [f"algo.rollout_correction.{override}"])
+
+
+# --------------------------------------------------------------------------------------------------
+# end to end: 2 steps of the tiny model with each rule (the base model built once for all of them)
+# --------------------------------------------------------------------------------------------------
+TINY = [
+    "base.steps=200", "base.max_digits=1", "data.arith.max_digits=1", "base.hidden_size=32",
+    "base.intermediate_size=64", "base.num_layers=2", "base.num_heads=2", "base.num_kv_heads=1",
+    "train.steps=2", "rollout.prompts_per_step=4", "rollout.n=4", "train.mini_batch_size=8", "data.eval_size=4",
+    "eval.n=2", "eval.every=2", "reward.num_workers=0", "data.dynamic_sampling.mode=none", "train.save_every=0",
+]
+ALL_RULES = "[geo_rs, icepop, k3_rs, k2_rs, opsm]"
+
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides, rules", [
+    (["algo.rollout_correction.masks=[geo_rs]"], ["geo_rs"]),
+    (["algo.rollout_correction.masks=[icepop]", "algo.rollout_correction.mode=tis"], ["icepop"]),
+    (["algo.rollout_correction.masks=[k3_rs]"], ["k3_rs"]),
+    (["algo.rollout_correction.masks=[k2_rs]", "algo.rollout_correction.rejected=drop"], ["k2_rs"]),
+    (["algo.rollout_correction.masks=[opsm]"], ["opsm"]),
+    ([f"algo.rollout_correction.masks={ALL_RULES}"], ["geo_rs", "icepop", "k3_rs", "k2_rs", "opsm"]),
+    (["algo.rollout_correction.bypass=true"], []),
+], ids=["geo_rs", "icepop+tis", "k3_rs", "k2_rs-drop", "opsm", "chained", "bypass"])
+def test_training_with_each_mask(overrides, rules, shared_cache, tmp_path, monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from mathrl.config import load_config
+    from mathrl.track.sinks import read_metrics
+    from mathrl.train.loop import train
+
+    monkeypatch.setenv("MATHRL_CACHE", str(shared_cache))
+    # bfloat16: the engine's cached decoding and the trainer's forward round differently, so the rules
+    # compare two different logprobs (they must run either way)
+    cfg = load_config(None, [*TINY, "model.dtype=bfloat16", *overrides, f"run_dir={tmp_path / 'run'}"])
+    result = train(cfg, console=Console(file=io.StringIO()))
+    rows = [r for r in read_metrics(result.run_dir / "metrics.jsonl") if "actor/pg_loss" in r]
+    assert [r["step"] for r in rows] == [1, 2]
+    glossary = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
+    for row in rows:
+        for key, value in row.items():
+            assert isinstance(value, (int, float)) and math.isfinite(value), (key, value)
+        corr = sorted(k for k in row if k.startswith("rollout_corr/"))
+        if not rules:  # bypass: old == rollout, no scoring pass (so no rollout entropy), nothing to compare
+            assert corr == [] and row["rollout/logprob_mismatch"] == 0 and "actor/rollout_entropy" not in row
+            continue
+        assert corr == sorted(["rollout_corr/k1_kl", "rollout_corr/k3_kl", *(f"rollout_corr/{r}_rejected" for r in rules)])
+        assert row["rollout_corr/k3_kl"] > 0  # bf16 sampling: the two logprobs differ
+        assert all(0 <= row[f"rollout_corr/{r}_rejected"] <= 1 for r in rules)
+        assert [k for k in corr if f"`{k}`" not in glossary] == []  # docs/metrics.md defines every key

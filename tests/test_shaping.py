@@ -174,12 +174,15 @@ def test_shape_rewards_starts_from_the_total_and_reward_incorrect():
     assert_close(rewards, torch.tensor([1.5, -0.75, 1.0, 0.5])) and means == {}
 
 
-def test_a_new_shaping_term_is_one_entry(monkeypatch):
-    # the extension point: one ShapingTerm in SHAPING_TERMS is summed and logged, nothing else to touch
+def test_a_new_shaping_term_is_one_registration():
+    # the extension point: one registered ShapingTerm is summed and logged, nothing else to touch or patch
+    from mathrl.registry import SHAPING_TERMS
     from mathrl.reward import shaping
 
-    term = shaping.ShapingTerm("short_bonus", lambda cfg: True, lambda x: (x.lengths < 5).float() * 0.1)
-    monkeypatch.setattr(shaping, "SHAPING_TERMS", [*shaping.SHAPING_TERMS, term])
-    rewards, means = shaping.shape_rewards(_config(), 3, LENGTHS, CORRECT, GROUPS)
+    SHAPING_TERMS.register("short_bonus", shaping.ShapingTerm(lambda cfg: True, lambda x: (x.lengths < 5).float() * 0.1))
+    try:
+        rewards, means = shaping.shape_rewards(_config(), 3, LENGTHS, CORRECT, GROUPS)
+    finally:
+        SHAPING_TERMS.remove("short_bonus")
     assert_close(rewards, CORRECT + torch.tensor([0.1, 0.0, 0.0, 0.1]))
     assert means == {"short_bonus": pytest.approx(0.05)}

@@ -1,4 +1,5 @@
-"""Named extension points: the advantage estimators (algo/estimators.py), the rollout engines
+"""Named extension points: the advantage estimators (algo/estimators.py), the policy losses
+(algo/policy_losses.py), the loss terms (train/update.py), the reward shaping terms (reward/shaping.py), the rollout engines
 (rollout/factory.py), the prompt templates (tasks/prompts.py), the shipped model architectures
 (model/init.py), the built-in reward functions (reward/functions.py) and the built-in arithmetic eval
 sets (tasks/sources.py). Each implementation registers itself under the name a config field chooses it by;
@@ -51,6 +52,11 @@ class Registry:
         self._load_builtins()
         return list(self._entries)
 
+    def items(self) -> list[tuple[str, Any]]:
+        """(name, entry) pairs in registration order (the order the loop applies ordered entries in)."""
+        self._load_builtins()
+        return list(self._entries.items())
+
     def get(self, name: str) -> Any:
         self._load_builtins()
         if name not in self._entries:
@@ -69,6 +75,9 @@ ARCHITECTURES = Registry("architecture", field="model.path", home="mathrl.model.
 REWARD_FUNCTIONS = Registry("reward function", field="reward.functions[].fn", home="mathrl.reward.functions")
 TOOL_FORMATS = Registry("tool call format", field="rollout.tool_format", home="mathrl.rollout.episodes")  # python_blocks, chat_tool_call
 TOOLS = Registry("built-in tool", field="rollout.tools[].fn", home="mathrl.tools")  # python, calculator
+POLICY_LOSSES = Registry("policy loss", field="algo.policy_loss", home="mathrl.algo.policy_losses")  # ppo_clip, gspo, cispo, ...
+LOSS_TERMS = Registry("loss term", field="train/update.py", home="mathrl.train.update")  # added to the policy loss in this order
+SHAPING_TERMS = Registry("reward shaping term", field="reward/shaping.py", home="mathrl.reward.shaping")  # added to the reward in this order
 ARITH_SOURCES = Registry("built-in arithmetic eval set", field="data.eval", home="mathrl.tasks.sources")  # arith, arith_decimal, arith_hard
 
 

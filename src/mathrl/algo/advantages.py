@@ -8,10 +8,16 @@ positions. The loop picks an estimator with ``algo.adv.estimator``:
     rloo          rloo_advantages(rewards, group_ids)
     reinforce_pp  reinforce_pp_advantages(rewards, response_mask, kl_rewards=..., loss_mask=...)
                   = whiten_advantages(discounted_returns(token_rewards, mask), loss_mask)
+    reinforce_pp_baseline  reinforce_pp_baseline_advantages(rewards, group_ids, loss_mask)
+    grpo_passk    passk_advantages(rewards, group_ids, std_normalize=..., std_scope=...)
+    opo           opo_advantages(rewards, group_ids, lengths)
+    gpg           gpg_advantages(rewards, group_ids, alpha=...)
+    maxrl         maxrl_advantages(rewards, group_ids)
+    gdpo          gdpo_advantages(components, group_ids, weights=..., shaping=...), then whitened
 
 then broadcasts sequence-level advantages to tokens with ``expand_to_tokens``.
 
-Run the tests with ``python -m pytest tests/test_advantages.py -q``.
+Run the tests with ``python -m pytest tests/test_advantages.py tests/test_advantages_more.py -q``.
 """
 
 from __future__ import annotations
@@ -32,6 +38,13 @@ __all__ = [
     "discounted_returns",
     "reinforce_pp_advantages",
     "expand_to_tokens",
+    "reinforce_pp_baseline_advantages",
+    "passk_advantages",
+    "opo_advantages",
+    "GpgAlpha",
+    "gpg_advantages",
+    "maxrl_advantages",
+    "gdpo_advantages",
 ]
 
 StdScope = Literal["group", "batch"]
@@ -137,10 +150,12 @@ def rloo_advantages(rewards: Tensor, group_ids: Tensor) -> Tensor:
     return torch.where(keep, adv, torch.zeros_like(adv))
 
 
-def whiten_advantages(adv: Tensor, mask: Tensor | None = None, *, eps: float = 1e-8) -> Tensor:
+def whiten_advantages(adv: Tensor, mask: Tensor | None = None, *, eps: float = 1e-8, unbiased: bool = False) -> Tensor:
     """Batch whitening of advantages over the counted tokens (REINFORCE++, Hu 2025, "global
     advantage normalization"): (A - mean) / sqrt(var + eps), with mean and the *biased* variance
-    taken over all unmasked entries of the batch, as the OpenRLHF reference implementation does.
+    taken over all unmasked entries of the batch, as the OpenRLHF reference implementation does;
+    ``unbiased=True`` takes the Bessel-corrected (n-1) variance instead, as verl's ``masked_whiten``
+    does (the estimators that follow verl: reinforce_pp_baseline, gdpo).
 
     Call it on the whole rollout batch (before splitting into mini-batches or ranks), so that
     every token is whitened with the same statistics.
@@ -149,10 +164,11 @@ def whiten_advantages(adv: Tensor, mask: Tensor | None = None, *, eps: float = 1
         adv: [N] or [B, T] advantages (e.g. returns from ``discounted_returns``).
         mask: same shape, nonzero where the entry counts; None counts every entry.
         eps: added to the variance.
+        unbiased: divide the summed squared deviations by n - 1 (verl) instead of n (OpenRLHF).
 
     Returns:
         Same shape as ``adv``; 0 at masked entries. If every counted entry is equal (or none is
-        counted) the result is exactly 0.
+        counted, or only one) the result is exactly 0.
     """
     m = torch.ones_like(adv, dtype=torch.bool) if mask is None else mask.bool()
     if m.shape != adv.shape:
@@ -164,7 +180,7 @@ def whiten_advantages(adv: Tensor, mask: Tensor | None = None, *, eps: float = 1
     if counted.numel() == 0 or bool(counted.max() == counted.min()):
         return zero
     mean = counted.mean()  # []
-    var = counted.var(unbiased=False)  # [] biased (1/n), as in OpenRLHF
+    var = counted.var(unbiased=unbiased)  # [] biased (1/n) as in OpenRLHF, or unbiased (1/(n-1)) as in verl
     out = (a - mean) * torch.rsqrt(var + eps)
     return torch.where(m, out, zero)
 
@@ -263,3 +279,275 @@ def expand_to_tokens(adv: Tensor, mask: Tensor) -> Tensor:
     a = _as_float(adv)
     expanded = a.unsqueeze(-1).expand(mask.shape)  # [B, T]
     return torch.where(mask.bool(), expanded, torch.zeros_like(expanded))
+
+
+# ---------------------------------------------------------------------------------------------------
+# More group estimators (the verl / prime-rl / SkyRL ones). Shared conventions, those of
+# group_advantages: rewards are one scalar per response (the loop passes the verifier score plus
+# shaping terms minus the summed KL penalty, as verl sums its token_level_rewards); a single-sample
+# group and a group whose rewards are all equal get exactly 0 (before any batch whitening, which
+# shifts every row: reinforce_pp_baseline, gdpo). verl instead gives a single-sample
+# group a baseline of 0 (so A = r, or r / (1 + eps)) and leaves the rounding residue of an all-equal
+# group divided by eps; the loop never forms a group of one (rollout.n > 1 for these estimators).
+# ---------------------------------------------------------------------------------------------------
+
+GpgAlpha = Literal["valid_groups", "nonzero_rewards", "none"]
+
+
+def _group_std(centred: Tensor, group_ids: Tensor, count: Tensor) -> Tensor:
+    """[N] the unbiased (n-1) std of each sample's group from its deviations ``centred`` [N] from
+    the group mean; 0 for a single-sample group."""
+    sq = group_stats(centred.square(), group_ids)  # group sums of squared deviations
+    return torch.sqrt(sq.sum[sq.index] / (count - 1).clamp_min(1))
+
+
+def reinforce_pp_baseline_advantages(rewards: Tensor, group_ids: Tensor, loss_mask: Tensor) -> Tensor:
+    """REINFORCE++-baseline (Hu et al. 2025, "REINFORCE++", arXiv 2501.03262, the variant with a
+    group baseline; verl ``compute_reinforce_plus_plus_baseline_outcome_advantage``): subtract the
+    group mean, put the result on every counted token, then whiten over all the batch's counted
+    tokens (global advantage normalisation, so the std is the batch's, never a group's):
+
+        A_{i,t} = whiten_{tokens}(r_i - mean(r_group))
+
+    The whitening is verl's ``masked_whiten``: token-weighted mean, unbiased (n-1) variance,
+    1e-8 added to it. Statistics are over ``loss_mask``, the tokens that reach the loss (verl's
+    response_mask plays that role there). Like verl, an all-equal group's zeros are whitened too
+    (they become -mean/std), so only a batch whose every counted token is equal gets exact zeros.
+
+    Args:
+        rewards: [N] sequence reward per response.
+        group_ids: [N] integer prompt id per response.
+        loss_mask: [N, T] nonzero on the tokens that count.
+
+    Returns:
+        [N, T] advantages, 0 outside loss_mask.
+    """
+    centred = group_advantages(rewards, group_ids, std_normalize=False)  # [N] r - group mean
+    return whiten_advantages(expand_to_tokens(centred, loss_mask), loss_mask, unbiased=True)  # [N, T]
+
+
+def passk_advantages(
+    rewards: Tensor,
+    group_ids: Tensor,
+    *,
+    std_normalize: bool = True,
+    std_scope: StdScope = "group",
+    eps: float = 1e-6,
+) -> Tensor:
+    """Pass@k advantages with k = the group size (Tang et al. 2025, "Optimizing Language Models for
+    Inference Time Objectives using Reinforcement Learning", arXiv 2503.19595, the leave-one-out
+    estimator of the max-of-k objective; verl ``compute_grpo_passk_outcome_advantage``).
+
+    The group's objective is max_j r_j; leaving sample i out changes it only for the best sample,
+    and by r_max - r_second. So only the group's best response gets a nonzero advantage:
+
+        A_i = (r_max - r_second_max) / (std(r_group) + eps)   if i is the group's unique best
+        A_i = 0                                                otherwise
+
+    A tie for the best gives r_max - r_second_max = 0, so the whole group gets 0 (verl picks one of
+    the tied rows by ``torch.topk`` and gives it 0 too). k is not a setting: it is rollout.n.
+
+    Args:
+        rewards: [N] scalar reward per response.
+        group_ids: [N] integer prompt id per response.
+        std_normalize: divide by the std (verl's default) or not. Config ``algo.adv.std_normalize``.
+        std_scope: ``"group"``: the unbiased std of the group, as verl; ``"batch"``: of the whole
+            batch (mathrl's extension, as in group_advantages). Config ``algo.adv.std_scope``.
+        eps: added to the std (verl: 1e-6).
+
+    Returns:
+        [N] advantages, >= 0; exactly 0 except for each group's unique best response. verl raises
+        on a group of one; here it gets 0.
+    """
+    if std_scope not in ("group", "batch"):
+        raise ValueError(f"std_scope must be 'group' or 'batch', got {std_scope!r}")
+    r = _as_float(rewards)  # [N]
+    groups, count, total, constant = _group_stats(r, group_ids)  # [N] each; validates the shapes
+    if r.numel() == 0:
+        return r.clone()
+    best = groups.max[groups.index]  # [N] the group's max
+    is_best = r == best  # [N]
+    n_best = group_stats(is_best.to(r.dtype), group_ids).sum[groups.index]  # [N] how many share the max
+    # The second largest value: the max once the best rows are set to -inf (-inf where all tie).
+    runner_up = group_stats(torch.where(is_best, torch.full_like(r, -torch.inf), r), group_ids).max[groups.index]
+    unique_best = is_best & (n_best == 1) & (count > 1)  # [N]
+    gap = torch.where(unique_best, best - runner_up, torch.zeros_like(r))  # [N] r_max - r_second on the best row
+    if not std_normalize:
+        return gap
+    if std_scope == "group":
+        centred = torch.where(constant, torch.zeros_like(r), r - total / count)  # [N]
+        std = _group_std(centred, group_ids, count)  # [N]
+    else:
+        std = r.std() if r.numel() > 1 else r.new_zeros(())  # [] unbiased
+    # A nonzero gap means a non-constant group (std > 0), so the division is safe even with eps = 0.
+    return torch.where(unique_best, gap / (std + eps), gap)
+
+
+def opo_advantages(rewards: Tensor, group_ids: Tensor, lengths: Tensor) -> Tensor:
+    """OPO's length-weighted baseline (Hao et al. 2025, "On-Policy RL with Optimal Reward Baseline",
+    arXiv 2505.23585; verl ``compute_opo_outcome_advantage``):
+
+        A_i = r_i - sum_j l_j r_j / sum_j l_j      (j over the group, l = response length)
+
+    The variance-optimal baseline weighs each reward by ||grad log pi(y_j)||^2; OPO approximates
+    that squared norm by the response length, since the gradient sums over tokens. No std division.
+
+    Args:
+        rewards: [N] scalar reward per response.
+        group_ids: [N] integer prompt id per response.
+        lengths: [N] response lengths in tokens (the loop passes the generated tokens, response_mask,
+            as verl does; a tool's observation tokens are not the policy's and do not count).
+
+    Returns:
+        [N] advantages; exactly 0 for single-sample and all-equal groups. A group whose lengths are
+        all 0 (no tokens, so no gradient either) falls back to the plain mean (verl divides 0 by 0).
+    """
+    r = _as_float(rewards)  # [N]
+    groups, count, total, constant = _group_stats(r, group_ids)  # [N] each; validates the shapes
+    if r.numel() == 0:
+        return r.clone()
+    length = _as_float(lengths).to(r.dtype)  # [N]
+    if length.shape != r.shape:
+        raise ValueError(f"lengths must be [N] like rewards, got {tuple(length.shape)} and {tuple(r.shape)}")
+    length_sum = group_stats(length, group_ids).sum[groups.index]  # [N] sum_j l_j over the group
+    weighted = group_stats(length * r, group_ids).sum[groups.index]  # [N] sum_j l_j r_j
+    baseline = torch.where(length_sum > 0, weighted / length_sum.clamp_min(1e-30), total / count)  # [N]
+    keep = (count > 1) & ~constant
+    return torch.where(keep, r - baseline, torch.zeros_like(r))
+
+
+def gpg_advantages(rewards: Tensor, group_ids: Tensor, *, alpha: GpgAlpha = "valid_groups") -> Tensor:
+    """GPG's advantage (Chu et al. 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline
+    for Model Reasoning", arXiv 2504.02546; verl ``compute_gpg_outcome_advantage``): the group-mean
+    baseline without std division, scaled by a batch factor alpha,
+
+        A_i = alpha * (r_i - mean(r_group)) / F_norm,    F_norm = 1 (verl's default and fixed value)
+
+    alpha undoes the dilution of the batch-mean loss by samples whose advantage is 0 (GPG's
+    "accurate gradient estimation"). It is the one arguable part, so it is a switch:
+
+    - ``"valid_groups"``: alpha = N / (N - M), M = the samples of all-equal groups (single-sample
+      groups included): the paper's B / (B - M) and the authors' code (AMAP-ML/GPG, loss divided by
+      the share of groups with reward std > 0). 1 when no group has a signal (every A is 0 then).
+    - ``"nonzero_rewards"``: alpha = N / max(#{i: r_i != 0}, 1), what verl computes (it counts nonzero
+      *rewards*, so with 0/1 rewards alpha is 1 / accuracy, not the share of informative samples).
+    - ``"none"``: alpha = 1, Dr. GRPO's advantage.
+
+    GPG pairs this advantage with the plain policy-gradient loss (no ratio clipping); that is a
+    policy-loss choice, not this function's.
+
+    Args:
+        rewards: [N] scalar reward per response (one rollout batch: alpha is the batch's).
+        group_ids: [N] integer prompt id per response.
+        alpha: how alpha is computed. Config ``algo.adv.gpg_alpha``.
+
+    Returns:
+        [N] advantages; exactly 0 for single-sample and all-equal groups.
+    """
+    r = _as_float(rewards)  # [N]
+    _, count, _, constant = _group_stats(r, group_ids)  # [N] each; validates the shapes
+    centred = group_advantages(r, group_ids, std_normalize=False)  # [N] r - group mean
+    n = r.numel()
+    if alpha == "valid_groups":
+        valid = int(((count > 1) & ~constant).sum())  # N - M
+        scale = n / valid if valid > 0 else 1.0
+    elif alpha == "nonzero_rewards":
+        scale = n / max(int(torch.count_nonzero(r)), 1)
+    elif alpha == "none":
+        scale = 1.0
+    else:
+        raise ValueError(f"alpha must be 'valid_groups', 'nonzero_rewards' or 'none', got {alpha!r}")
+    return centred * scale
+
+
+def maxrl_advantages(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6) -> Tensor:
+    """MaxRL's mean-normalised advantage (Tajwar et al. 2026, "Maximum Likelihood Reinforcement
+    Learning", arXiv 2602.02710; as implemented in prime-rl ``MaxRLAlgorithm`` and SkyRL
+    ``compute_maxrl_advantage``):
+
+        A_i = (r_i - mean(r_group)) / (mean(r_group) + eps)
+
+    With 0/1 rewards the group mean estimates the pass rate p, and dividing by it rather than by the
+    std makes the policy gradient unbiased for the group-size truncation of the maximum-likelihood
+    objective log p (hard prompts weigh ~1/p); a group of n interpolates between REINFORCE (n = 1)
+    and maximum likelihood (n -> inf). Meant for non-negative (canonically 0/1) rewards.
+
+    Choices where the two references differ: eps = 1e-6 is SkyRL's (prime-rl divides by the bare
+    mean); a group whose mean is <= 0 gets 0, prime-rl's rule (SkyRL divides by a negative mean + eps,
+    flipping the advantages' sign; with 0/1 rewards only the all-wrong group has mean 0, and both give
+    0 there).
+
+    Args:
+        rewards: [N] scalar reward per response, >= 0 for the formula's meaning.
+        group_ids: [N] integer prompt id per response.
+        eps: added to the mean.
+
+    Returns:
+        [N] advantages; exactly 0 for single-sample groups, all-equal groups and groups with mean <= 0.
+    """
+    r = _as_float(rewards)  # [N]
+    _, count, total, constant = _group_stats(r, group_ids)  # [N] each; validates the shapes
+    if r.numel() == 0:
+        return r.clone()
+    mean = total / count  # [N]
+    keep = (count > 1) & ~constant & (mean > 0)
+    return torch.where(keep, (r - mean) / (mean.clamp_min(0) + eps), torch.zeros_like(r))
+
+
+def gdpo_advantages(
+    components: Tensor,
+    group_ids: Tensor,
+    *,
+    weights: Tensor | None = None,
+    shaping: Tensor | None = None,
+    std_normalize: bool = True,
+    std_scope: StdScope = "group",
+    eps: float = 1e-6,
+) -> Tensor:
+    """GDPO's decoupled sum (Liu et al. 2026, "GDPO: Group reward-Decoupled Normalization Policy
+    Optimization for Multi-reward RL Optimization", arXiv 2601.05242; verl
+    ``compute_gdpo_outcome_advantage``, its first two steps): normalise each reward component within
+    its group as GRPO does, then take the weighted sum,
+
+        A_i = sum_k w_k * (c_{k,i} - mean_group(c_k)) / (std_group(c_k) + eps)  [+ shaping_i - mean_group(shaping)]
+
+    Normalising the sum instead (GRPO) lets a component with a large spread drown the others, and
+    maps different combinations of component scores to the same advantage. The paper's last step,
+    whitening the sum over the batch, is the estimator's (``algo.adv.gdpo_whiten``), on tokens.
+
+    The components are the *raw* per-component scores and the weights multiply the *normalised*
+    ones, as verl does (its ``gdpo_reward_weights``; here reward.functions[].weight). With one
+    component of weight 1 and no shaping this is exactly ``group_advantages`` (GRPO).
+
+    ``shaping`` is what the sequence reward holds besides the weighted components (length shaping
+    terms, reward.incorrect, the KL reward penalty). verl's GDPO drops it; here it keeps its scale:
+    it is centred on its group mean and never divided by a std (so a small penalty coefficient stays
+    small, and rounding noise in it stays noise). With std_normalize=False the whole result is
+    therefore the Dr. GRPO advantage of the summed reward.
+
+    Args:
+        components: [K, N] raw score of each of K components per response.
+        group_ids: [N] integer prompt id per response.
+        weights: [K] weight of each component after normalisation; None = all 1.
+        shaping: [N] the rest of the sequence reward, or None.
+        std_normalize, std_scope, eps: as in ``group_advantages``, per component.
+
+    Returns:
+        [N] advantages; exactly 0 for single-sample groups and groups where every component (and
+        the shaping) is constant.
+    """
+    if components.dim() != 2 or components.shape[1] != group_ids.shape[0]:
+        raise ValueError(f"components must be [K, N] with N = len(group_ids), got {tuple(components.shape)} "
+                         f"and group_ids {tuple(group_ids.shape)}")
+    c = _as_float(components)  # [K, N]
+    w = (torch.ones(c.shape[0], dtype=c.dtype, device=c.device) if weights is None
+         else torch.as_tensor(weights, dtype=c.dtype, device=c.device))  # [K]
+    if w.shape != (c.shape[0],):
+        raise ValueError(f"weights must be [K] = [{c.shape[0]}], got {tuple(w.shape)}")
+    out = torch.zeros(c.shape[1], dtype=c.dtype, device=c.device)  # [N]
+    for k in range(c.shape[0]):
+        normalised = group_advantages(c[k], group_ids, std_normalize=std_normalize, std_scope=std_scope, eps=eps)  # [N]
+        out = out + w[k] * normalised
+    if shaping is not None:
+        out = out + group_advantages(shaping.to(c.dtype), group_ids, std_normalize=False)  # [N] centred, unscaled
+    return out

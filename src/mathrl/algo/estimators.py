@@ -22,8 +22,14 @@ from torch import Tensor
 
 from mathrl.algo.advantages import (
     expand_to_tokens,
+    gdpo_advantages,
+    gpg_advantages,
     group_advantages,
+    maxrl_advantages,
+    opo_advantages,
+    passk_advantages,
     reinforce_pp_advantages,
+    reinforce_pp_baseline_advantages,
     rloo_advantages,
     whiten_advantages,
 )
@@ -41,6 +47,7 @@ class AdvantageInputs:
     kl_rewards: Tensor  # [N, T] per-token KL reward penalty (zeros unless algo.kl.use=reward)
     group_ids: Tensor  # [N] the prompt each response answers (groups of rollout.n)
     values: Tensor | None = None  # [N, T] critic values at sampling time (estimators with needs_critic)
+    components: dict[str, Tensor] | None = None  # reward.functions[].name -> [N] its raw (unweighted) score; None: not kept (gdpo)
 
 
 @dataclass
@@ -105,3 +112,70 @@ ADVANTAGE_ESTIMATORS.register("grpo", Estimator(grpo))
 ADVANTAGE_ESTIMATORS.register("rloo", Estimator(rloo))
 ADVANTAGE_ESTIMATORS.register("reinforce_pp", Estimator(reinforce_pp, needs_groups=False))
 ADVANTAGE_ESTIMATORS.register("gae", Estimator(ppo_gae, needs_critic=True, needs_groups=False))
+
+
+# ---- the verl / prime-rl / SkyRL group estimators: each the sequence reward (minus its KL penalty, as
+# verl sums token_level_rewards) through one pure function of algo/advantages.py, on every counted token.
+
+
+def grpo_passk(x: AdvantageInputs, cfg) -> Advantages:
+    """Pass@k with k = rollout.n (Tang et al. 2025; verl grpo_passk): only each group's unique best response
+    gets an advantage, (r_max - r_second_max) / (std + eps); algo.adv.std_normalize and std_scope as in grpo."""
+    adv = cfg.algo.adv
+    seq = passk_advantages(sequence_rewards(x), x.group_ids, std_normalize=adv.std_normalize, std_scope=adv.std_scope)
+    return Advantages(expand_to_tokens(seq, x.loss_mask))
+
+
+def reinforce_pp_baseline(x: AdvantageInputs, cfg) -> Advantages:
+    """REINFORCE++-baseline (Hu et al. 2025; verl reinforce_plus_plus_baseline): the reward minus its group mean
+    on every token, whitened over all the batch's counted tokens."""
+    return Advantages(reinforce_pp_baseline_advantages(sequence_rewards(x), x.group_ids, x.loss_mask))
+
+
+def opo(x: AdvantageInputs, cfg) -> Advantages:
+    """OPO (Hao et al. 2025; verl opo): the reward minus the group's length-weighted mean reward, lengths
+    counted in generated tokens (response_mask)."""
+    seq = opo_advantages(sequence_rewards(x), x.group_ids, x.response_mask.sum(-1))
+    return Advantages(expand_to_tokens(seq, x.loss_mask))
+
+
+def gpg(x: AdvantageInputs, cfg) -> Advantages:
+    """GPG (Chu et al. 2025; verl gpg): alpha * (reward - group mean), alpha by algo.adv.gpg_alpha."""
+    seq = gpg_advantages(sequence_rewards(x), x.group_ids, alpha=cfg.algo.adv.gpg_alpha)
+    return Advantages(expand_to_tokens(seq, x.loss_mask))
+
+
+def maxrl(x: AdvantageInputs, cfg) -> Advantages:
+    """MaxRL (Tajwar et al. 2026; prime-rl max_rl, SkyRL maxrl): (reward - group mean) / group mean."""
+    return Advantages(expand_to_tokens(maxrl_advantages(sequence_rewards(x), x.group_ids), x.loss_mask))
+
+
+def gdpo(x: AdvantageInputs, cfg) -> Advantages:
+    """GDPO (Liu et al. 2026; verl gdpo): each reward.functions component normalised within its group, summed
+    with reward.functions[].weight, then (algo.adv.gdpo_whiten) whitened over the batch's counted tokens.
+
+    The rest of the sequence reward (shaping terms, reward.incorrect, the KL penalty) is centred on its group
+    mean and added unscaled (`gdpo_advantages`). Without per-component scores the sequence reward is the one
+    component, as in verl's fallback: then gdpo is grpo, whitened."""
+    adv, total = cfg.algo.adv, sequence_rewards(x)  # [N]
+    if x.components:
+        weight_of = {f.name: f.weight for f in cfg.reward.functions}
+        components = torch.stack([x.components[name].to(total) for name in x.components])  # [K, N]
+        weights = torch.tensor([weight_of.get(name, 1.0) for name in x.components], dtype=total.dtype)  # [K]
+        shaping = total - (weights[:, None] * components).sum(0)  # [N]
+    else:
+        components, weights, shaping = total[None], None, None  # [1, N]
+    seq = gdpo_advantages(components, x.group_ids, weights=weights, shaping=shaping,
+                          std_normalize=adv.std_normalize, std_scope=adv.std_scope)  # [N]
+    tokens = expand_to_tokens(seq, x.loss_mask)  # [N, T]
+    if adv.gdpo_whiten:
+        tokens = whiten_advantages(tokens, x.loss_mask, unbiased=True)  # verl's masked_whiten
+    return Advantages(tokens)
+
+
+ADVANTAGE_ESTIMATORS.register("grpo_passk", Estimator(grpo_passk))
+ADVANTAGE_ESTIMATORS.register("reinforce_pp_baseline", Estimator(reinforce_pp_baseline))
+ADVANTAGE_ESTIMATORS.register("opo", Estimator(opo))
+ADVANTAGE_ESTIMATORS.register("gpg", Estimator(gpg))
+ADVANTAGE_ESTIMATORS.register("maxrl", Estimator(maxrl))
+ADVANTAGE_ESTIMATORS.register("gdpo", Estimator(gdpo))

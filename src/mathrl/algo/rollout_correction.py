@@ -24,30 +24,60 @@ term (the gradient never depends on how the batch was split). Weights are comput
     per_token, stats = policy_loss(lp, old_lp, adv, mask)
     loss = aggregate(per_token * w, mask, mode=..., num_tokens=..., num_seqs=...)
 
+Rejection rules (masks) drop tokens or whole responses instead of weighing them; each returns a keep
+mask, and several rules chain by intersection (a token is kept only if every rule keeps it):
+
+* Geo-RS (`geo_rs_keep`): the geometric mean of the response's ratios outside [L, U] (verl seq_mean_k1).
+* IcePop (`icepop_keep`): a token whose ratio is outside [L, U] (Ring-1T, arXiv 2510.18855).
+* K3-RS / K2-RS (`kl_rs_keep`): the mean over the response of the k3 (k2) estimate of
+  KL(π_rollout ‖ π_old) above a threshold (verl seq_mean_k3 / seq_mean_k2).
+* OPSM (`opsm_keep`): a response with negative advantage whose mean log(π_rollout/π_old) is above δ
+  (DeepSeek-V3.2, arXiv 2512.02556, eq. 9; TRL's `off_policy_mask_threshold`). It needs the
+  advantages, so train/step.py applies it once they are computed.
+
+    keeps = rule_keeps(old_lp, rollout_lp, mask, ["geo_rs", "k3_rs"], geo_rs_bounds=(0.999, 1.001), k3_rs_threshold=0.01)
+    keep = chain(keeps.values(), like=mask)  # [B, T] bool
+    w = w * keep                             # rejected tokens teach nothing
+
 Run the tests with ``python -m pytest tests/test_rollout_correction.py -q``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from typing import Literal
 
 import torch
 from torch import Tensor
 
-__all__ = ["CorrectionMode", "CorrectionLevel", "correction_weights", "log_ratio"]
+__all__ = [
+    "ADVANTAGE_RULES", "MASK_RULES", "CorrectionLevel", "CorrectionMode", "MaskRule", "chain", "correction_weights",
+    "geo_rs_keep", "icepop_keep", "kl_rs_keep", "log_ratio", "mismatch_kl", "opsm_keep", "rule_keeps",
+]
 
 CorrectionMode = Literal["tis", "mis"]
 CorrectionLevel = Literal["token", "sequence"]
+MaskRule = Literal["geo_rs", "icepop", "k3_rs", "k2_rs", "opsm"]
+MASK_RULES: tuple[str, ...] = ("geo_rs", "icepop", "k3_rs", "k2_rs", "opsm")
+ADVANTAGE_RULES = frozenset({"opsm"})  # rules that read the advantages: applied once they are computed
+
+# |log ρ| is clamped to this before the divergence statistics of the rejection rules, as verl does
+# (its SAFETY_BOUND): exp() stays finite in float32, and a token e^20 apart is rejected either way.
+SAFETY_BOUND = 20.0
 
 
-def _check(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, cap: float) -> None:
+def _check_shapes(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor) -> None:
     shapes = {tuple(old_logprobs.shape), tuple(rollout_logprobs.shape), tuple(mask.shape)}
     if len(shapes) != 1 or old_logprobs.dim() != 2:
         raise ValueError(
             "old_logprobs, rollout_logprobs and mask must be [B, T] of the same shape, got "
             f"{tuple(old_logprobs.shape)}, {tuple(rollout_logprobs.shape)}, {tuple(mask.shape)}"
         )
+
+
+def _check(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, cap: float) -> None:
+    _check_shapes(old_logprobs, rollout_logprobs, mask)
     if not cap > 1.0 or not math.isfinite(cap):
         raise ValueError(f"cap must be a finite number > 1 (an importance ratio of 1 is on-policy), got {cap}")
 
@@ -126,3 +156,210 @@ def correction_weights(
             raise ValueError(f"unknown mode {mode!r}; choose tis or mis")
         weights = torch.where(m & ~under, weights, zeros)
     return weights, (over | under).to(old_logprobs.dtype)
+
+
+# ----------------------------------------------------------------------------- rejection rules (masks)
+# Each rule returns keep: [B, T] bool, False only at the sampled tokens it rejects (padding counts as
+# kept: the loss mask takes it out anyway). The caller multiplies the policy-gradient weights by the
+# chained keep mask, and with algo.rollout_correction.rejected=drop takes the rejected tokens out of
+# the loss mask too (verl's rejection sampling edits its response_mask: that is `drop`).
+
+
+def _sequence_mean(x: Tensor, mask: Tensor) -> Tensor:
+    """[B, T] -> [B]: mean of x over each row's masked tokens (0 for a row with none)."""
+    m = mask.to(x.dtype)
+    return (x * m).sum(-1) / m.sum(-1).clamp(min=1.0)
+
+
+def _per_row(keep_row: Tensor, mask: Tensor) -> Tensor:
+    """[B] bool -> [B, T] bool: every token of a row shares its verdict; padding is kept."""
+    return keep_row[:, None] | ~mask.bool()
+
+
+def _check_window(lower: float, upper: float, name: str) -> None:
+    if not (0.0 < lower <= 1.0 <= upper and math.isfinite(upper)):
+        raise ValueError(f"{name} must be [lower, upper] with 0 < lower <= 1 <= upper (a ratio of 1 is on-policy "
+                         f"and must be kept), got [{lower}, {upper}]")
+
+
+def geo_rs_keep(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, *, lower: float, upper: float) -> Tensor:
+    """Geometric sequence rejection (Geo-RS): a response is kept whole when the geometric mean of its
+    tokens' ratios is inside [lower, upper], and rejected whole otherwise.
+
+        keep_i = 1[ log L <= (1/|y_i|) Σ_t log ρ_t <= log U ],   ρ_t = π_old(y_t) / π_rollout(y_t)
+
+    The sequence ratio Π_t ρ_t (level="sequence") grows with the length, so no one cap fits a short and a
+    long response; its per-token geometric mean does not (Liu, Li et al. 2025, "When Speed Kills
+    Stability", part 3, geometric-level RS; verl `compute_rollout_rejection_mask(rollout_rs="seq_mean_k1")`,
+    preset `decoupled_geo_rs` = "0.999_1.001"). log ρ is clamped to ±SAFETY_BOUND per token, as verl does.
+
+    verl's seq_mean_k1 bounds the mean of k1 = log(π_rollout/π_old) = -log ρ, i.e. the reciprocal ratio:
+    its "L_U" is [1/U, 1/L] here, the same window whenever L = 1/U. Here the bounds are on
+    ρ = π_old/π_rollout, as for tis, mis and icepop, so lower and upper mean the same in every rule.
+
+    Args:
+        old_logprobs, rollout_logprobs: [B, T] trainer (π_old) and engine (π_rollout) logprobs.
+        mask: [B, T] nonzero on the sampled tokens (the mean is over these).
+        lower, upper: the window, 0 < lower <= 1 <= upper.
+
+    Returns:
+        [B, T] bool keep mask (detached).
+    """
+    _check_window(lower, upper, "geo_rs bounds")
+    with torch.no_grad():
+        lr = log_ratio(old_logprobs, rollout_logprobs, mask, level="token").clamp(-SAFETY_BOUND, SAFETY_BOUND)
+        mean_lr = _sequence_mean(lr, mask)  # [B]
+        return _per_row((mean_lr >= math.log(lower)) & (mean_lr <= math.log(upper)), mask)
+
+
+def icepop_keep(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, *, lower: float, upper: float) -> Tensor:
+    """IcePop token masking: a token whose ratio ρ = π_old/π_rollout is outside [lower, upper] is rejected
+    (its policy-gradient weight becomes 0); the bounds are kept (inclusive).
+
+        keep_t = 1[ L <= ρ_t <= U ]
+
+    IcePop (Ling Team 2025, "Every Step Evolves: Scaling RL for Trillion-Scale Thinking Model", arXiv
+    2510.18855, the IcePop objective) weighs each token by M(ρ) = ρ·1[α <= ρ <= β]: that is this mask
+    times mode=tis with cap >= U (or mode=mis); this mask alone gives the kept tokens weight 1 (verl's
+    rejection-only `rollout_rs="token_k1"`, whose bounds are on the reciprocal ratio: equal for L = 1/U).
+    verl's IcePop weights (`rollout_is="token"`, threshold "L_U") are ρ times this mask.
+
+    Args:
+        old_logprobs, rollout_logprobs, mask: [B, T].
+        lower, upper: the window, 0 < lower <= 1 <= upper ([0.5, 2] in this repo's docs of IcePop).
+
+    Returns:
+        [B, T] bool keep mask (detached).
+    """
+    _check_window(lower, upper, "icepop bounds")
+    with torch.no_grad():
+        lr = log_ratio(old_logprobs, rollout_logprobs, mask, level="token")  # [B, T]
+        return ((lr >= math.log(lower)) & (lr <= math.log(upper))) | ~mask.bool()
+
+
+def kl_rs_keep(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, *, estimator: Literal["k2", "k3"],
+               threshold: float) -> Tensor:
+    """K3-RS / K2-RS: a response is rejected whole when the mean over its tokens of a per-token estimate
+    of KL(π_rollout ‖ π_old) is above `threshold` (Schulman 2020, "Approximating KL Divergence"):
+
+        k3_t = ρ_t - 1 - log ρ_t        k2_t = ½ (log ρ_t)²        keep_i = 1[ (1/|y_i|) Σ_t k_t <= threshold ]
+
+    The tokens were sampled from π_rollout, so k3 is unbiased for that KL and >= 0 token by token; k2
+    is its second-order approximation (both ≈ ½ (log ρ)² near ρ = 1). verl
+    `compute_rollout_rejection_mask(rollout_rs="seq_mean_k3" / "seq_mean_k2")`, preset `decoupled_k3_rs`
+    = 0.01. log ρ is clamped to ±SAFETY_BOUND per token first, as verl does.
+
+    Args:
+        old_logprobs, rollout_logprobs, mask: [B, T].
+        estimator: "k3" or "k2".
+        threshold: > 0, in nats per token.
+
+    Returns:
+        [B, T] bool keep mask (detached).
+    """
+    if not threshold > 0 or not math.isfinite(threshold):
+        raise ValueError(f"threshold must be a finite number > 0 (a KL estimate is >= 0), got {threshold}")
+    with torch.no_grad():
+        lr = log_ratio(old_logprobs, rollout_logprobs, mask, level="token").clamp(-SAFETY_BOUND, SAFETY_BOUND)
+        if estimator == "k3":
+            per_token = torch.exp(lr) - 1.0 - lr  # [B, T]
+        elif estimator == "k2":
+            per_token = 0.5 * lr.square()
+        else:
+            raise ValueError(f"unknown estimator {estimator!r}; choose k3 or k2")
+        return _per_row(_sequence_mean(per_token, mask) <= threshold, mask)
+
+
+def opsm_keep(old_logprobs: Tensor, rollout_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
+              delta: float) -> Tensor:
+    """Off-policy sequence masking (OPSM; DeepSeek-AI 2025, DeepSeek-V3.2, arXiv 2512.02556, eq. 9): a
+    token is rejected when its advantage is negative and its response's mean log-ratio between the
+    behaviour policy and the trainer's is above δ:
+
+        keep_{i,t} = 1[ A_{i,t} >= 0  or  (1/|y_i|) Σ_t (log π_rollout(y_t) - log π_old(y_t)) <= δ ]
+
+    A response that the trainer already finds much less likely than the sampler did, and that is
+    pushed down, teaches the policy from a region it no longer visits; positive ones are kept. This is
+    TRL's `GRPOTrainer.get_off_policy_mask` (`off_policy_mask_threshold`): the k1 estimate (signed, not
+    clamped) of KL(π_rollout ‖ π), the per-sequence mean (not sum), the sampling logprobs as the
+    behaviour policy. TRL takes π as the current policy of each micro-batch; here it is π_old, the
+    trainer's logprobs before the step's update (train/step.py applies the mask once per step, after the
+    advantages): the same policy at the step's first optimizer step, which is every one when an RL step
+    makes a single update (train.epochs=1, train.mini_batch_size = the rollout batch).
+
+    Args:
+        old_logprobs, rollout_logprobs, mask: [B, T].
+        advantages: [B, T] (or [B], one per response).
+        delta: δ in nats per token (TRL suggests 0.5 to start; the paper gives none).
+
+    Returns:
+        [B, T] bool keep mask (detached).
+    """
+    _check_shapes(old_logprobs, rollout_logprobs, mask)
+    adv = advantages[:, None] if advantages.dim() == 1 else advantages
+    if adv.shape[0] != mask.shape[0] or adv.dim() != 2:
+        raise ValueError(f"advantages must be [B, T] or [B] with B = {mask.shape[0]}, got {tuple(advantages.shape)}")
+    with torch.no_grad():
+        kl = -_sequence_mean(log_ratio(old_logprobs, rollout_logprobs, mask, level="token"), mask)  # [B]
+        return (adv.detach() >= 0) | (kl[:, None] <= delta) | ~mask.bool()
+
+
+def rule_keeps(
+    old_logprobs: Tensor,
+    rollout_logprobs: Tensor,
+    mask: Tensor,
+    rules: Sequence[str],
+    *,
+    geo_rs_bounds: Sequence[float] = (0.999, 1.001),
+    icepop_bounds: Sequence[float] = (0.5, 2.0),
+    k3_rs_threshold: float = 0.01,
+    k2_rs_threshold: float = 0.01,
+    opsm_delta: float = 0.5,
+    advantages: Tensor | None = None,
+) -> dict[str, Tensor]:
+    """{rule: its [B, T] bool keep mask} for each of `rules` (names of MASK_RULES, each at most once),
+    with that rule's setting; `advantages` ([B, T]) is needed by opsm only. Chain them with `chain`."""
+    _check_shapes(old_logprobs, rollout_logprobs, mask)
+    unknown = [r for r in rules if r not in MASK_RULES]
+    if unknown or len(set(rules)) != len(rules):
+        raise ValueError(f"rules must be distinct names from {', '.join(MASK_RULES)}, got {list(rules)}")
+    if "opsm" in rules and advantages is None:
+        raise ValueError("the opsm rule needs the advantages")
+    build = {
+        "geo_rs": lambda: geo_rs_keep(old_logprobs, rollout_logprobs, mask, lower=geo_rs_bounds[0], upper=geo_rs_bounds[1]),
+        "icepop": lambda: icepop_keep(old_logprobs, rollout_logprobs, mask, lower=icepop_bounds[0], upper=icepop_bounds[1]),
+        "k3_rs": lambda: kl_rs_keep(old_logprobs, rollout_logprobs, mask, estimator="k3", threshold=k3_rs_threshold),
+        "k2_rs": lambda: kl_rs_keep(old_logprobs, rollout_logprobs, mask, estimator="k2", threshold=k2_rs_threshold),
+        "opsm": lambda: opsm_keep(old_logprobs, rollout_logprobs, advantages, mask, delta=opsm_delta),
+    }
+    return {rule: build[rule]() for rule in rules}
+
+
+def chain(keeps: Iterable[Tensor], *, like: Tensor) -> Tensor:
+    """The intersection of keep masks: [B, T] bool (the shape of `like`), True where every rule keeps the
+    token; all True for no rule. verl chains its rejection options the same way (every one must pass)."""
+    out = torch.ones(like.shape, dtype=torch.bool, device=like.device)
+    for keep in keeps:
+        out = out & keep
+    return out
+
+
+def mismatch_kl(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """(k1, k3): two estimates of KL(π_rollout ‖ π_old) per token, averaged over the masked tokens ([] each).
+
+        k1 = mean_t (log π_rollout - log π_old)    unbiased, can be negative
+        k3 = mean_t (ρ_t - 1 - log ρ_t)           unbiased, >= 0 per token
+
+    unbiased because the tokens were sampled from π_rollout. verl's `compute_offpolicy_metrics` "kl" and
+    "k3_kl". log ρ is clamped to ±SAFETY_BOUND inside k3 (verl's is not: there a token e^89 apart makes
+    the metric inf; here it stays finite, and equal wherever |log ρ| <= 20).
+    """
+    _check_shapes(old_logprobs, rollout_logprobs, mask)
+    with torch.no_grad():
+        lr = log_ratio(old_logprobs, rollout_logprobs, mask, level="token")  # [B, T], 0 off the mask
+        bounded = lr.clamp(-SAFETY_BOUND, SAFETY_BOUND)
+        m = mask.to(lr.dtype)
+        count = m.sum().clamp(min=1.0)
+        k1 = -(lr * m).sum() / count
+        k3 = ((torch.exp(bounded) - 1.0 - bounded) * m).sum() / count
+    return k1, k3

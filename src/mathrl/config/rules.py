@@ -20,7 +20,17 @@ from typing import Any
 
 from mathrl.config.shared import DATA_FILE_SUFFIXES, DEFAULT_REWARD_FN, TINY_BASE, ConfigError, parse_config_path
 from mathrl.config_schema import check_domains
-from mathrl.registry import ADVANTAGE_ESTIMATORS, ARCHITECTURES, ARITH_SOURCES, ENGINES, REWARD_FUNCTIONS, TOOLS, Registry, load_callable
+from mathrl.registry import (
+    ADVANTAGE_ESTIMATORS,
+    ARCHITECTURES,
+    ARITH_SOURCES,
+    ENGINES,
+    POLICY_LOSSES,
+    REWARD_FUNCTIONS,
+    TOOLS,
+    Registry,
+    load_callable,
+)
 
 # model/paths.py registers "path_problem" (str -> why it cannot be loaded, or None) and "context_length"
 # (str -> max_position_embeddings read from its config.json, or None), neither loading nor downloading
@@ -86,12 +96,55 @@ class ConfigRules:
         if self.reward.overlong.soft_punishment and not 0 < self.reward.overlong.cache_len <= self.rollout.max_new_tokens:
             errors.append("reward.overlong.cache_len must be in (0, rollout.max_new_tokens]")
         why = self.engine_logprobs_not_old()
-        if self.train.old_logprobs == "reuse_engine" and why:
+        if self.train.old_logprobs == "reuse_engine" and why and not algo.rollout_correction.bypass:
             errors.append(f"train.old_logprobs=reuse_engine with {why[0]}: {why[1]}; use train.old_logprobs=recompute or auto")
+        errors += self._policy_loss_errors()
         if algo.off_policy != "none" and algo.rollout_correction.mode != "none":
             errors.append(f"algo.off_policy={algo.off_policy} with algo.rollout_correction.mode="
                           f"{algo.rollout_correction.mode}: the policy-gradient term takes one importance weight; "
                           "set one of them (off_policy reads cap, lower and rejected from algo.rollout_correction)")
+        errors += self._bypass_errors()
+        return errors
+
+    def _bypass_errors(self) -> list[str]:
+        """algo.rollout_correction.bypass makes the old logprobs the engine's and skips the scoring pass: nothing
+        that needs the trainer's own old logprobs (or that pass's entropy) can be on with it."""
+        algo, rc = self.algo, self.algo.rollout_correction
+        if not rc.bypass:
+            return []
+        off = "set it to none or algo.rollout_correction.bypass=false"
+        conflicts = [  # (on, setting, why, fix)
+            (rc.mode != "none", f"algo.rollout_correction.mode={rc.mode}", "it weighs the trainer/engine gap, which bypass makes 0", off),
+            (bool(rc.masks), f"algo.rollout_correction.masks=[{', '.join(rc.masks)}]", "they reject by the trainer/engine gap, "
+             "which bypass makes 0", "set algo.rollout_correction.masks=[] or algo.rollout_correction.bypass=false"),
+            (algo.off_policy != "none", f"algo.off_policy={algo.off_policy}", "it needs the trainer's logprobs before the update", off),
+            (algo.entropy.mode not in ("none", "fixed"), f"algo.entropy.mode={algo.entropy.mode}",
+             "its controller needs the scoring pass's entropy", "use none or fixed, or algo.rollout_correction.bypass=false"),
+            (algo.top_entropy_quantile is not None, f"algo.top_entropy_quantile={algo.top_entropy_quantile}",
+             "it picks tokens by the scoring pass's entropy", "set it to null or algo.rollout_correction.bypass=false"),
+            (self.train.old_logprobs != "auto", f"train.old_logprobs={self.train.old_logprobs}", "bypass sets the old logprobs itself",
+             "leave train.old_logprobs=auto"),
+        ]
+        return [f"algo.rollout_correction.bypass=true (old logprobs := the engine's, no scoring pass) with {setting}: {why}; {fix}"
+                for on, setting, why, fix in conflicts if on]
+
+    def _policy_loss_errors(self) -> list[str]:
+        """algo.policy_loss with the switches it reads, and without those it has no use for."""
+        algo, name = self.algo, self.algo.policy_loss
+        loss, errors = POLICY_LOSSES.get(name), []
+        if algo.clip.dual_clip_c is not None and not loss.dual_clip:
+            errors.append(f"algo.clip.dual_clip_c={algo.clip.dual_clip_c} with algo.policy_loss={name}: dual clip "
+                          "bounds PPO's clipped surrogate (ppo_clip) only; set algo.clip.dual_clip_c=null")
+        if loss.agg is not None and algo.loss_agg not in ("token_mean", loss.agg):
+            errors.append(f"algo.loss_agg={algo.loss_agg} with algo.policy_loss={name}: {name} aggregates its loss "
+                          f"per sequence ({loss.agg}), so the setting would be ignored; leave algo.loss_agg at "
+                          f"token_mean (the entropy and KL terms use it) or set {loss.agg}")
+        if algo.top_entropy_quantile is not None and loss.sequence_ratio:
+            errors.append(f"algo.top_entropy_quantile with algo.policy_loss={name}: its importance ratio is one per "
+                          "sequence, so no token's gradient can be kept apart; use gspo_token or a token-level loss")
+        if name == "dro" and algo.dro.beta is None:
+            errors.append("algo.policy_loss=dro needs algo.dro.beta, the weight of its quadratic log-ratio penalty "
+                          "(e.g. algo.dro.beta=0.05)")
         return errors
 
     def _tiny_base_errors(self) -> list[str]:

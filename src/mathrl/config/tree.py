@@ -13,6 +13,7 @@ the rules that tie fields together are methods it inherits from rules.py (`Confi
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
@@ -35,7 +36,7 @@ from mathrl.config_schema import (
     positive,
     unit,
 )
-from mathrl.registry import ADVANTAGE_ESTIMATORS, ARITH_SOURCES, ENGINES, PROMPT_TEMPLATES, TOOL_FORMATS
+from mathrl.registry import ADVANTAGE_ESTIMATORS, ARITH_SOURCES, ENGINES, POLICY_LOSSES, PROMPT_TEMPLATES, TOOL_FORMATS
 
 # --------------------------------------------------------------------------------------------------
 # domains shared by several fields, or too long for the field's line
@@ -60,6 +61,9 @@ METRIC_NAME = Rule(lambda v: isinstance(v, str) and re.fullmatch(r"[A-Za-z0-9_-]
                    "letters, digits, _ or - (it names the metrics reward/<name>/...)")
 LENGTH_SCHEDULE = Rule(lambda v: all(isinstance(p, list) and len(p) == 2 and p[0] >= 0 and p[1] >= 1 for p in v),
                        "a list of [step >= 0, target_length >= 1] pairs")
+RATIO_WINDOW = Rule(lambda v: len(v) == 2 and all(math.isfinite(x) for x in v) and 0 < v[0] <= 1 <= v[1],
+                    "[lower, upper] with 0 < lower <= 1 <= upper (a ratio pi_trainer / pi_rollout of 1 is on-policy and is kept)")
+DISTINCT = Rule(lambda v: len(set(v)) == len(v), "a list without repeats")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -242,16 +246,18 @@ class RolloutConfig:
 
 @dataclass
 class ClipConfig:
-    eps_low: Annotated[float, unit(open_high=True)] = 0.2  # ratio clipped below at 1 - eps_low
+    eps_low: ZeroToOne = 0.2  # ratio clipped below at 1 - eps_low (1.0: no lower bound, as CISPO)
     eps_high: NonNeg[float] = 0.28  # ratio clipped above at 1 + eps_high (clip-higher, DAPO section 3.1)
     dual_clip_c: Annotated[float, Range(1, open_low=True, why="the dual-clip bound sits above the ratio clip")] | None = None  # dual clip bound for negative advantages (Ye et al. 2020); None = off
 
 
 @dataclass
 class AdvConfig:
-    estimator: Annotated[str, Registered(ADVANTAGE_ESTIMATORS)] = "grpo"  # a registered advantage estimator (algo/estimators.py): grpo, rloo, reinforce_pp, or gae (PPO with a learned critic, algo.critic)
-    std_normalize: bool = True  # divide by the reward std (GRPO); False is Dr. GRPO
-    std_scope: Literal["group", "batch"] = "group"  # the std that normalises: per group or over the batch
+    estimator: Annotated[str, Registered(ADVANTAGE_ESTIMATORS)] = "grpo"  # a registered advantage estimator (algo/estimators.py): grpo, rloo, reinforce_pp, gae (PPO with a learned critic, algo.critic), grpo_passk, reinforce_pp_baseline, opo, gpg, maxrl, or gdpo (docs/tricks.md)
+    std_normalize: bool = True  # divide by the reward std (GRPO; also grpo_passk and gdpo's per-component normalisation); False is Dr. GRPO
+    std_scope: Literal["group", "batch"] = "group"  # the std that normalises: per group or over the batch (grpo, grpo_passk, gdpo)
+    gpg_alpha: Literal["valid_groups", "nonzero_rewards", "none"] = "valid_groups"  # gpg's scale alpha: valid_groups = N / (N - M), M the samples of all-equal groups (GPG paper and code); nonzero_rewards = N / #(reward != 0) (verl); none = 1
+    gdpo_whiten: bool = True  # gdpo's last step (GDPO paper, verl): whiten the summed advantage over the batch's counted tokens; False keeps the decoupled sum
 
 
 @dataclass
@@ -314,13 +320,54 @@ class PosLMConfig:
 
 @dataclass
 class RolloutCorrectionConfig:
-    """Importance weights between the rollout engine's and the trainer's logprobs (algo.rollout_correction)."""
+    """Importance weights and rejection rules between the rollout engine's and the trainer's logprobs, or the
+    bypass of the trainer's (algo.rollout_correction; docs/tricks.md, "Rollout/trainer mismatch")."""
 
     mode: Literal["none", "tis", "mis"] = "none"  # tis: weight min(ratio, cap) (Yao et al. 2025); mis: drop ratio > cap (Liu, Li et al. 2025)
     level: Literal["token", "sequence"] = "token"  # ratio per token, or of the whole response
     cap: Annotated[float, Range(1, open_low=True, why="a ratio of 1 is on-policy; 2.0 is common")] = 2.0  # C > 1: the truncation (tis) or rejection (mis) threshold of the ratio pi_trainer / pi_rollout
     lower: Annotated[float, unit(open_low=True, open_high=True, why="a ratio of 1 is on-policy; 0.5 is IcePop's")] | None = None  # L in (0, 1): tokens whose ratio is under it are rejected too (a two-sided bound: verl's 1/C, IcePop 0.5); null = no lower bound
     rejected: Literal["zero", "drop"] = "zero"  # a rejected token: zero = a zero term that stays in the loss normalisers (AReaL); drop = out of the loss mask and the normalisers (verl)
+    masks: Annotated[list[Literal["geo_rs", "icepop", "k3_rs", "k2_rs", "opsm"]], DISTINCT] = field(default_factory=list)  # rejection rules, chained (a token is kept only if every listed rule keeps it; rejected tokens follow `rejected`): geo_rs, icepop, k3_rs, k2_rs compare pi_trainer with pi_rollout, opsm also reads the advantages (docs/tricks.md)
+    geo_rs_bounds: Annotated[list[float], RATIO_WINDOW] = field(default_factory=lambda: [0.999, 1.001])  # geo_rs: a response is kept when the geometric mean of its ratios pi_trainer / pi_rollout is in [lower, upper] (verl's decoupled_geo_rs preset)
+    icepop_bounds: Annotated[list[float], RATIO_WINDOW] = field(default_factory=lambda: [0.5, 2.0])  # icepop: a token is kept when its ratio pi_trainer / pi_rollout is in [lower, upper] (IcePop's [0.5, 2])
+    k3_rs_threshold: Annotated[float, positive("a KL estimate in nats per token; 0.01 is verl's")] = 0.01  # k3_rs: a response is rejected when its mean k3 estimate of KL(pi_rollout || pi_trainer) is above it (verl's decoupled_k3_rs preset)
+    k2_rs_threshold: Annotated[float, positive("a KL estimate in nats per token")] = 0.01  # k2_rs: the same with k2 = (log ratio)^2 / 2
+    opsm_delta: Annotated[float, positive("the mean log-ratio of an on-policy response is 0")] = 0.5  # opsm (DeepSeek-V3.2): a response with negative advantage is rejected when its mean log(pi_rollout / pi_trainer) is above it (TRL's suggested start)
+    bypass: bool = False  # the PPO ratio against the rollout engine's logprobs: old logprobs := rollout logprobs, no scoring pass (verl's bypass_mode); then nothing can weigh the gap (mode none, no masks, off_policy none)
+
+
+@dataclass
+class SAPOConfig:
+    """SAPO's soft gate (algo.policy_loss=sapo; Gao et al. 2025): sigmoid(tau (ratio - 1)) * 4 / tau."""
+
+    tau_pos: Positive[float] = 1.0  # the gate's temperature where the advantage is > 0 (the paper's 1.0)
+    tau_neg: Positive[float] = 1.05  # ... where it is <= 0 (the paper's 1.05: negative tokens' gates fall off faster)
+
+
+@dataclass
+class DPPOConfig:
+    """DPPO's trust region on the probability (algo.policy_loss=dppo_tv or dppo_kl; arXiv 2602.04879)."""
+
+    delta_low: Positive[float] = 0.2  # the divergence bound where the advantage is < 0 (dppo_tv: p_old - p; dppo_kl: the binary KL)
+    delta_high: Positive[float] = 0.2  # ... where it is > 0 (dppo_tv: p - p_old)
+    trunc_c: Annotated[float, Range(1, open_low=True, why="a truncation below 1 would cut on-policy tokens")] = 20.0  # the stopped importance weight is min(ratio, trunc_c) (the paper's §5.4: large)
+
+
+@dataclass
+class CovConfig:
+    """Clip-Cov and KL-Cov (algo.policy_loss=clip_cov or kl_cov; Cui et al. 2025): the few tokens of high
+    covariance between logp and the advantage."""
+
+    ratio: Annotated[float, unit(open_low=True, why="the share of counted tokens picked")] = 2e-4  # share of a micro-batch's counted tokens picked (at least one): clip_cov cuts their gradient, kl_cov penalises them
+    lb: Finite = 1.0  # clip_cov: only tokens with covariance in (lb, ub) can be picked
+    ub: Finite = 5.0  # clip_cov: the upper bound of that range
+    kl_coef: NonNeg[float] = 0.1  # kl_cov: coefficient of |log ratio| on the picked tokens (verl's ppo_kl_coef)
+
+
+@dataclass
+class DROConfig:
+    beta: Annotated[float, positive("the quadratic penalty's weight; dro needs one")] | None = None  # algo.policy_loss=dro: the loss adds beta/2 (log ratio)^2 per token; required by dro
 
 
 @dataclass(frozen=True)
@@ -336,7 +383,13 @@ class Correction:
 
 @dataclass
 class AlgoConfig:
-    clip: ClipConfig = field(default_factory=ClipConfig)  # PPO ratio clipping
+    policy_loss: Annotated[str, Registered(POLICY_LOSSES)] = "ppo_clip"  # a registered policy loss (algo/policy_losses.py): ppo_clip, gspo, gspo_token, cispo, sapo, geo_mean, dppo_tv, dppo_kl, clip_cov, kl_cov, gpg, dro (docs/tricks.md)
+    clip: ClipConfig = field(default_factory=ClipConfig)  # PPO ratio clipping (also gspo, cispo, geo_mean's log-space bounds, clip_cov)
+    sapo: SAPOConfig = field(default_factory=SAPOConfig)  # algo.policy_loss=sapo
+    dppo: DPPOConfig = field(default_factory=DPPOConfig)  # algo.policy_loss=dppo_tv / dppo_kl
+    cov: CovConfig = field(default_factory=CovConfig)  # algo.policy_loss=clip_cov / kl_cov
+    dro: DROConfig = field(default_factory=DROConfig)  # algo.policy_loss=dro
+    top_entropy_quantile: Annotated[float, unit(open_low=True, why="the share of tokens kept; 0.2 is the paper's")] | None = None  # 80/20 forking tokens (Wang et al. 2025): the policy gradient only on the step's tokens whose old-policy entropy is in this top share; null = every token
     adv: AdvConfig = field(default_factory=AdvConfig)  # advantage estimator
     critic: CriticConfig = field(default_factory=CriticConfig)
     entropy: EntropyConfig = field(default_factory=EntropyConfig)  # entropy bonus and its controllers
@@ -514,10 +567,14 @@ class Config(ConfigRules):
             return f"model.dtype={self.model.dtype}", "the sampler's cached decoding and the trainer's forward round differently"
         if self.algo.rollout_correction.mode != "none":
             return f"algo.rollout_correction.mode={self.algo.rollout_correction.mode}", "it weighs the gap between the two"
+        if self.algo.rollout_correction.masks:
+            return f"algo.rollout_correction.masks=[{', '.join(self.algo.rollout_correction.masks)}]", "they reject by the gap between the two"
         if self.algo.off_policy != "none":
             return f"algo.off_policy={self.algo.off_policy}", "it weighs the gap between the two"
         if self.algo.entropy.mode not in ("none", "fixed"):
             return f"algo.entropy.mode={self.algo.entropy.mode}", "its controller needs the scoring pass's entropy"
+        if self.algo.top_entropy_quantile is not None:
+            return f"algo.top_entropy_quantile={self.algo.top_entropy_quantile}", "it picks tokens by the scoring pass's entropy"
         return None
 
     @property

@@ -11,8 +11,10 @@ sequence reward:
     r = r + length_schedule_reward(lengths, correct, step=s,
                                    schedule=sched, coef=c)               # reward.length_schedule
 
-A new term is a pure function here and one `ShapingTerm(name, enabled(cfg), fn)` entry in
-`SHAPING_TERMS` (with its config field and test); its batch mean is logged as reward/<name>.
+A new term is a pure function and one `SHAPING_TERMS.register(name, ShapingTerm(enabled(cfg), fn))`
+(the registry of mathrl.registry, so a term from outside the package needs no patching), with its
+config field and test; terms are added in registration order and each one's batch mean is logged as
+reward/<name>.
 
 Only the first two come from papers. ``length_bonus`` and ``length_schedule_reward`` exist to
 reproduce a negative result: a practitioners' field report found that rewarding length directly,
@@ -32,6 +34,7 @@ from torch import Tensor
 
 from mathrl.algo.groups import group_stats
 from mathrl.config import Config
+from mathrl.registry import SHAPING_TERMS
 
 __all__ = [
     "soft_overlong_punishment",
@@ -209,9 +212,9 @@ class ShapingInputs:
 
 @dataclass(frozen=True)
 class ShapingTerm:
-    """One term added to the sequence reward: `fn` returns it, [N]; its mean is logged as reward/<name>."""
+    """One term added to the sequence reward: `fn` returns it, [N]; its mean is logged as reward/<name>
+    (the name it is registered under)."""
 
-    name: str
     enabled: Callable[[Config], bool]
     fn: Callable[[ShapingInputs], Tensor]
 
@@ -237,12 +240,11 @@ def schedule_term(x: ShapingInputs) -> Tensor:
     return length_schedule_reward(x.lengths, x.correct, step=x.step, schedule=schedule, coef=x.cfg.reward.length_schedule_coef)
 
 
-SHAPING_TERMS: list[ShapingTerm] = [  # summed in this order
-    ShapingTerm("overlong_penalty", lambda cfg: cfg.reward.overlong.soft_punishment, overlong_term),
-    ShapingTerm("length_penalty", lambda cfg: bool(cfg.reward.kimi_length_coef), kimi_term),
-    ShapingTerm("length_bonus", lambda cfg: bool(cfg.reward.length_bonus_coef), bonus_term),
-    ShapingTerm("length_schedule", lambda cfg: bool(cfg.reward.length_schedule), schedule_term),
-]
+# summed in this order
+SHAPING_TERMS.register("overlong_penalty", ShapingTerm(lambda cfg: cfg.reward.overlong.soft_punishment, overlong_term))
+SHAPING_TERMS.register("length_penalty", ShapingTerm(lambda cfg: bool(cfg.reward.kimi_length_coef), kimi_term))
+SHAPING_TERMS.register("length_bonus", ShapingTerm(lambda cfg: bool(cfg.reward.length_bonus_coef), bonus_term))
+SHAPING_TERMS.register("length_schedule", ShapingTerm(lambda cfg: bool(cfg.reward.length_schedule), schedule_term))
 
 
 def shape_rewards(cfg: Config, step: int, lengths: Tensor, correct: Tensor, group_ids: Tensor,
@@ -255,8 +257,8 @@ def shape_rewards(cfg: Config, step: int, lengths: Tensor, correct: Tensor, grou
     incorrect, base = cfg.reward.incorrect, correct if total is None else total
     r = base.clone() if incorrect == 0 else base + (1 - correct) * incorrect  # [N]
     x, means = ShapingInputs(cfg, step, lengths, correct, group_ids), {}
-    for term in SHAPING_TERMS:
+    for name, term in SHAPING_TERMS.items():
         if term.enabled(cfg):
             value = term.fn(x)  # [N]
-            r, means[term.name] = r + value, float(value.mean())
+            r, means[name] = r + value, float(value.mean())
     return r, means

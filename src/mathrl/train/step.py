@@ -24,8 +24,9 @@ from mathrl.algo.estimators import AdvantageInputs, Advantages
 from mathrl.algo.groups import group_stats
 from mathrl.algo.kl import apply_kl_reward_penalty, kl_penalty
 from mathrl.algo.losses import masked_mean
+from mathrl.algo.policy_losses import top_entropy_mask
 from mathrl.algo.positions import position_means
-from mathrl.algo.rollout_correction import correction_weights
+from mathrl.algo.rollout_correction import ADVANTAGE_RULES, chain, correction_weights, mismatch_kl, rule_keeps
 from mathrl.registry import ADVANTAGE_ESTIMATORS
 from mathrl.reward.functions import Scores
 from mathrl.reward.reflection import reflection_stats
@@ -85,6 +86,7 @@ def rl_step(trainer: Trainer, step: int, collected: Collected | None = None) -> 
     # ---- advantages: coefficients, KL reward penalty, the estimator -------------------------------
     coefs, mean_entropy = step_coefs(trainer, scored, rows=len(prep.batch))
     adv, values = advantages(trainer, got, prep, scored, coefs=coefs, metrics=metrics)
+    scored = advantage_masks(cfg, scored, adv, got, prep, metrics=metrics)  # opsm: it reads the advantages
     batch = train_batch(prep, scored, adv, values)
     if trainer.critic is not None and trainer.ranks.main:  # the critic read by position (VC-PPO's figures)
         trainer.run.append_positions(value_advantage_positions(step, batch))
@@ -144,7 +146,9 @@ def score(trainer: Trainer, got: Collected, prep: Prepared, *, metrics: dict) ->
     """The old policy's logprobs (and entropy, when a scoring pass computes them), the reference's
     logprobs and entropy when a term needs them, and the importance weights of the correction."""
     cfg, batch, loss_mask = trainer.cfg, prep.batch, prep.checks.loss_mask
-    if engine_logprobs_are_old(cfg, trainer.model):  # train.old_logprobs: sampled from these float32 weights
+    if cfg.algo.rollout_correction.bypass or engine_logprobs_are_old(cfg, trainer.model):
+        # bypass: the PPO ratio is taken against the engine's policy; else train.old_logprobs says these
+        # float32 weights sampled, so the engine's logprobs are the trainer's own
         old_logprobs, entropy = got.rollout.logprobs * batch.response_mask, None
     else:
         old_logprobs, entropy = scoring_pass(trainer.model, batch, cfg, with_entropy=True, rows=prep.rows)
@@ -157,6 +161,7 @@ def score(trainer: Trainer, got: Collected, prep: Prepared, *, metrics: dict) ->
         metrics["actor/ref_entropy"] = float(masked_mean(ref_entropy, loss_mask))
     is_weights, loss_mask = importance_weights(cfg, old_logprobs, got.rollout.logprobs, batch.response_mask, loss_mask,
                                                metrics)
+    is_weights = forking_tokens(cfg, entropy, loss_mask, is_weights, metrics)
     return Scored(old_logprobs=old_logprobs, entropy=entropy, ref_logprobs=ref_logprobs, ref_entropy=ref_entropy,
                   ref_kl=ref_kl, is_weights=is_weights, loss_mask=loss_mask)
 
@@ -165,18 +170,79 @@ def importance_weights(cfg, old_logprobs: torch.Tensor, rollout_logprobs: torch.
                        loss_mask: torch.Tensor, metrics: dict) -> tuple[torch.Tensor | None, torch.Tensor]:
     """(is_weights, loss_mask): the policy-gradient term's weights between the trainer's old logprobs and
     the sampling ones (Config.correction: algo.off_policy or algo.rollout_correction; None when neither
-    is on), and the loss mask, less the rejected tokens with rejected=drop (so they leave the
-    normalisers too). All [N, T]."""
-    c = cfg.correction()
-    if c is None:
+    is on), times the keep mask of the rejection rules that compare the two (algo.rollout_correction.masks
+    but opsm, which waits for the advantages: `advantage_masks`), and the loss mask, less the rejected
+    tokens with rejected=drop (so they leave the normalisers too). All [N, T]. With any of them on, the
+    gap itself is logged (rollout_corr/k1_kl, k3_kl over the sample filters' loss mask)."""
+    c, rc = cfg.correction(), cfg.algo.rollout_correction
+    if c is None and not rc.masks:
         return None, loss_mask
-    is_weights, rejected = correction_weights(old_logprobs, rollout_logprobs, response_mask,
-                                              mode=c.mode, level=c.level, cap=c.cap, lower=c.lower)
-    metrics["actor/rollout_is_weight"] = float(masked_mean(is_weights, loss_mask))
-    metrics["actor/rollout_is_over_cap"] = float(masked_mean(rejected, loss_mask))
-    if c.rejected == "drop":
-        loss_mask = loss_mask * (1.0 - rejected)
-    return is_weights, loss_mask
+    k1, k3 = mismatch_kl(old_logprobs, rollout_logprobs, loss_mask)
+    metrics["rollout_corr/k1_kl"], metrics["rollout_corr/k3_kl"] = float(k1), float(k3)
+    is_weights, filtered = None, loss_mask
+    if c is not None:
+        is_weights, rejected = correction_weights(old_logprobs, rollout_logprobs, response_mask,
+                                                  mode=c.mode, level=c.level, cap=c.cap, lower=c.lower)
+        metrics["actor/rollout_is_weight"] = float(masked_mean(is_weights, loss_mask))
+        metrics["actor/rollout_is_over_cap"] = float(masked_mean(rejected, loss_mask))
+        if c.rejected == "drop":
+            loss_mask = loss_mask * (1.0 - rejected)
+    keeps = rule_keeps(old_logprobs, rollout_logprobs, response_mask, [r for r in rc.masks if r not in ADVANTAGE_RULES],
+                       **rule_settings(rc))
+    return rejection(keeps, is_weights, loss_mask, filtered=filtered, drop=rc.rejected == "drop", metrics=metrics)
+
+
+def advantage_masks(cfg, scored: Scored, adv: Advantages, got: Collected, prep: Prepared, *, metrics: dict) -> Scored:
+    """The rejection rules that read the advantages (opsm, DeepSeek-V3.2's off-policy sequence masking),
+    applied once they are computed: the scored weights and loss mask, less the tokens they reject. Applied
+    here, between the advantages and the batch, it uses the trainer's old logprobs as the current policy
+    (algo/rollout_correction.py:opsm_keep says when that equals TRL's per-micro-batch mask), and the
+    update stays one loss with one weight per token."""
+    rc = cfg.algo.rollout_correction
+    rules = [r for r in rc.masks if r in ADVANTAGE_RULES]
+    if not rules:
+        return scored
+    keeps = rule_keeps(scored.old_logprobs, got.rollout.logprobs, prep.batch.response_mask, rules,
+                       advantages=adv.advantages, **rule_settings(rc))
+    is_weights, loss_mask = rejection(keeps, scored.is_weights, scored.loss_mask, filtered=prep.checks.loss_mask,
+                                      drop=rc.rejected == "drop", metrics=metrics)
+    return replace(scored, is_weights=is_weights, loss_mask=loss_mask)
+
+
+def rule_settings(rc) -> dict:
+    """algo.rollout_correction's settings of the rejection rules, as `rule_keeps` takes them."""
+    return {"geo_rs_bounds": rc.geo_rs_bounds, "icepop_bounds": rc.icepop_bounds, "k3_rs_threshold": rc.k3_rs_threshold,
+            "k2_rs_threshold": rc.k2_rs_threshold, "opsm_delta": rc.opsm_delta}
+
+
+def rejection(keeps: dict[str, torch.Tensor], is_weights: torch.Tensor | None, loss_mask: torch.Tensor, *,
+              filtered: torch.Tensor, drop: bool, metrics: dict) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Log each rule's share of the sample filters' loss tokens (`filtered`) that it rejects
+    (rollout_corr/<rule>_rejected, each rule on its own), then chain the rules: a token is kept only if
+    every rule keeps it. A rejected token's weight becomes 0 (a zero term); with `drop` it also leaves the
+    loss mask, so the normalisers (verl's rejection). Returns (is_weights, loss_mask), [N, T] each."""
+    if not keeps:
+        return is_weights, loss_mask
+    for rule, keep in keeps.items():
+        metrics[f"rollout_corr/{rule}_rejected"] = float(masked_mean((~keep).to(filtered.dtype), filtered))
+    keep = chain(keeps.values(), like=loss_mask).to(loss_mask.dtype)  # [N, T] 1 = kept by every rule
+    is_weights = keep if is_weights is None else is_weights * keep
+    return is_weights, (loss_mask * keep if drop else loss_mask)
+
+
+def forking_tokens(cfg, entropy: torch.Tensor | None, loss_mask: torch.Tensor, is_weights: torch.Tensor | None,
+                   metrics: dict) -> torch.Tensor | None:
+    """algo.top_entropy_quantile (80/20 tokens): the policy-gradient weights times 1 on the step's tokens
+    whose old-policy entropy is in the top share, 0 elsewhere (kept tokens: actor/top_entropy_frac). The
+    share is of the whole step's loss tokens, so it does not depend on the micro-batch or rank split."""
+    q = cfg.algo.top_entropy_quantile
+    if q is None:
+        return is_weights
+    if entropy is None:
+        raise RuntimeError("algo.top_entropy_quantile needs the scoring pass's entropy; set train.old_logprobs=recompute")
+    keep = top_entropy_mask(entropy, loss_mask, quantile=q)  # [N, T]
+    metrics["actor/top_entropy_frac"] = float(masked_mean(keep, loss_mask))
+    return keep if is_weights is None else is_weights * keep
 
 
 def step_coefs(trainer: Trainer, scored: Scored, *, rows: int) -> tuple[dict[str, float], float | None]:
@@ -202,8 +268,10 @@ def advantages(trainer: Trainer, got: Collected, prep: Prepared, scored: Scored,
         metrics["reward/kl_penalty"] = float(-kl_rewards.sum(-1).mean())
     values = value_pass(trainer.critic, prep.batch, cfg, rows=prep.rows) if trainer.critic is not None else None
     group_ids = torch.arange(len(got.problems)).repeat_interleave(cfg.rollout.n)  # [N]
+    components = None if got.scores is None else {  # [N] each reward component's raw score (gdpo normalises each)
+        name: torch.tensor([0.0 if v is None else v for v in vs], dtype=torch.float32) for name, vs in got.scores.values.items()}
     inputs = AdvantageInputs(rewards=got.rewards, response_mask=response_mask, loss_mask=scored.loss_mask,
-                             kl_rewards=kl_rewards, group_ids=group_ids, values=values)
+                             kl_rewards=kl_rewards, group_ids=group_ids, values=values, components=components)
     out = ADVANTAGE_ESTIMATORS.get(cfg.algo.adv.estimator).fn(inputs, cfg)
     metrics.update(out.metrics)
     return out, values

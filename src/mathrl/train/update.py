@@ -10,6 +10,7 @@ the whole mini-batch's counts (`algo.losses.global_counts`), so the gradient doe
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -18,9 +19,10 @@ import torch
 
 from mathrl.algo.entropy import entropy_bonus_mask
 from mathrl.algo.kl import kl_penalty
-from mathrl.algo.losses import aggregate, dp_scale, global_counts, policy_loss, positive_example_lm_loss
+from mathrl.algo.losses import aggregate, dp_scale, global_counts, positive_example_lm_loss
 from mathrl.config import Config
 from mathrl.model.scoring import input_device, next_token_logprobs, response_logprobs
+from mathrl.registry import LOSS_TERMS, POLICY_LOSSES
 from mathrl.seeds import derive_seed
 from mathrl.tasks.sources import PretrainText
 from mathrl.train import dist as tdist
@@ -199,10 +201,10 @@ class TermInputs:
 
 @dataclass(frozen=True)
 class LossTerm:
-    """One term added to the policy-gradient loss: `fn` returns (its weighted, signed contribution or
-    None when it adds nothing this micro-batch, the value logged as actor/<name>)."""
+    """One term added to the policy-gradient loss, registered in mathrl.registry.LOSS_TERMS under the
+    name it is logged as (actor/<name>): `fn` returns (its weighted, signed contribution or None when it
+    adds nothing this micro-batch, the value logged)."""
 
-    name: str  # the logged metric is actor/<name>
     enabled: Callable[[Config], bool]
     fn: Callable[[TermInputs], tuple[torch.Tensor | None, float]]
 
@@ -238,12 +240,10 @@ def pos_lm_term(x: TermInputs) -> tuple[torch.Tensor | None, float]:
     return x.cfg.algo.pos_lm.coef * pos, pos.item()
 
 
-# Added to the loss in this order; a new term is one function and one entry here.
-LOSS_TERMS: list[LossTerm] = [
-    LossTerm("entropy_loss", lambda cfg: cfg.algo.entropy.mode != "none", entropy_term),
-    LossTerm("kl_loss", lambda cfg: cfg.algo.kl.use == "loss", kl_loss_term),
-    LossTerm("pos_lm_loss", lambda cfg: cfg.algo.pos_lm.coef > 0, pos_lm_term),
-]
+# Added to the loss in this order; a new term is one function and one registration (here or outside).
+LOSS_TERMS.register("entropy_loss", LossTerm(lambda cfg: cfg.algo.entropy.mode != "none", entropy_term))
+LOSS_TERMS.register("kl_loss", LossTerm(lambda cfg: cfg.algo.kl.use == "loss", kl_loss_term))
+LOSS_TERMS.register("pos_lm_loss", LossTerm(lambda cfg: cfg.algo.pos_lm.coef > 0, pos_lm_term))
 
 
 # ----------------------------------------------------------------------------- the policy update
@@ -253,12 +253,13 @@ def update_policy(
 ) -> dict[str, float]:
     """Mini-batches x epochs of updates on one rollout batch.
 
-    loss = policy loss (times batch.is_weights, the importance weights, where set) + the enabled
-    LOSS_TERMS (entropy bonus, KL as loss, positive-example NLL), each aggregated over the whole
-    mini-batch's counts, plus ptx_coef * the token-mean pretraining NLL of one PTX batch per optimizer step.
+    loss = algo.policy_loss's per-token loss (times batch.is_weights, the importance weights, where set),
+    aggregated, + the enabled LOSS_TERMS (entropy bonus, KL as loss, positive-example NLL), each aggregated
+    over the whole mini-batch's counts, plus ptx_coef * the token-mean pretraining NLL of one PTX batch
+    per optimizer step.
     """
-    terms_on = [term for term in LOSS_TERMS if term.enabled(cfg)]
-    sums = {k: 0.0 for k in ("entropy", "clipped", "dual_clipped", "ppo_kl", "tokens", "ent_masked")}
+    terms_on = [(name, term) for name, term in LOSS_TERMS.items() if term.enabled(cfg)]
+    sums = {k: 0.0 for k in ("entropy", *STANDARD_STATS, "tokens", "ent_masked")}
 
     def mini_batch_counts(mini: TrainBatch):
         # the whole mini-batch's counts (all micro-batches, all ranks) normalise every micro-batch
@@ -272,34 +273,44 @@ def update_policy(
         )
         x = TermInputs(cfg, micro, logprobs, entropy, micro.loss_mask, num_tokens, num_seqs, pos_tokens, pos_seqs,
                        coefs, sums)
-        loss, info = pg_term(x)
-        terms = {"pg_loss": loss.item(), **{term.name: 0.0 for term in LOSS_TERMS}}
-        for term in terms_on:
-            contribution, terms[term.name] = term.fn(x)
+        loss, stats = pg_term(x, step=step)
+        terms = {"pg_loss": loss.item(), **{name: 0.0 for name, _ in LOSS_TERMS.items()}}
+        for name, term in terms_on:
+            contribution, terms[name] = term.fn(x)
             if contribution is not None:
                 loss = loss + contribution
         (loss * dp_scale()).backward()
-        for key, value in (("entropy", entropy.detach()), ("clipped", info["clipped"]),
-                           ("dual_clipped", info["dual_clipped"]), ("ppo_kl", info["ppo_kl"])):
-            sums[key] += float((value * x.mask).sum())
+        for key, value in (("entropy", entropy.detach()), *stats.items()):
+            sums[key] = sums.get(key, 0.0) + float((value * x.mask).sum())
         sums["tokens"] += float(x.mask.sum())
         return terms
 
     ptx_step = (lambda: ptx_update(model, ptx, cfg)) if ptx is not None else None
     log = run_updates(model, optimizer, scheduler, batch, cfg, seed=derive_seed(cfg.seed, step),
                       mini_batch_counts=mini_batch_counts, micro_step=micro_step, after_micro_batches=ptx_step, rows=rows)
-    return policy_metrics(log, tdist.all_reduce_sums(sums), cfg, terms_on=terms_on, ptx=ptx is not None)
+    return policy_metrics(log, tdist.all_reduce_sums(sums), cfg, terms_on=[name for name, _ in terms_on],
+                          ptx=ptx is not None)
 
 
-def pg_term(x: TermInputs) -> tuple[torch.Tensor, dict]:
-    """The clipped policy-gradient loss, aggregated; each token's term times its importance weight
-    (x.micro.is_weights) when a correction is on."""
-    clip = x.cfg.algo.clip
-    token_loss, info = policy_loss(x.logprobs, x.micro.old_logprobs, x.micro.advantages, x.mask,
-                                   eps_low=clip.eps_low, eps_high=clip.eps_high, dual_clip_c=clip.dual_clip_c)
-    if x.micro.is_weights is not None:  # weigh the policy-gradient term only
-        token_loss = token_loss * x.micro.is_weights.to(token_loss.device)
-    return x.aggregate(token_loss, x.mask), info
+STANDARD_STATS = ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")  # logged for every loss (0 where it has none)
+
+
+def pg_term(x: TermInputs, *, step: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """algo.policy_loss's loss, aggregated by its own mode or algo.loss_agg, and its per-token stats; each
+    token's term times its importance weight (x.micro.is_weights) when a correction is on. A loss that picks
+    tokens at random gets a generator seeded by the run, the step and the micro-batch's tokens (not the rank)."""
+    cfg, micro = x.cfg, x.micro
+    entry = POLICY_LOSSES.get(cfg.algo.policy_loss)
+    kwargs = entry.params(cfg)
+    if entry.needs_generator:
+        content = zlib.crc32(micro.response_ids.cpu().numpy().tobytes())
+        kwargs["generator"] = torch.Generator().manual_seed(derive_seed(derive_seed(cfg.seed, step), content))
+    token_loss, stats = entry.fn(x.logprobs, micro.old_logprobs, micro.advantages, x.mask, weights=micro.is_weights,
+                                 **kwargs)
+    mode = entry.agg or cfg.algo.loss_agg
+    loss = aggregate(token_loss, x.mask, mode=mode, max_len=cfg.rollout.max_new_tokens, num_tokens=x.num_tokens,
+                     num_seqs=x.num_seqs)
+    return loss, stats
 
 
 def ptx_update(model, ptx: PretrainText, cfg: Config) -> dict[str, float]:
@@ -312,23 +323,23 @@ def ptx_update(model, ptx: PretrainText, cfg: Config) -> dict[str, float]:
     return {"ptx_loss": ptx_loss.item()}
 
 
-def policy_metrics(log: UpdateLog, sums: dict[str, float], cfg: Config, *, terms_on: list[LossTerm],
+def policy_metrics(log: UpdateLog, sums: dict[str, float], cfg: Config, *, terms_on: list[str],
                    ptx: bool) -> dict[str, float]:
     """actor/* of the update from its log and its token sums (over all ranks)."""
     tokens = max(sums["tokens"], 1.0)
     metrics = {
         "actor/pg_loss": _mean(log.terms.get("pg_loss", [])),
         "actor/entropy": sums["entropy"] / tokens,
-        "actor/pg_clipfrac": sums["clipped"] / tokens,
-        "actor/pg_clipfrac_lower": sums["dual_clipped"] / tokens,
-        "actor/ppo_kl": sums["ppo_kl"] / tokens,
+        **{f"actor/{key}": sums[key] / tokens for key in STANDARD_STATS},
         "actor/grad_norm": _mean(log.grad_norms),
         "actor/lr": log.lr,  # of the step's last update
         "actor/updates": float(len(log.grad_norms) - log.skipped),
         "perf/skipped_updates": float(log.skipped),
     }
-    for term in terms_on:
-        metrics[f"actor/{term.name}"] = _mean(log.terms.get(term.name, []))
+    for key in sorted(sums.keys() - {"entropy", *STANDARD_STATS, "tokens", "ent_masked"}):  # a loss's own stats
+        metrics[f"actor/{key}"] = sums[key] / tokens
+    for name in terms_on:
+        metrics[f"actor/{name}"] = _mean(log.terms.get(name, []))
     if cfg.algo.entropy.mode != "none":
         metrics["actor/entropy_clipfrac"] = sums["ent_masked"] / tokens
     if ptx:

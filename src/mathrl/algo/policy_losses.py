@@ -1,0 +1,403 @@
+"""The policy losses by name (algo.policy_loss): PPO's clipped surrogate and the losses the field adopted
+after it, each a pure function on plain tensors, registered in `mathrl.registry.POLICY_LOSSES`.
+
+The calling convention (docs/architecture.md, "Policy losses"): every loss is
+
+    token_loss, stats = fn(logprobs, old_logprobs, advantages, mask, *, weights=None, **hyperparameters)
+
+with logprobs [B, T] log pi_theta of the sampled tokens (differentiable), old_logprobs [B, T] log pi_old
+(no grad), advantages [B, T], mask [B, T] nonzero on the tokens that count, weights [B, T] or None the
+importance weights of the policy-gradient term (algo.rollout_correction / algo.off_policy, detached).
+It returns the per-token loss [B, T], 0 at masked tokens, already weighted, and `stats`: per-token
+float tensors [B, T], detached and 0 at masked tokens, each averaged over the step's counted tokens
+into the metric actor/<key> (pg_clipfrac, pg_clipfrac_lower, ppo_kl, cov_selected_frac).
+The per-token loss is then reduced by `losses.aggregate` with the entry's own aggregation, or
+algo.loss_agg where the entry has none:
+
+    entry = POLICY_LOSSES.get("gspo")
+    token_loss, stats = entry.fn(lp, old_lp, adv, mask, **entry.params(cfg))
+    loss = aggregate(token_loss, mask, mode=entry.agg or cfg.algo.loss_agg, num_tokens=..., num_seqs=...)
+
+A loss with a sequence-level ratio (gspo, geo_mean) gives every token of a row the row's loss: its
+``seq_mean_token_mean`` aggregation then sums each row's loss once, and the gradient is the row's.
+Micro-batches split rows, never a row's tokens, so no sequence is split.
+
+Each loss equals verl's `compute_policy_loss_<name>` (verl/trainer/ppo/core_algos.py @1dda039) at the
+same hyperparameters and aggregation: the loss, the metrics, the per-token loss and the gradient with
+respect to the logprobs (tests/test_policy_losses.py; the choices where verl is arguable are in
+docs/tricks.md, "Policy losses"). One exception by design: `gspo` (the sequence form) weighs a row
+by the mean of its tokens' importance weights, so with weights that vary within a row its gradient
+spreads evenly over the row where verl's `gspo` (= `gspo_token` here, which matches it) weighs each
+token by its own.
+
+A new loss is one function and one registration, here or in any module imported before the config
+is loaded (tests/test_policy_losses.py registers one from outside and trains with it):
+
+    def my_loss(logprobs, old_logprobs, advantages, mask, *, weights=None, beta=0.1):
+        loss = -advantages * logprobs + beta * (logprobs - old_logprobs) ** 2          # [B, T]
+        return weigh(loss, mask, weights), {}
+
+    POLICY_LOSSES.register("mine", PolicyLoss(my_loss, params=lambda cfg: {"beta": 0.1}))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from mathrl.algo.losses import _LOG_RATIO_CLAMP, _check_same_shape, masked_mean, masked_sum, policy_loss
+from mathrl.registry import POLICY_LOSSES
+
+__all__ = [
+    "PolicyLoss", "weigh", "ppo_clip", "gspo", "gspo_token", "cispo", "sapo", "geo_mean", "dppo_tv", "dppo_kl",
+    "clip_cov", "kl_cov", "gpg", "dro", "top_entropy_mask",
+]
+
+SEQ_AGG = "seq_mean_token_mean"  # the aggregation of the sequence-level losses (gspo, sapo, geo_mean)
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """A registered policy loss: its function, the keyword arguments a config gives it, and what it is."""
+
+    fn: Callable[..., tuple[Tensor, dict[str, Tensor]]]
+    params: Callable[[Any], dict[str, Any]] = lambda cfg: {}  # config -> the fn's hyperparameters
+    agg: str | None = None  # its own aggregation (losses.AGG_MODES); None: algo.loss_agg
+    sequence_ratio: bool = False  # one importance ratio per sequence: no token of a row has its own gradient weight
+    dual_clip: bool = False  # reads algo.clip.dual_clip_c
+    needs_generator: bool = False  # picks tokens at random: the caller passes a seeded torch.Generator
+    reads: tuple[str, ...] = ()  # the config sections its hyperparameters come from (docs, config errors)
+
+
+def weigh(loss: Tensor, mask: Tensor, weights: Tensor | None) -> Tensor:
+    """[B, T] the per-token loss times the importance weights (if any), 0 at masked tokens."""
+    if weights is not None:
+        loss = loss * weights.to(loss.device)
+    return torch.where(mask.bool(), loss, torch.zeros_like(loss))
+
+
+def _stat(x: Tensor, mask: Tensor) -> Tensor:
+    """[B, T] a detached float statistic, 0 at masked tokens."""
+    return torch.where(mask.bool(), x.detach().to(torch.float32), torch.zeros((), dtype=torch.float32, device=x.device))
+
+
+def _ratio(logprobs: Tensor, old_logprobs: Tensor) -> tuple[Tensor, Tensor]:
+    """(log ratio clamped to [-20, 20], ratio) [B, T]: exp() stays finite (as verl clamps)."""
+    log_ratio = (logprobs - old_logprobs).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    return log_ratio, torch.exp(log_ratio)
+
+
+def _seq_mean(x: Tensor, mask: Tensor) -> Tensor:
+    """[B] the mean of x over each row's counted tokens (0 for a row with none)."""
+    return masked_sum(x, mask, -1) / mask.bool().sum(-1).to(x.dtype).clamp_min(1)
+
+
+def _per_row(seq_loss: Tensor, mask: Tensor) -> Tensor:
+    """[B, T] each row's loss on each of its counted tokens (seq_mean_token_mean sums it once per row)."""
+    return torch.where(mask.bool(), seq_loss[:, None].expand(mask.shape), torch.zeros((), dtype=seq_loss.dtype,
+                                                                                        device=seq_loss.device))
+
+
+# ----------------------------------------------------------------------------- PPO
+def ppo_clip(logprobs, old_logprobs, advantages, mask, *, weights=None, eps_low=0.2, eps_high=0.28, dual_clip_c=None):
+    """PPO's clipped surrogate with clip-higher and optional dual clip (`losses.policy_loss`, which has
+    the formulas); verl's `vanilla`. The default."""
+    loss, info = policy_loss(logprobs, old_logprobs, advantages, mask, eps_low=eps_low, eps_high=eps_high,
+                             dual_clip_c=dual_clip_c)
+    return weigh(loss, mask, weights), {"pg_clipfrac": info["clipped"], "pg_clipfrac_lower": info["dual_clipped"],
+                                        "ppo_kl": info["ppo_kl"]}
+
+
+# ----------------------------------------------------------------------------- sequence-level ratios
+def gspo(logprobs, old_logprobs, advantages, mask, *, weights=None, eps_low=3e-4, eps_high=4e-4):
+    """GSPO (Zheng et al. 2025, arXiv 2507.18071, eq. 5-7): one importance ratio per sequence, the
+    geometric mean of its token ratios, clipped per sequence:
+
+        s_i = exp(mean_t (logprobs - old_logprobs))        (log s_i clamped at 10, as verl)
+        l_i = -min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i),  A_i = mean_t A_it
+
+    Every counted token of row i carries l_i; aggregate with seq_mean_token_mean. The paper's clip
+    range is tiny (3e-4, 4e-4) because s_i is a per-token geometric mean. With an advantage constant
+    over each row (every outcome estimator) this equals verl's `gspo` (which is GSPO-token, `gspo_token`).
+    Token-level importance weights weigh the row by their mean over its tokens.
+
+    Returns stats pg_clipfrac (the row's clip, on each of its tokens), pg_clipfrac_lower (0), ppo_kl.
+    """
+    _check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
+    log_ratio = logprobs - old_logprobs  # [B, T]
+    log_s = _seq_mean(log_ratio, mask).clamp(max=10.0)  # [B]
+    s = torch.exp(log_s)  # [B]
+    adv = _seq_mean(advantages, mask)  # [B]
+    unclipped, clipped = -adv * s, -adv * s.clamp(1.0 - eps_low, 1.0 + eps_high)  # [B]
+    loss = _per_row(torch.maximum(unclipped, clipped), mask)  # [B, T]
+    return weigh(loss, mask, weights), {"pg_clipfrac": _stat(_per_row((clipped > unclipped).float(), mask), mask),
+                                        "pg_clipfrac_lower": _stat(torch.zeros_like(loss), mask),
+                                        "ppo_kl": _stat(-log_ratio, mask)}
+
+
+def gspo_token(logprobs, old_logprobs, advantages, mask, *, weights=None, eps_low=3e-4, eps_high=4e-4):
+    """GSPO-token (Zheng et al. 2025, eq. 13-14): the sequence ratio's value with each token's own gradient,
+
+        s_it = sg[s_i] * pi_theta(y_t) / sg[pi_theta(y_t)],   l_it = -min(s_it A_it, clip(s_it) A_it)
+
+    so a per-token advantage is allowed; with a constant advantage per row the gradient is GSPO's.
+    verl's `gspo`. Aggregate with seq_mean_token_mean."""
+    _check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
+    log_ratio = logprobs - old_logprobs  # [B, T]
+    log_s = _seq_mean(log_ratio, mask).detach()  # [B]
+    log_st = (logprobs - logprobs.detach() + log_s[:, None]).clamp(max=10.0)  # [B, T]
+    s = torch.exp(log_st)
+    unclipped, clipped = -advantages * s, -advantages * s.clamp(1.0 - eps_low, 1.0 + eps_high)
+    loss = torch.maximum(unclipped, clipped)
+    return weigh(loss, mask, weights), {"pg_clipfrac": _stat((clipped > unclipped).float(), mask),
+                                        "pg_clipfrac_lower": _stat(torch.zeros_like(loss), mask),
+                                        "ppo_kl": _stat(-log_ratio, mask)}
+
+
+def geo_mean(logprobs, old_logprobs, advantages, mask, *, weights=None, eps_low=0.4, eps_high=0.4):
+    """GMPO (Zhao et al. 2025, arXiv 2507.20673, eq. 4): the geometric mean of the token ratios, each
+    clipped in LOG space to [-eps_low, eps_high] on the side that matters for the advantage's sign:
+
+        r_it = sgn(A) * min(sgn(A) * log_ratio_it, sgn(A) * clip(log_ratio_it, -eps_low, eps_high))
+        l_i  = -A_i * exp(mean_t r_it),   A_i = mean_t A_it
+
+    (eps 0.4 is the paper's (e^-0.4, e^0.4)). No log-ratio clamp, as verl. Importance weights enter as
+    their geometric mean over the row. Every counted token of row i carries l_i; aggregate with
+    seq_mean_token_mean (verl averages over all rows of the batch, empty rows included; mathrl over the
+    rows with a counted token).
+
+    Returns stats pg_clipfrac (the log clip active where A > 0), pg_clipfrac_lower (where A < 0), ppo_kl.
+    """
+    _check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
+    log_ratio = logprobs - old_logprobs  # [B, T]
+    sgn = torch.sign(advantages)
+    clamped = log_ratio.clamp(-eps_low, eps_high)
+    pessimistic = sgn * torch.minimum(sgn * log_ratio, sgn * clamped)  # [B, T]
+    seq_loss = -_seq_mean(advantages, mask) * torch.exp(_seq_mean(pessimistic, mask))  # [B]
+    if weights is not None:
+        seq_loss = seq_loss * torch.exp(_seq_mean(torch.log(weights.to(seq_loss.device) + 1e-10), mask))
+    clipped = (log_ratio != clamped).float()
+    return _per_row(seq_loss, mask), {"pg_clipfrac": _stat(clipped * (advantages > 0), mask),
+                                      "pg_clipfrac_lower": _stat(clipped * (advantages < 0), mask),
+                                      "ppo_kl": _stat(-log_ratio, mask)}
+
+
+# ----------------------------------------------------------------------------- every token keeps a gradient
+def cispo(logprobs, old_logprobs, advantages, mask, *, weights=None, eps_low=0.2, eps_high=0.28):
+    """CISPO (MiniMax-M1, arXiv 2506.13585, eq. 4-5): clip the importance weight, stop its gradient,
+    and keep every token's gradient:
+
+        l_it = -sg[clip(ratio_it, 1 - eps_low, 1 + eps_high)] * A_it * logprobs_it
+
+    Returns stats pg_clipfrac (the weight was clipped), pg_clipfrac_lower (0), ppo_kl."""
+    _check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
+    log_ratio, ratio = _ratio(logprobs, old_logprobs)
+    clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high).detach()
+    loss = -clipped * advantages * logprobs
+    return weigh(loss, mask, weights), {"pg_clipfrac": _stat((ratio != clipped).float(), mask),
+                                        "pg_clipfrac_lower": _stat(torch.zeros_like(loss), mask),
+                                        "ppo_kl": _stat(-log_ratio, mask)}
+
+
+def sapo(logprobs, old_logprobs, advantages, mask, *, weights=None, tau_pos=1.0, tau_neg=1.05):
+    """SAPO (Gao et al. 2025, arXiv 2511.20347, eq. 6): a smooth, temperature-gated trust region in
+    place of the hard clip:
+
+        l_it = -f(ratio_it; tau) * A_it,   f(r; tau) = sigmoid(tau (r - 1)) * 4 / tau
+        tau = tau_pos where A > 0, else tau_neg
+
+    f's gradient is 1 at r = 1 and decays smoothly away from it. Aggregate with seq_mean_token_mean.
+    Returns stats pg_clipfrac and pg_clipfrac_lower (0: nothing is clipped), ppo_kl."""
+    _check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
+    log_ratio, ratio = _ratio(logprobs, old_logprobs)
+    tau = torch.where(advantages > 0, torch.as_tensor(tau_pos, dtype=ratio.dtype),
+                      torch.as_tensor(tau_neg, dtype=ratio.dtype))
+    loss = -torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau) * advantages
+    zeros = _stat(torch.zeros_like(loss), mask)
+    return weigh(loss, mask, weights), {"pg_clipfrac": zeros, "pg_clipfrac_lower": zeros.clone(),
+                                        "ppo_kl": _stat(-log_ratio, mask)}
+
+
+def _dppo(logprobs, old_logprobs, advantages, mask, weights, valid: Tensor, ratio: Tensor, log_ratio: Tensor,
+          trunc_c: float):
+    """DPPO's loss once its trust-region mask `valid` [B, T] is known (shared by dppo_tv and dppo_kl)."""
+    truncated = ratio.clamp(max=trunc_c).detach()
+    valid = valid.detach().to(logprobs.dtype)
+    loss = -advantages * truncated * logprobs * valid
+    return weigh(loss, mask, weights), {"pg_clipfrac": _stat(1.0 - valid, mask),
+                                        "pg_clipfrac_lower": _stat((ratio > trunc_c).float() * valid, mask),
+                                        "ppo_kl": _stat(-log_ratio, mask)}
+
+
+def dppo_tv(logprobs, old_logprobs, advantages, mask, *, weights=None, delta_low=0.2, delta_high=0.2, trunc_c=20.0):
+    """DPPO-Binary-TV (arXiv 2602.04879, §4): a trust region on the probability itself, enforced by a
+    mask only in the harmful direction, with a truncated, stopped importance weight (§5.4):
+
+        valid_it = (p - p_old <= delta_high) if A > 0 else (p - p_old >= -delta_low)
+        l_it     = -A_it * sg[min(ratio_it, trunc_c)] * logprobs_it * valid_it
+
+    Returns stats pg_clipfrac (the mask removed the token), pg_clipfrac_lower (valid, ratio over
+    trunc_c), ppo_kl."""
+    _check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
+    log_ratio, ratio = _ratio(logprobs, old_logprobs)
+    diff = torch.exp(logprobs) - torch.exp(old_logprobs)
+    valid = torch.where(advantages > 0, diff <= delta_high, diff >= -delta_low)
+    return _dppo(logprobs, old_logprobs, advantages, mask, weights, valid, ratio, log_ratio, trunc_c)
+
+
+def dppo_kl(logprobs, old_logprobs, advantages, mask, *, weights=None, delta_low=0.2, delta_high=0.2, trunc_c=20.0):
+    """DPPO-Binary-KL (arXiv 2602.04879, §4): as dppo_tv with the binary KL between Bernoulli(p_old)
+    and Bernoulli(p) (the sampled token against the rest) as the divergence:
+
+        D = p_old log(p_old / p) + (1 - p_old) log((1 - p_old + 1e-8) / (1 - p + 1e-8))
+        valid_it = (D <= delta_high or p <= p_old) if A > 0 else (D <= delta_low or p >= p_old)
+    """
+    _check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
+    log_ratio, ratio = _ratio(logprobs, old_logprobs)
+    p, p_old = torch.exp(logprobs), torch.exp(old_logprobs)
+    binary_kl = p_old * (old_logprobs - logprobs) + (1 - p_old) * torch.log((1.0 - p_old + 1e-8) / (1.0 - p + 1e-8))
+    valid = torch.where(advantages > 0, (binary_kl <= delta_high) | (p <= p_old), (binary_kl <= delta_low) | (p >= p_old))
+    return _dppo(logprobs, old_logprobs, advantages, mask, weights, valid, ratio, log_ratio, trunc_c)
+
+
+# ----------------------------------------------------------------------------- covariance-selected tokens
+def _covariance(advantages: Tensor, logprobs: Tensor, mask: Tensor) -> Tensor:
+    """[B, T] (A - mean A)(logp - mean logp) over the counted tokens (Cui et al. 2025, eq. 9), detached."""
+    lp = logprobs.detach()
+    return (advantages - masked_mean(advantages, mask)) * (lp - masked_mean(lp, mask))
+
+
+def clip_cov(logprobs, old_logprobs, advantages, mask, *, weights=None, eps_low=0.2, eps_high=0.28, cov_ratio=2e-4,
+             cov_lb=1.0, cov_ub=5.0, generator: torch.Generator | None = None):
+    """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs", arXiv 2505.22617,
+    §4.2): PPO's clipped surrogate, with the gradient of a few tokens of high covariance between logp
+    and A cut: among the counted tokens the ratio clip leaves alone whose covariance is in (cov_lb,
+    cov_ub), max(1, int(cov_ratio x counted tokens)) are picked at random (from `generator`, or torch's
+    global generator if None) and their loss set to 0. The covariance is centred on this call's tokens.
+
+    Returns stats pg_clipfrac (the picked tokens, as verl), pg_clipfrac_lower (0), ppo_kl, and
+    cov_selected_frac (the picked tokens again: the tokens the method touches)."""
+    _check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
+    m = mask.bool()
+    log_ratio = logprobs - old_logprobs
+    ratio = torch.exp(log_ratio)
+    unclipped, clipped = -advantages * ratio, -advantages * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    cov = _covariance(advantages, logprobs, mask)
+    candidates = m & ~(clipped > unclipped) & (cov > cov_lb) & (cov < cov_ub)
+    picked = torch.zeros_like(m)
+    idx = torch.nonzero(candidates)  # [K, 2], row-major
+    if len(idx):
+        n_pick = max(int(cov_ratio * float(m.sum())), 1)
+        idx = idx[torch.randperm(len(idx), generator=generator)[:n_pick]]
+        picked[idx[:, 0], idx[:, 1]] = True
+    loss = torch.where(picked, torch.zeros_like(ratio), torch.maximum(unclipped, clipped))
+    return weigh(loss, mask, weights), {"pg_clipfrac": _stat(picked.float(), mask),
+                                        "pg_clipfrac_lower": _stat(torch.zeros_like(loss), mask),
+                                        "ppo_kl": _stat(-log_ratio, mask), "cov_selected_frac": _stat(picked.float(), mask)}
+
+
+def kl_cov(logprobs, old_logprobs, advantages, mask, *, weights=None, cov_ratio=2e-4, kl_coef=0.1):
+    """KL-Cov (Cui et al. 2025, arXiv 2505.22617, §4.2): the unclipped surrogate -ratio A, plus
+    kl_coef x |log ratio| on the max(1, int(cov_ratio x counted tokens)) counted tokens of largest
+    covariance between logp and A (centred on this call's tokens).
+
+    Returns stats ppo_kl (|log ratio|: verl's kl_cov reports the absolute value), pg_clipfrac and
+    pg_clipfrac_lower (0), cov_selected_frac (the penalised tokens)."""
+    _check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
+    m = mask.bool()
+    log_ratio = logprobs - old_logprobs
+    loss = -advantages * torch.exp(log_ratio)
+    picked = torch.zeros_like(m)
+    flat = torch.nonzero(m.reshape(-1), as_tuple=True)[0]  # counted positions, row-major
+    if len(flat):
+        cov = _covariance(advantages, logprobs, mask).reshape(-1)[flat].cpu()
+        k = max(1, int(len(flat) * cov_ratio))
+        picked.view(-1)[flat[torch.topk(cov, k, largest=True).indices.to(flat.device)]] = True
+    loss = torch.where(picked, loss + kl_coef * log_ratio.abs(), loss)
+    zeros = _stat(torch.zeros_like(loss), mask)
+    return weigh(loss, mask, weights), {"pg_clipfrac": zeros, "pg_clipfrac_lower": zeros.clone(),
+                                        "ppo_kl": _stat(log_ratio.abs(), mask), "cov_selected_frac": _stat(picked.float(), mask)}
+
+
+# ----------------------------------------------------------------------------- no ratio
+def gpg(logprobs, old_logprobs, advantages, mask, *, weights=None):
+    """GPG (Chu et al. 2025, arXiv 2504.02546, eq. 6): the plain policy gradient, l_it = -A_it logprobs_it.
+    Returns stat ppo_kl (verl returns no metric)."""
+    _check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
+    return weigh(-advantages * logprobs, mask, weights), {"ppo_kl": _stat(old_logprobs - logprobs, mask)}
+
+
+def dro(logprobs, old_logprobs, advantages, mask, *, weights=None, beta=None):
+    """DRO, as Tinker and verl (Richemond et al. 2024, "Offline Regularised RL for LLM Alignment"):
+    the policy gradient with a quadratic penalty on the log ratio,
+
+        l_it = -(A_it logprobs_it - beta / 2 (logprobs_it - old_logprobs_it)^2)
+
+    Returns stat ppo_kl."""
+    _check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
+    if beta is None or not beta > 0:
+        raise ValueError(f"dro needs beta > 0 (algo.dro.beta), got {beta}")
+    log_ratio = logprobs - old_logprobs
+    loss = -(logprobs * advantages - 0.5 * beta * log_ratio.square())
+    return weigh(loss, mask, weights), {"ppo_kl": _stat(-log_ratio, mask)}
+
+
+# ----------------------------------------------------------------------------- 80/20 tokens
+def top_entropy_mask(entropy: Tensor, mask: Tensor, *, quantile: float) -> Tensor:
+    """The forking tokens (Wang et al. 2025, "Beyond the 80/20 Rule", arXiv 2506.01939, §4): 1 on the
+    counted tokens whose entropy is at least the (1 - quantile) quantile of the counted tokens'
+    entropies, as TRL's `top_entropy_quantile` (quantile 0.2: the top 20%; 1.0: every token).
+
+    Args:
+        entropy: [B, T] the token entropies (of the policy that sampled, or the old policy).
+        mask: [B, T] nonzero on counted tokens.
+        quantile: in (0, 1], the share of tokens kept.
+
+    Returns:
+        [B, T] float, 1 on kept tokens, 0 elsewhere.
+    """
+    _check_same_shape(entropy=entropy, mask=mask)
+    if not 0.0 < quantile <= 1.0:
+        raise ValueError(f"quantile must be in (0, 1], got {quantile}")
+    m = mask.bool()
+    if not m.any():
+        return torch.zeros_like(entropy, dtype=torch.float32)
+    threshold = torch.quantile(entropy[m].float(), 1.0 - quantile)
+    return ((entropy >= threshold) & m).float()
+
+
+# ----------------------------------------------------------------------------- the registry
+def _clip(cfg) -> dict[str, float]:
+    return {"eps_low": cfg.algo.clip.eps_low, "eps_high": cfg.algo.clip.eps_high}
+
+
+def _dppo_params(cfg) -> dict[str, float]:
+    d = cfg.algo.dppo
+    return {"delta_low": d.delta_low, "delta_high": d.delta_high, "trunc_c": d.trunc_c}
+
+
+POLICY_LOSSES.register("ppo_clip", PolicyLoss(
+    ppo_clip, params=lambda cfg: {**_clip(cfg), "dual_clip_c": cfg.algo.clip.dual_clip_c}, dual_clip=True,
+    reads=("algo.clip",)))
+POLICY_LOSSES.register("gspo", PolicyLoss(gspo, params=_clip, agg=SEQ_AGG, sequence_ratio=True, reads=("algo.clip",)))
+POLICY_LOSSES.register("gspo_token", PolicyLoss(gspo_token, params=_clip, agg=SEQ_AGG, reads=("algo.clip",)))
+POLICY_LOSSES.register("cispo", PolicyLoss(cispo, params=_clip, reads=("algo.clip",)))
+POLICY_LOSSES.register("sapo", PolicyLoss(
+    sapo, params=lambda cfg: {"tau_pos": cfg.algo.sapo.tau_pos, "tau_neg": cfg.algo.sapo.tau_neg}, agg=SEQ_AGG,
+    reads=("algo.sapo",)))
+POLICY_LOSSES.register("geo_mean", PolicyLoss(geo_mean, params=_clip, agg=SEQ_AGG, sequence_ratio=True,
+                                              reads=("algo.clip",)))
+POLICY_LOSSES.register("dppo_tv", PolicyLoss(dppo_tv, params=_dppo_params, reads=("algo.dppo",)))
+POLICY_LOSSES.register("dppo_kl", PolicyLoss(dppo_kl, params=_dppo_params, reads=("algo.dppo",)))
+POLICY_LOSSES.register("clip_cov", PolicyLoss(
+    clip_cov, params=lambda cfg: {**_clip(cfg), "cov_ratio": cfg.algo.cov.ratio, "cov_lb": cfg.algo.cov.lb,
+                                  "cov_ub": cfg.algo.cov.ub},
+    needs_generator=True, reads=("algo.clip", "algo.cov")))
+POLICY_LOSSES.register("kl_cov", PolicyLoss(
+    kl_cov, params=lambda cfg: {"cov_ratio": cfg.algo.cov.ratio, "kl_coef": cfg.algo.cov.kl_coef}, reads=("algo.cov",)))
+POLICY_LOSSES.register("gpg", PolicyLoss(gpg))
+POLICY_LOSSES.register("dro", PolicyLoss(dro, params=lambda cfg: {"beta": cfg.algo.dro.beta}, reads=("algo.dro",)))
