@@ -569,6 +569,24 @@ def test_padding_columns_change_nothing(case_id, name, kwargs, reference, why):
         assert_close(padded.stats[key][:, :5], stat, **TOL32)
 
 
+@pytest.mark.parametrize(("case_id", "name", "kwargs", "reference", "why"), CASES, ids=CASE_IDS)
+def test_non_finite_padding_changes_nothing(case_id, name, kwargs, reference, why):
+    # Padding may hold -inf logprobs (a pad token the model never predicts), NaN advantages and NaN
+    # weights: a product taken before the final mask would carry them into the loss or the gradient.
+    kwargs = {**kwargs, "cov_ratio": 0.1} if name == "clip_cov" else kwargs
+
+    def pad(rows, value):
+        return t64([row + [value, value] for row in rows])
+
+    inf, nan = float("-inf"), float("nan")
+    base = run(name, kwargs, t64(LP), t64(OLD), t64(A_TOK), t64(MASK), t64(W), seed=3)
+    padded = run(name, kwargs, pad(LP, inf), pad(OLD, inf), pad(A_TOK, nan), pad(MASK, 0), pad(W, nan), seed=3)
+    assert torch.isfinite(padded.loss) and torch.isfinite(padded.grad).all()
+    assert_close(padded.loss, base.loss, **TOL)
+    assert_close(padded.grad[:, :5], base.grad, **TOL)
+    assert not padded.grad[:, 5:].any() and not padded.token_loss[:, 5:].any()
+
+
 def test_gspo_is_gspo_token_when_the_advantage_is_constant_per_row():
     # GSPO-token's gradient with A_it = A_i is GSPO's (Zheng et al. 2025, §4.3).
     args = (t64(LP), t64(OLD), t64(A_ROW), t64(MASK))

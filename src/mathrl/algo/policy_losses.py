@@ -70,19 +70,27 @@ class PolicyLoss:
     sequence_ratio: bool = False  # one importance ratio per sequence: no token of a row has its own gradient weight
     dual_clip: bool = False  # reads algo.clip.dual_clip_c
     needs_generator: bool = False  # picks tokens at random: the caller passes a seeded torch.Generator
-    reads: tuple[str, ...] = ()  # the config sections its hyperparameters come from (docs, config errors)
 
 
 def weigh(loss: Tensor, mask: Tensor, weights: Tensor | None) -> Tensor:
     """[B, T] the per-token loss times the importance weights (if any), 0 at masked tokens."""
-    if weights is not None:
-        loss = loss * weights.to(loss.device)
-    return torch.where(mask.bool(), loss, torch.zeros_like(loss))
+    m = mask.bool()
+    if weights is not None:  # a weight at padding never reaches the product (nor its gradient)
+        loss = loss * torch.where(m, weights.to(loss.device), torch.zeros((), dtype=loss.dtype, device=loss.device))
+    return torch.where(m, loss, torch.zeros_like(loss))
 
 
 def _stat(x: Tensor, mask: Tensor) -> Tensor:
     """[B, T] a detached float statistic, 0 at masked tokens."""
     return torch.where(mask.bool(), x.detach().to(torch.float32), torch.zeros((), dtype=torch.float32, device=x.device))
+
+
+def _inputs(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The three inputs with 0 at masked positions (shapes checked): padding may hold -inf logprobs or
+    NaN advantages, and a product taken before the final mask would carry them into the gradient."""
+    _check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
+    m, zero = mask.bool(), torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    return torch.where(m, logprobs, zero), torch.where(m, old_logprobs, zero), torch.where(m, advantages, zero)
 
 
 def _ratio(logprobs: Tensor, old_logprobs: Tensor) -> tuple[Tensor, Tensor]:
@@ -127,7 +135,7 @@ def gspo(logprobs, old_logprobs, advantages, mask, *, weights=None, eps_low=3e-4
 
     Returns stats pg_clipfrac (the row's clip, on each of its tokens), pg_clipfrac_lower (0), ppo_kl.
     """
-    _check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
+    logprobs, old_logprobs, advantages = _inputs(logprobs, old_logprobs, advantages, mask)
     log_ratio = logprobs - old_logprobs  # [B, T]
     log_s = _seq_mean(log_ratio, mask).clamp(max=10.0)  # [B]
     s = torch.exp(log_s)  # [B]
@@ -146,7 +154,7 @@ def gspo_token(logprobs, old_logprobs, advantages, mask, *, weights=None, eps_lo
 
     so a per-token advantage is allowed; with a constant advantage per row the gradient is GSPO's.
     verl's `gspo`. Aggregate with seq_mean_token_mean."""
-    _check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
+    logprobs, old_logprobs, advantages = _inputs(logprobs, old_logprobs, advantages, mask)
     log_ratio = logprobs - old_logprobs  # [B, T]
     log_s = _seq_mean(log_ratio, mask).detach()  # [B]
     log_st = (logprobs - logprobs.detach() + log_s[:, None]).clamp(max=10.0)  # [B, T]
@@ -172,7 +180,7 @@ def geo_mean(logprobs, old_logprobs, advantages, mask, *, weights=None, eps_low=
 
     Returns stats pg_clipfrac (the log clip active where A > 0), pg_clipfrac_lower (where A < 0), ppo_kl.
     """
-    _check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
+    logprobs, old_logprobs, advantages = _inputs(logprobs, old_logprobs, advantages, mask)
     log_ratio = logprobs - old_logprobs  # [B, T]
     sgn = torch.sign(advantages)
     clamped = log_ratio.clamp(-eps_low, eps_high)
@@ -194,7 +202,7 @@ def cispo(logprobs, old_logprobs, advantages, mask, *, weights=None, eps_low=0.2
         l_it = -sg[clip(ratio_it, 1 - eps_low, 1 + eps_high)] * A_it * logprobs_it
 
     Returns stats pg_clipfrac (the weight was clipped), pg_clipfrac_lower (0), ppo_kl."""
-    _check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
+    logprobs, old_logprobs, advantages = _inputs(logprobs, old_logprobs, advantages, mask)
     log_ratio, ratio = _ratio(logprobs, old_logprobs)
     clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high).detach()
     loss = -clipped * advantages * logprobs
@@ -212,7 +220,7 @@ def sapo(logprobs, old_logprobs, advantages, mask, *, weights=None, tau_pos=1.0,
 
     f's gradient is 1 at r = 1 and decays smoothly away from it. Aggregate with seq_mean_token_mean.
     Returns stats pg_clipfrac and pg_clipfrac_lower (0: nothing is clipped), ppo_kl."""
-    _check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
+    logprobs, old_logprobs, advantages = _inputs(logprobs, old_logprobs, advantages, mask)
     log_ratio, ratio = _ratio(logprobs, old_logprobs)
     tau = torch.where(advantages > 0, torch.as_tensor(tau_pos, dtype=ratio.dtype),
                       torch.as_tensor(tau_neg, dtype=ratio.dtype))
@@ -242,7 +250,7 @@ def dppo_tv(logprobs, old_logprobs, advantages, mask, *, weights=None, delta_low
 
     Returns stats pg_clipfrac (the mask removed the token), pg_clipfrac_lower (valid, ratio over
     trunc_c), ppo_kl."""
-    _check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
+    logprobs, old_logprobs, advantages = _inputs(logprobs, old_logprobs, advantages, mask)
     log_ratio, ratio = _ratio(logprobs, old_logprobs)
     diff = torch.exp(logprobs) - torch.exp(old_logprobs)
     valid = torch.where(advantages > 0, diff <= delta_high, diff >= -delta_low)
@@ -256,7 +264,7 @@ def dppo_kl(logprobs, old_logprobs, advantages, mask, *, weights=None, delta_low
         D = p_old log(p_old / p) + (1 - p_old) log((1 - p_old + 1e-8) / (1 - p + 1e-8))
         valid_it = (D <= delta_high or p <= p_old) if A > 0 else (D <= delta_low or p >= p_old)
     """
-    _check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
+    logprobs, old_logprobs, advantages = _inputs(logprobs, old_logprobs, advantages, mask)
     log_ratio, ratio = _ratio(logprobs, old_logprobs)
     p, p_old = torch.exp(logprobs), torch.exp(old_logprobs)
     binary_kl = p_old * (old_logprobs - logprobs) + (1 - p_old) * torch.log((1.0 - p_old + 1e-8) / (1.0 - p + 1e-8))
@@ -281,7 +289,7 @@ def clip_cov(logprobs, old_logprobs, advantages, mask, *, weights=None, eps_low=
 
     Returns stats pg_clipfrac (the picked tokens, as verl), pg_clipfrac_lower (0), ppo_kl, and
     cov_selected_frac (the picked tokens again: the tokens the method touches)."""
-    _check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
+    logprobs, old_logprobs, advantages = _inputs(logprobs, old_logprobs, advantages, mask)
     m = mask.bool()
     log_ratio = logprobs - old_logprobs
     ratio = torch.exp(log_ratio)
@@ -307,7 +315,7 @@ def kl_cov(logprobs, old_logprobs, advantages, mask, *, weights=None, cov_ratio=
 
     Returns stats ppo_kl (|log ratio|: verl's kl_cov reports the absolute value), pg_clipfrac and
     pg_clipfrac_lower (0), cov_selected_frac (the penalised tokens)."""
-    _check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
+    logprobs, old_logprobs, advantages = _inputs(logprobs, old_logprobs, advantages, mask)
     m = mask.bool()
     log_ratio = logprobs - old_logprobs
     loss = -advantages * torch.exp(log_ratio)
@@ -327,7 +335,7 @@ def kl_cov(logprobs, old_logprobs, advantages, mask, *, weights=None, cov_ratio=
 def gpg(logprobs, old_logprobs, advantages, mask, *, weights=None):
     """GPG (Chu et al. 2025, arXiv 2504.02546, eq. 6): the plain policy gradient, l_it = -A_it logprobs_it.
     Returns stat ppo_kl (verl returns no metric)."""
-    _check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
+    logprobs, old_logprobs, advantages = _inputs(logprobs, old_logprobs, advantages, mask)
     return weigh(-advantages * logprobs, mask, weights), {"ppo_kl": _stat(old_logprobs - logprobs, mask)}
 
 
@@ -338,7 +346,7 @@ def dro(logprobs, old_logprobs, advantages, mask, *, weights=None, beta=None):
         l_it = -(A_it logprobs_it - beta / 2 (logprobs_it - old_logprobs_it)^2)
 
     Returns stat ppo_kl."""
-    _check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
+    logprobs, old_logprobs, advantages = _inputs(logprobs, old_logprobs, advantages, mask)
     if beta is None or not beta > 0:
         raise ValueError(f"dro needs beta > 0 (algo.dro.beta), got {beta}")
     log_ratio = logprobs - old_logprobs
@@ -381,23 +389,20 @@ def _dppo_params(cfg) -> dict[str, float]:
 
 
 POLICY_LOSSES.register("ppo_clip", PolicyLoss(
-    ppo_clip, params=lambda cfg: {**_clip(cfg), "dual_clip_c": cfg.algo.clip.dual_clip_c}, dual_clip=True,
-    reads=("algo.clip",)))
-POLICY_LOSSES.register("gspo", PolicyLoss(gspo, params=_clip, agg=SEQ_AGG, sequence_ratio=True, reads=("algo.clip",)))
-POLICY_LOSSES.register("gspo_token", PolicyLoss(gspo_token, params=_clip, agg=SEQ_AGG, reads=("algo.clip",)))
-POLICY_LOSSES.register("cispo", PolicyLoss(cispo, params=_clip, reads=("algo.clip",)))
+    ppo_clip, params=lambda cfg: {**_clip(cfg), "dual_clip_c": cfg.algo.clip.dual_clip_c}, dual_clip=True))
+POLICY_LOSSES.register("gspo", PolicyLoss(gspo, params=_clip, agg=SEQ_AGG, sequence_ratio=True))
+POLICY_LOSSES.register("gspo_token", PolicyLoss(gspo_token, params=_clip, agg=SEQ_AGG))
+POLICY_LOSSES.register("cispo", PolicyLoss(cispo, params=_clip))
 POLICY_LOSSES.register("sapo", PolicyLoss(
-    sapo, params=lambda cfg: {"tau_pos": cfg.algo.sapo.tau_pos, "tau_neg": cfg.algo.sapo.tau_neg}, agg=SEQ_AGG,
-    reads=("algo.sapo",)))
-POLICY_LOSSES.register("geo_mean", PolicyLoss(geo_mean, params=_clip, agg=SEQ_AGG, sequence_ratio=True,
-                                              reads=("algo.clip",)))
-POLICY_LOSSES.register("dppo_tv", PolicyLoss(dppo_tv, params=_dppo_params, reads=("algo.dppo",)))
-POLICY_LOSSES.register("dppo_kl", PolicyLoss(dppo_kl, params=_dppo_params, reads=("algo.dppo",)))
+    sapo, params=lambda cfg: {"tau_pos": cfg.algo.sapo.tau_pos, "tau_neg": cfg.algo.sapo.tau_neg}, agg=SEQ_AGG))
+POLICY_LOSSES.register("geo_mean", PolicyLoss(geo_mean, params=_clip, agg=SEQ_AGG, sequence_ratio=True))
+POLICY_LOSSES.register("dppo_tv", PolicyLoss(dppo_tv, params=_dppo_params))
+POLICY_LOSSES.register("dppo_kl", PolicyLoss(dppo_kl, params=_dppo_params))
 POLICY_LOSSES.register("clip_cov", PolicyLoss(
     clip_cov, params=lambda cfg: {**_clip(cfg), "cov_ratio": cfg.algo.cov.ratio, "cov_lb": cfg.algo.cov.lb,
                                   "cov_ub": cfg.algo.cov.ub},
-    needs_generator=True, reads=("algo.clip", "algo.cov")))
+    needs_generator=True))
 POLICY_LOSSES.register("kl_cov", PolicyLoss(
-    kl_cov, params=lambda cfg: {"cov_ratio": cfg.algo.cov.ratio, "kl_coef": cfg.algo.cov.kl_coef}, reads=("algo.cov",)))
+    kl_cov, params=lambda cfg: {"cov_ratio": cfg.algo.cov.ratio, "kl_coef": cfg.algo.cov.kl_coef}))
 POLICY_LOSSES.register("gpg", PolicyLoss(gpg))
-POLICY_LOSSES.register("dro", PolicyLoss(dro, params=lambda cfg: {"beta": cfg.algo.dro.beta}, reads=("algo.dro",)))
+POLICY_LOSSES.register("dro", PolicyLoss(dro, params=lambda cfg: {"beta": cfg.algo.dro.beta}))
