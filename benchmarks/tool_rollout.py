@@ -127,7 +127,7 @@ def latencies(calls: int, workers: int, warm: int) -> dict:
     rng = random.Random(0)
     blocks = [f"{rng.randrange(10**4, 10**6)}+{rng.randrange(10**4, 10**6)}\n" for _ in range(calls)]
     specs = {"calculator": ToolSpec(name="t", fn="calculator")}
-    for mode in ("bwrap", "unshare", "rlimit"):
+    for mode in ("bwrap", "unshare_unsafe", "rlimit_unsafe"):
         for python in dict.fromkeys([sys.executable, "/usr/bin/python3"]):
             if sandbox_works(mode, python=python):  # as root, unshare and rlimit cannot run a python under /root
                 for start in ("cold", "warm"):

@@ -131,7 +131,7 @@ SPEC_PROBLEMS = [
      ["rollout.tools[0].kwargs: the python tool has no option 'memory'; options: sandbox, python, audit_hook, site_packages, warm, cpu_s, "
       "memory_mb, max_processes, max_file_mb, max_open_files, max_output_bytes"], "an unknown sandbox option"),
     ([ToolSpec("t", "python", kwargs={"sandbox": "docker"})],
-     ["rollout.tools[0].kwargs: sandbox must be one of auto, bwrap, unshare, rlimit, got 'docker'"], "an unknown mode"),
+     ["rollout.tools[0].kwargs: sandbox must be one of auto, bwrap, unshare_unsafe, rlimit_unsafe, got 'docker'"], "an unknown mode"),
     ([ToolSpec("has space", "calculator")],
      ["rollout.tools[0].name='has space' must be 1 to 64 letters, digits, _ or -, the first a letter or _"],
      "chat templates' name rule"),

@@ -1,5 +1,6 @@
 """The python tool's sandbox: REPL-style output, and hostile code in every sandbox mode that works on
-this machine (bwrap, unshare, rlimit; the others skip with the reason).
+this machine (bwrap, unshare_unsafe, rlimit_unsafe; the others skip with the reason). The classes of
+escape each mode is claimed to hold are in tests/test_tools_sandbox_classes.py.
 
 Each hostile case runs with the mode's default audit hook, and again with the hook off where this
 setting has a boundary that does not depend on the hook (the hook is defence in depth: native code can
@@ -26,12 +27,12 @@ import pytest
 from mathrl.tools import BUILTIN_TOOLS, run_python, sandbox_mode, sandbox_problem, sandbox_works
 from mathrl.tools.sandbox import WarmSandboxes, check_python_kwargs
 
-MODES = ("bwrap", "unshare", "rlimit")
+MODES = ("bwrap", "unshare_unsafe", "rlimit_unsafe")
 ROOT = os.geteuid() == 0
 
 
 def interpreter_for(mode: str) -> str | None:
-    """sys.executable, else /usr/bin/python3: as root, unshare and rlimit run the code as an
+    """sys.executable, else /usr/bin/python3: as root, the unsafe modes run the code as an
     unprivileged uid, which cannot read an interpreter under /root (bwrap binds it in)."""
     for python in (sys.executable, "/usr/bin/python3"):
         if os.access(python, os.X_OK) and sandbox_works(mode, python=python):
@@ -235,10 +236,10 @@ def boundary_without_hook(mode: str, needs: str) -> str | None:
     if mode == "bwrap" or not needs:
         return None
     if needs == "network":
-        return None if mode == "unshare" else "rlimit has no network isolation: only the audit hook refuses sockets"
+        return None if mode == "unshare_unsafe" else "rlimit has no network isolation: only the audit hook refuses sockets"
     if ROOT:
         return None  # the code runs as an unprivileged uid of its own
-    if mode == "unshare" and needs in ("processes", "environ"):
+    if mode == "unshare_unsafe" and needs in ("processes", "environ"):
         return None  # its pid namespace (and /proc) holds only the sandbox's processes
     return f"{mode} as a normal user runs the code as that user: only the audit hook stops it"
 
@@ -293,26 +294,49 @@ def test_hostile(mode, case, hook, context, start):
 # ---------------------------------------------------------------------------------------------------
 
 
-def test_auto_mode_is_one_that_works():
-    # why: auto takes the strongest mode that works here, and logs it once
-    if not any(sandbox_works(mode) for mode in MODES):  # e.g. no bubblewrap, as root with an interpreter under /root
-        pytest.skip("no sandbox mode works on this machine: " + "; ".join(f"{m}: {sandbox_problem(m)}" for m in MODES))
-    chosen = sandbox_mode()
-    assert chosen in MODES and sandbox_works(chosen)
-    assert run_python("1 + 1").text == "2"
+def test_auto_mode_is_bwrap_or_one_line_naming_what_to_install(monkeypatch):
+    # why: auto never picks a mode that does not isolate hostile code; without bubblewrap the run stops
+    # at start-up with one line that says what to install
+    from mathrl.tools import sandbox as sandbox_module
+
+    if sandbox_works("bwrap"):
+        assert sandbox_mode() == "bwrap"
+        assert run_python("1 + 1").text == "2"
+    sandbox_module._auto_mode.cache_clear()
+    sandbox_module._probe.cache_clear()
+    monkeypatch.setattr(sandbox_module, "_binary", lambda name: None)  # as on a machine without bubblewrap
+    try:
+        with pytest.raises(RuntimeError) as error:
+            sandbox_mode()
+        assert str(error.value) == (
+            "no safe python sandbox works here (bwrap: bwrap is not installed (apt-get install bubblewrap)); install "
+            "bubblewrap from the distribution's packages (apt-get install bubblewrap, dnf install bubblewrap); "
+            "sandbox=unshare_unsafe or rlimit_unsafe run model code without isolation")
+        assert "\n" not in str(error.value)
+    finally:
+        sandbox_module._auto_mode.cache_clear()
+        sandbox_module._probe.cache_clear()
 
 
 def test_unknown_mode_is_a_reason_not_a_crash():
     # why: a config or probe with a typo gets a one-line reason
     assert "not a sandbox mode" in sandbox_problem("docker")
     result = run_python("1", sandbox="docker")
-    assert (result.status, result.text) == ("error", "error: sandbox must be one of auto, bwrap, unshare, rlimit, got 'docker'")
+    assert (result.status, result.text) == (
+        "error", "error: sandbox must be one of auto, bwrap, unshare_unsafe, rlimit_unsafe, got 'docker'")
+
+
+@pytest.mark.parametrize("old", ["rlimit", "unshare"])
+def test_a_mode_without_isolation_needs_its_unsafe_spelling(old):
+    # why: choosing a mode that does not hold hostile code is explicit
+    problems = check_python_kwargs({"sandbox": old})
+    assert len(problems) == 1 and f"spell it '{old}_unsafe'" in problems[0], problems
 
 
 KWARGS = [
     # (kwargs, problem or None, why)
     ({}, None, "defaults are fine"),
-    ({"sandbox": "rlimit", "cpu_s": 0.5, "memory_mb": 64, "max_processes": 4}, None, "every limit can be lowered"),
+    ({"sandbox": "rlimit_unsafe", "cpu_s": 0.5, "memory_mb": 64, "max_processes": 4}, None, "every limit can be lowered"),
     ({"cpu_s": 0}, "cpu_s must be a positive number, got 0", "a zero limit would refuse everything"),
     ({"memory_mb": 1.5}, "memory_mb must be a whole number, got 1.5", "byte counts are whole"),
     ({"max_processes": True}, "max_processes must be a positive number, got True", "a bool is not a count"),
@@ -399,7 +423,7 @@ def test_a_prestarted_sandbox_runs_one_call_and_nothing_of_it_reaches_the_next(m
                             prestarted=stock, timeout_s=30, **mode)
         assert stock.taken == 2 and first.status == second.status == "ok", (first, second)
         assert second.text.splitlines()[:2] == ["[]", "None"]
-        if mode["sandbox"] == "rlimit":  # (bwrap and unshare give each sandbox a pid namespace of its own)
+        if mode["sandbox"] == "rlimit_unsafe":  # (bwrap and unshare give each sandbox a pid namespace of its own)
             assert first.text != second.text.splitlines()[2]  # another process
     finally:
         stock.close()

@@ -22,29 +22,36 @@ Every call is a new process (`python -I -S -B`: no environment variables, no sit
 bytecode written; the standard library only) in a fresh temporary directory that is its cwd and HOME
 and is deleted afterwards, with stdin from /dev/null, a stripped environment (PATH, LANG, HOME),
 resource limits (CPU seconds, address space, processes, file size, open files, no core files) and a
-wall-clock timeout that kills its whole process group. Around that, one of three sandboxes (kwarg
-`sandbox`), strongest first; ``auto`` takes the first that works here (`sandbox_mode`):
+wall-clock timeout that kills its whole process group. Around that, the sandbox (kwarg `sandbox`):
 
-* ``bwrap``: bubblewrap. New mount, pid, network, ipc and uts namespaces; the system directories
-  and the interpreter's prefix read-only, a size-limited tmpfs as /tmp (the cwd), nothing else of
-  the host's files; no network; the whole sandbox dies with its pid 1.
-* ``unshare``: ``unshare --user --map-root-user --net --pid --fork --kill-child --mount-proc``: no
-  network, its own pid namespace (killing it kills every descendant; ``kill(-1)`` reaches only the
-  sandbox), but the host's file system as the user the code runs as.
-* ``rlimit``: the plain subprocess with its limits, and **no** isolation beyond the user it runs as:
-  the fallback. An audit hook (`sys.addaudithook`) refuses sockets, subprocesses, ``os.system``,
-  signals, ctypes and file access outside the temporary directory and the interpreter's files;
-  defence in depth, not a boundary (native code can ignore it).
+* ``bwrap`` (what ``auto`` picks; `sandbox_mode`): bubblewrap. New mount, pid, network, ipc and uts
+  namespaces; the system directories and the interpreter's prefix read-only, a size-limited tmpfs as
+  /tmp (the cwd), a read-only /dev, nothing else of the host's files; no network; a seccomp filter
+  (`sandbox_seccomp`) that refuses keyrings, new namespaces and mounts; the whole sandbox dies with
+  its pid 1. Where bwrap does not work, ``auto`` is a one-line error that says what to install.
+* ``unshare_unsafe``: ``unshare --user --map-current-user --net --pid --fork --kill-child
+  --mount-proc``: no network, its own pid namespace (killing it kills every descendant; ``kill(-1)``
+  reaches only the sandbox), the code without capabilities, but the host's file system as the user
+  the code runs as. Not a boundary for hostile code: only for code you trust (a warning says so once).
+* ``rlimit_unsafe``: the plain subprocess with its limits, and no isolation beyond the user it runs as.
+  An audit hook (`sys.addaudithook`) refuses sockets, subprocesses, ``os.system``, signals, ctypes and
+  file access outside the temporary directory and the interpreter's files; defence in depth, not a
+  boundary (native code, and interpreters the standard library starts without an audit event, ignore it).
 
 The audit hook is on by default in the two modes without a mount namespace (``audit_hook=None``).
 
+In every mode a call's memory is bounded across all its processes (`sandbox_memory.CallMemory`: a
+memory cgroup where one is writable, else a watchdog on their total PSS), and its temporary directory
+is removed without recursion and cannot be renamed away by the code.
+
 Running as root: the kernel does not apply RLIMIT_NPROC to uid 0, so a fork bomb would not be
 bounded. As root, the code therefore runs as an unprivileged uid of its own (`ROOT_UID_BASE` and
-up, one per concurrent call on the machine, claimed with a lock file): in ``bwrap`` the runner drops
-to it inside the sandbox (bwrap keeps only CAP_SETUID/CAP_SETGID for that), in the other modes the
-subprocess starts as it. ``rlimit`` then also kills every process of that uid after the call. The
-interpreter must be readable by that uid in ``unshare`` and ``rlimit`` (a python under /root is
-not: use ``bwrap``, or ``python=/usr/bin/python3``); `sandbox_problem` says so.
+up, one per concurrent call on the machine, claimed with a lock file, consecutive calls of a process
+on different uids): in ``bwrap`` the runner drops to it inside the sandbox (bwrap keeps only
+CAP_SETUID/CAP_SETGID for that), in the other modes the subprocess starts as it.
+``rlimit_unsafe`` then also kills every process of that uid after the call, from this process. The
+interpreter must be readable by that uid in the unsafe modes (a python under /root is not: use
+``bwrap``, or ``python=/usr/bin/python3``); `sandbox_problem` says so.
 
 Started ahead (`WarmSandboxes`, kwarg `warm` of a `ToolPool`'s python tool): the same sandbox and
 runner, started before its call with the limits set, waiting on its stdin for the code; it runs one
@@ -76,18 +83,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mathrl.tools.base import ToolResult
+from mathrl.tools.sandbox_memory import CallMemory, memory_bound
+from mathrl.tools.sandbox_seccomp import seccomp_program
 
-__all__ = ["LIMIT_DEFAULTS", "ROOT_UID_BASE", "SANDBOX_MODES", "WarmSandboxes", "check_python_kwargs", "python",
+__all__ = ["LIMIT_DEFAULTS", "ROOT_UID_BASE", "SANDBOX_MODES", "UNSAFE_MODES", "WarmSandboxes", "check_python_kwargs", "python",
            "run_python", "sandbox_mode", "sandbox_problem", "sandbox_works", "warm_sandboxes"]
 
 log = logging.getLogger(__name__)
 
-SANDBOX_MODES = ("auto", "bwrap", "unshare", "rlimit")
-"""Values of the `sandbox` kwarg; ``auto`` is the first of the others that works (`sandbox_mode`)."""
+SANDBOX_MODES = ("auto", "bwrap", "unshare_unsafe", "rlimit_unsafe")
+"""Values of the `sandbox` kwarg. ``auto`` is ``bwrap``, the one mode that isolates hostile code (see
+`sandbox_mode`); the ``_unsafe`` ones run model code without a boundary around the host's files (and,
+for rlimit, its network and processes), only for code you trust, with a warning once per process."""
+
+UNSAFE_MODES = {"unshare_unsafe": "unshare", "rlimit_unsafe": "rlimit"}
+"""The unsafe spellings and the mechanism each names (`_Call.mode`)."""
 
 LIMIT_DEFAULTS = {
     "cpu_s": 5.0,  # CPU seconds (RLIMIT_CPU); past it the call is a timeout
-    "memory_mb": 512,  # address space (RLIMIT_AS); past it allocations fail (MemoryError)
+    "memory_mb": 512,  # per process: address space (RLIMIT_AS, MemoryError); per call: all processes together
     "max_processes": 32,  # processes and threads of the sandbox's user (RLIMIT_NPROC)
     "max_file_mb": 16,  # largest file written (RLIMIT_FSIZE); bwrap's /tmp holds TMPFS_FILES times it
     "max_open_files": 64,  # open file descriptors (RLIMIT_NOFILE)
@@ -107,6 +121,7 @@ ROOT_UID_BASE = 65000
 """As root, a call's code runs as uid/gid ROOT_UID_BASE + slot (slot < ROOT_UID_SLOTS): Debian's
 reserved 65000-65533 range, below 65536 so that a container's 64 Ki user-namespace map holds it."""
 ROOT_UID_SLOTS = 500
+_last_slot = -1  # the slot this process claimed last (`_claimed_uid`)
 
 _GRACE_S = 0.5  # after the program exits: how long its escaped descendants may keep the pipes open
 _POLL_S = 0.05  # how often the wait for output also checks the process, the deadline and `stop`
@@ -293,7 +308,11 @@ def check_python_kwargs(kwargs: dict) -> list[str]:
             elif key != "cpu_s" and value != int(value):
                 problems.append(f"{key} must be a whole number, got {value!r}")
         elif key == "sandbox":
-            if value not in SANDBOX_MODES:
+            if value in UNSAFE_MODES.values():
+                problems.append(f"sandbox {value!r} does not isolate hostile code from the host's files"
+                                f"{' and network' if value == 'rlimit' else ''}; use bwrap (auto), or spell it "
+                                f"{value + '_unsafe'!r} to run model code without that boundary")
+            elif value not in SANDBOX_MODES:
                 problems.append(f"sandbox must be one of {', '.join(SANDBOX_MODES)}, got {value!r}")
         elif key == "python":
             if not isinstance(value, str) or not os.access(value, os.X_OK):
@@ -325,10 +344,20 @@ def _resolve(kwargs: dict) -> _Call:
         problem = sandbox_problem(mode, python=interpreter)
         if problem:
             raise _Refused(f"sandbox {mode!r} does not work here: {problem}")
+        if mode in UNSAFE_MODES:
+            _warn_unsafe(mode)
+            mode = UNSAFE_MODES[mode]
     hook = kwargs.get("audit_hook")
     limits = {k: kwargs.get(k, v) for k, v in LIMIT_DEFAULTS.items()}
     return _Call(mode, interpreter, limits, mode != "bwrap" if hook is None else bool(hook),
                  site_packages=bool(kwargs.get("site_packages", False)))
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_unsafe(mode: str) -> None:
+    """Once per process and mode."""
+    log.warning("python tool: sandbox=%s runs model-written code without isolation from the host's files%s; "
+                "use it only for code you trust", mode, "" if mode == "unshare_unsafe" else ", network and processes")
 
 
 def _one_line(text: str, limit: int = 300) -> str:
@@ -350,8 +379,8 @@ def sandbox_problem(mode: str, *, python: str | None = None) -> str | None:
     """Why `mode` does not work here (one line), or None when it does. The first call per mode and
     interpreter runs ``print(1+1)`` through it (tens of milliseconds); later calls are cached."""
     if mode not in SANDBOX_MODES or mode == "auto":
-        return f"not a sandbox mode: {mode!r} (choose bwrap, unshare or rlimit)"
-    return _probe(mode, os.path.realpath(python or sys.executable), os.geteuid())
+        return f"not a sandbox mode: {mode!r} (choose {', '.join(SANDBOX_MODES[1:])})"
+    return _probe(UNSAFE_MODES.get(mode, mode), os.path.realpath(python or sys.executable), os.geteuid())
 
 
 @functools.lru_cache(maxsize=None)
@@ -378,22 +407,21 @@ def _probe(mode: str, interpreter: str, euid: int) -> str | None:
 
 
 def sandbox_mode(*, python: str | None = None) -> str:
-    """The mode ``sandbox="auto"`` uses with `python` (default `sys.executable`): bwrap if it works,
-    else unshare, else rlimit. Logged once. Raises RuntimeError, naming each mode's problem, when none
-    works."""
+    """The mode ``sandbox="auto"`` uses with `python` (default `sys.executable`): ``bwrap``, the one
+    mode that isolates hostile code; never an unsafe one. Logged once, with how a call's memory is
+    bounded. Raises RuntimeError, one line naming what to install, when bwrap does not work here."""
     return _auto_mode(os.path.realpath(python or sys.executable))
 
 
 @functools.lru_cache(maxsize=None)
 def _auto_mode(python: str) -> str:
-    problems = {}
-    for mode in ("bwrap", "unshare", "rlimit"):
-        problems[mode] = sandbox_problem(mode, python=python)
-        if problems[mode] is None:
-            skipped = "; ".join(f"{m}: {p}" for m, p in problems.items() if p)
-            log.info("python tool sandbox: %s%s", mode, f" ({skipped})" if skipped else "")
-            return mode
-    raise RuntimeError("no python sandbox works here: " + "; ".join(f"{m}: {p}" for m, p in problems.items()))
+    problem = sandbox_problem("bwrap", python=python)
+    if problem is None:
+        log.info("python tool sandbox: bwrap; memory per call bounded by %s", memory_bound())
+        return "bwrap"
+    raise RuntimeError(f"no safe python sandbox works here (bwrap: {problem}); install bubblewrap from the "
+                       "distribution's packages (apt-get install bubblewrap, dnf install bubblewrap); "
+                       "sandbox=unshare_unsafe or rlimit_unsafe run model code without isolation")
 
 
 def _bwrap_is_recent() -> bool:
@@ -419,48 +447,85 @@ def _run_in_sandbox(code: str, call: _Call, *, timeout_s: float, stop: threading
     """(text, status) of running `code` under `call`'s mode and limits, in a sandbox started now."""
     with contextlib.ExitStack() as stack:
         work_dir, uid = _workspace(stack, call, code=code)
-        proc = _start(call, work_dir, uid, stdin_code=False)
-        return _finish(proc, call, uid, timeout_s=timeout_s, stop=stop)
+        memory = _call_memory(stack, call, uid)
+        proc = _start(call, work_dir, uid, memory, stdin_code=False)
+        return _finish(proc, call, uid, memory, timeout_s=timeout_s, stop=stop)
 
 
 def _workspace(stack: contextlib.ExitStack, call: _Call, *, code: str | None) -> tuple[Path, int | None]:
     """A fresh temporary directory (its `home` is the code's cwd and HOME; `code.py` holds `code`
-    unless the code comes through stdin) and, as root, a claimed uid; `stack` releases both."""
+    unless the code comes through stdin) and, as root, a claimed uid; `stack` releases both.
+
+    The directory stays this process's (mode 0711 as root): only `home` is the code's uid's (in the
+    modes that run on the host's files), so the code cannot rename its directory away from the
+    cleanup, which removes it without recursion (`_remove_tree`)."""
     root = os.geteuid() == 0
-    work_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mathrl-py-", ignore_cleanup_errors=True)))
+    work_dir = Path(tempfile.mkdtemp(prefix="mathrl-py-"))
+    stack.callback(_remove_tree, work_dir)
     uid = stack.enter_context(_claimed_uid(root))
     home = work_dir / "home"
     home.mkdir()
-    paths = [work_dir, home]
     if code is not None:
         code_file = work_dir / "code.py"
         code_file.write_text(code, encoding="utf-8", errors="replace")  # a lone surrogate from JSON: U+FFFD
         code_file.chmod(0o644)
-        paths.append(code_file)
     if uid is not None and call.mode != "bwrap":
-        for path in paths:
-            os.chown(path, uid, uid)
+        work_dir.chmod(0o711)
+        os.chown(home, uid, uid)
     return work_dir, uid
 
 
-def _start(call: _Call, work_dir: Path, uid: int | None, *, stdin_code: bool) -> subprocess.Popen:
+def _call_memory(stack: contextlib.ExitStack, call: _Call, uid: int | None) -> CallMemory:
+    """The call's memory bound: a cgroup when the sandbox's first process runs as this process's user
+    (bwrap; the unsafe modes start as the call's uid when root), else the watchdog."""
+    memory = CallMemory(int(call.limits["memory_mb"]) << 20, cgroup=call.mode == "bwrap" or uid is None)
+    stack.callback(memory.close)
+    return memory
+
+
+def _remove_tree(path: Path) -> None:
+    """Remove `path` and everything in it, however deep (coreutils' rm walks with file descriptors;
+    shutil.rmtree recurses and fails past about a thousand levels), also where the code took its own
+    permissions away."""
+    for attempt in range(2):
+        done = subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={"PATH": "/usr/bin:/bin"})
+        if done.returncode == 0 or not path.exists():
+            return
+        if attempt == 0:  # a directory the code made unreadable (possible when it runs as this user)
+            subprocess.run(["chmod", "-R", "u+rwx", "--", str(path)], stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={"PATH": "/usr/bin:/bin"})
+    log.warning("python tool: could not remove %s", path)
+
+
+def _start(call: _Call, work_dir: Path, uid: int | None, memory: CallMemory, *, stdin_code: bool) -> subprocess.Popen:
     """The sandbox's process: its runner reads the code from work_dir/code.py, or from its stdin."""
-    argv, options = _command(call, work_dir=work_dir, uid=uid, stdin_code=stdin_code)
-    try:
-        return subprocess.Popen(argv, stdin=subprocess.PIPE if stdin_code else subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                                close_fds=True, **options)
-    except OSError as e:
-        raise _Refused(f"cannot start the sandbox: {e}") from None
+    with contextlib.ExitStack() as stack:
+        seccomp_fd = None
+        if call.mode == "bwrap" and (program := seccomp_program()) is not None:
+            seccomp_fd = os.memfd_create("mathrl-seccomp", os.MFD_CLOEXEC)
+            stack.callback(os.close, seccomp_fd)
+            os.write(seccomp_fd, program)
+            os.lseek(seccomp_fd, 0, os.SEEK_SET)
+        argv, options = _command(call, work_dir=work_dir, uid=uid, stdin_code=stdin_code, seccomp_fd=seccomp_fd)
+        try:
+            return subprocess.Popen(memory.wrap(argv), stdin=subprocess.PIPE if stdin_code else subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                    close_fds=True, pass_fds=() if seccomp_fd is None else (seccomp_fd,), **options)
+        except OSError as e:
+            raise _Refused(f"cannot start the sandbox: {e}") from None
 
 
-def _finish(proc: subprocess.Popen, call: _Call, uid: int | None, *, timeout_s: float,
+def _finish(proc: subprocess.Popen, call: _Call, uid: int | None, memory: CallMemory, *, timeout_s: float,
             stop: threading.Event | None) -> tuple[str, str]:
-    """Wait for the program (its output capped, the deadline `timeout_s` from now), then kill whatever
-    of it is left; (text, status)."""
+    """Wait for the program (its output capped, its memory watched, the deadline `timeout_s` from
+    now), then kill whatever of it is left; (text, status)."""
     try:
         stdout, stderr, ended = _collect(proc, deadline=time.monotonic() + timeout_s,
-                                         cap=int(call.limits["max_output_bytes"]), stop=stop)
+                                         cap=int(call.limits["max_output_bytes"]), stop=stop,
+                                         over_memory=lambda: memory.exceeded(proc.pid))
+        if ended == "exit" and memory.exceeded(proc.pid):  # a process the kernel stopped at the limit
+            ended = "memory"
     finally:
         _end(proc, call, uid)
     return _outcome(proc.returncode, stdout, stderr, ended, call, timeout_s)
@@ -470,7 +535,7 @@ def _end(proc: subprocess.Popen, call: _Call, uid: int | None) -> None:
     """Kill the sandbox's process group (and as root in rlimit mode every process of its uid); close its pipes."""
     _kill_group(proc)
     if uid is not None and call.mode == "rlimit":
-        _kill_uid(uid, call.python)
+        _kill_uid(uid)
     for pipe in (proc.stdin, proc.stdout, proc.stderr):
         if pipe is not None:
             with contextlib.suppress(OSError):
@@ -492,7 +557,8 @@ class _Prestarted:
         self._stack = contextlib.ExitStack()
         try:
             self.work_dir, self.uid = _workspace(self._stack, call, code=None)
-            self.proc = _start(call, self.work_dir, self.uid, stdin_code=True)
+            self.memory = _call_memory(self._stack, call, self.uid)
+            self.proc = _start(call, self.work_dir, self.uid, self.memory, stdin_code=True)
         except BaseException:
             self._stack.close()
             raise
@@ -508,7 +574,7 @@ class _Prestarted:
                 return None
             self._ended = True
             try:
-                return _finish(self.proc, self.call, self.uid, timeout_s=timeout_s, stop=stop)
+                return _finish(self.proc, self.call, self.uid, self.memory, timeout_s=timeout_s, stop=stop)
             finally:
                 self._stack.close()
         finally:
@@ -606,7 +672,8 @@ def _limits(limits: dict) -> dict:
     }
 
 
-def _command(call: _Call, *, work_dir: Path, uid: int | None, stdin_code: bool = False) -> tuple[list[str], dict]:
+def _command(call: _Call, *, work_dir: Path, uid: int | None, stdin_code: bool = False,
+             seccomp_fd: int | None = None) -> tuple[list[str], dict]:
     """The argv and Popen options that run the runner under `call.mode` (the code from stdin, or code.py)."""
     bwrap = call.mode == "bwrap"
     home = "/tmp" if bwrap else str(work_dir / "home")
@@ -620,10 +687,13 @@ def _command(call: _Call, *, work_dir: Path, uid: int | None, stdin_code: bool =
     if uid is not None and not bwrap:  # as root: start as the call's own unprivileged uid (thread-safe, no preexec)
         options.update(user=uid, group=uid, extra_groups=[])
     if bwrap:
+        seccomp = [] if seccomp_fd is None else ["--seccomp", str(seccomp_fd)]
         return [_binary("bwrap"), *_bwrap_args(call, work_dir=work_dir, root=uid is not None, env=env,
-                                               code_file=not stdin_code), *runner], options
+                                               code_file=not stdin_code), *seccomp, *runner], options
     if call.mode == "unshare":
-        return [_binary("unshare"), "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child",
+        # --map-current-user, not --map-root-user: the code is its own uid inside, without the
+        # namespace's capabilities (umount2 of /proc would show the host's)
+        return [_binary("unshare"), "--user", "--map-current-user", "--net", "--pid", "--fork", "--kill-child",
                 "--mount-proc", *runner], options
     return runner, options
 
@@ -656,7 +726,7 @@ def _bwrap_args(call: _Call, *, work_dir: Path, root: bool, env: dict, code_file
     tmpfs_bytes = int(call.limits["max_file_mb"]) * TMPFS_FILES << 20
     args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(tmpfs_bytes), "--tmpfs", "/tmp",
              *(["--ro-bind", str(work_dir / "code.py"), "/code.py"] if code_file else []),
-             "--remount-ro", "/", "--chdir", "/tmp", "--clearenv"]
+             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp", "--clearenv"]
     for key, value in env.items():
         args += ["--setenv", key, value]
     return args
@@ -669,15 +739,17 @@ def _readable_roots(interpreter: str) -> list[str]:
                    os.path.realpath("/usr"), os.path.realpath("/lib")})
 
 
-def _collect(proc: subprocess.Popen, *, deadline: float, cap: int,
-             stop: threading.Event | None) -> tuple[bytes, bytes, str]:
+def _collect(proc: subprocess.Popen, *, deadline: float, cap: int, stop: threading.Event | None,
+             over_memory=lambda: False) -> tuple[bytes, bytes, str]:
     """Read stdout and stderr until the program has exited and both pipes are closed. Returns them
     (each cut to `cap` bytes) and how the wait ended: ``exit``, ``timeout``, ``output`` (more than
-    `cap` bytes in all) or ``stopped``. A program that closes its pipes early still gets its time."""
+    `cap` bytes in all), ``memory`` (`over_memory()`, asked at most every _POLL_S) or ``stopped``.
+    A program that closes its pipes early still gets its time."""
     out, err = proc.stdout.fileno(), proc.stderr.fileno()
     buffers = {out: bytearray(), err: bytearray()}
     total = 0
     exited_at = None
+    memory_checked = 0.0
 
     def result(ended: str) -> tuple[bytes, bytes, str]:
         return bytes(buffers[out]), bytes(buffers[err]), ended
@@ -692,6 +764,10 @@ def _collect(proc: subprocess.Popen, *, deadline: float, cap: int,
                 return result("stopped")
             if now >= deadline:
                 return result("timeout")
+            if exited_at is None and now - memory_checked >= _POLL_S:
+                memory_checked = now
+                if over_memory():
+                    return result("memory")
             if exited_at is None and _exited(proc):
                 exited_at = now
                 _kill_group(proc)  # descendants left in its group would hold the pipes open
@@ -745,14 +821,35 @@ def _kill_group(proc: subprocess.Popen) -> None:
         proc.wait(timeout=5.0)
 
 
-def _kill_uid(uid: int, interpreter: str) -> None:
-    """Kill every process of `uid` (root, rlimit mode): also those that left the process group with
-    setsid. kill(-1) as that uid reaches exactly its processes; the uid is this call's alone."""
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        # no timeout: Popen.wait(timeout) polls with sleeps; this process only sends signals
-        subprocess.run([interpreter, "-I", "-S", "-c", "import os; os.kill(-1, 9)"], user=uid, group=uid,
-                       extra_groups=[], env={}, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL)
+def _kill_uid(uid: int) -> None:
+    """Kill every process of `uid` (root, rlimit mode), also those that left the process group with
+    setsid, from this process (as root: nothing of the uid's can stop it), pass after pass until a pass
+    finds none (a process forking meanwhile is bounded by RLIMIT_NPROC). The uid is this call's alone."""
+    for _ in range(100):
+        found = _processes_of(uid)
+        if not found:
+            return
+        for pid in found:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.01)
+    log.warning("python tool: processes of uid %d were still starting after 100 passes of SIGKILL", uid)
+
+
+def _processes_of(uid: int) -> list[int]:
+    """The live (not zombie) processes whose real, effective or saved uid is `uid`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except (OSError, ValueError):
+            continue
+        if uid in map(int, fields.get("Uid", "").split()[:3]) and not fields.get("State", "").strip().startswith("Z"):
+            found.append(int(entry))
+    return found
 
 
 def _signal_of(returncode: int, mode: str) -> int | None:
@@ -775,6 +872,9 @@ def _outcome(returncode: int | None, stdout: bytes, stderr: bytes, ended: str, c
         return f"timeout: the code ran longer than {timeout_s:g} s and was stopped", "timeout"
     if ended == "output":
         return f"{output}\nerror: output exceeded {cap} bytes; the program was stopped", "error"
+    if ended == "memory":
+        return ((f"{output}\n" if output else "") + f"error: the program's processes together used more than "
+                f"{int(call.limits['memory_mb'])} MiB of memory; it was stopped"), "error"
     number = _signal_of(returncode if returncode is not None else -signal.SIGKILL, call.mode)
     if number == signal.SIGXCPU:
         return f"timeout: the code used more than {call.limits['cpu_s']:g} s of CPU and was stopped", "timeout"
@@ -806,7 +906,11 @@ def _claimed_uid(root: bool):
     info = os.lstat(folder)
     if not (os.path.isdir(folder) and not os.path.islink(folder) and info.st_uid == 0 and info.st_mode & 0o077 == 0):
         raise _Refused(f"{folder} must be a directory of root's with mode 0700")
-    for uid in range(ROOT_UID_BASE, ROOT_UID_BASE + ROOT_UID_SLOTS):
+    # The search starts after the slot last claimed here, so that consecutive calls of this process
+    # take different uids (a uid is free again only once its call ended and every process of it is gone)
+    global _last_slot
+    for slot in (_last_slot + 1 + i for i in range(ROOT_UID_SLOTS)):
+        uid = ROOT_UID_BASE + slot % ROOT_UID_SLOTS
         fd = os.open(folder / str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -815,6 +919,7 @@ def _claimed_uid(root: bool):
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                 continue
             raise
+        _last_slot = slot % ROOT_UID_SLOTS
         try:
             yield uid
         finally:
