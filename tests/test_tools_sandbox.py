@@ -298,13 +298,14 @@ def test_auto_mode_is_bwrap_or_one_line_naming_what_to_install(monkeypatch):
     # why: auto never picks a mode that does not isolate hostile code; without bubblewrap the run stops
     # at start-up with one line that says what to install
     from mathrl.tools import sandbox as sandbox_module
+    from mathrl.tools import sandbox_command
 
     if sandbox_works("bwrap"):
         assert sandbox_mode() == "bwrap"
         assert run_python("1 + 1").text == "2"
     sandbox_module._auto_mode.cache_clear()
     sandbox_module._probe.cache_clear()
-    monkeypatch.setattr(sandbox_module, "_binary", lambda name: None)  # as on a machine without bubblewrap
+    monkeypatch.setattr(sandbox_command, "binary", lambda name: None)  # as on a machine without bubblewrap
     try:
         with pytest.raises(RuntimeError) as error:
             sandbox_mode()
@@ -459,3 +460,45 @@ def test_a_pool_with_warm_sandboxes_leaves_no_process_behind(mode):
     while ours() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert ours() == set()
+
+
+# ---------------------------------------------------------------------------------------------------
+# The runner, as a program of its own (no sandbox around it)
+# ---------------------------------------------------------------------------------------------------
+
+
+def run_runner(tmp_path, code: str, *, limits: str = "RLIMIT_CORE=0:0", audit: str = "") -> subprocess.CompletedProcess:
+    from mathrl.tools import sandbox_runner
+
+    (tmp_path / "code.py").write_text(code)
+    return subprocess.run([sys.executable, "-I", "-S", "-B", sandbox_runner.__file__, "", str(tmp_path / "code.py"),
+                           limits, audit], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+
+
+def test_the_runner_is_a_program_of_its_own(tmp_path):
+    # why: the runner is a module, linted and run as code; its arguments are the limits, the code and
+    # the hook, and what it prints is what the model reads
+    done = run_runner(tmp_path, "x = 6\nx * 7")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "42\n", "")
+    done = run_runner(tmp_path, "import resource\nresource.getrlimit(resource.RLIMIT_NOFILE)",
+                      limits="RLIMIT_NOFILE=17:17,RLIMIT_CORE=0:0")
+    assert done.stdout == "(17, 17)\n", done
+    done = run_runner(tmp_path, "print('a')\n1/0")
+    assert (done.returncode, done.stdout, done.stderr) == (1, "a\n", "ZeroDivisionError: division by zero\n")
+
+
+def test_the_runners_hook_refuses_what_it_names(tmp_path):
+    home = str(tmp_path)
+    audit = "\n".join([home, os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))), "/usr", "/lib"])
+    for code, refused in [("import subprocess\nsubprocess.run(['true'])", "_posixsubprocess"),
+                          ("import multiprocessing.util", "_posixsubprocess"),
+                          ("import fractions, decimal, math", None),
+                          ("import _posixshmem", "_posixshmem"),
+                          ("import socket\nsocket.socket()", "socket.__new__"),
+                          ("open('/etc/hostname')", "reading '/etc/hostname'"),
+                          ("open('inside.txt', 'w').write('x')", None)]:
+        done = run_runner(tmp_path, code, audit=audit)
+        if refused is None:
+            assert done.returncode == 0, (code, done.stderr)
+        else:
+            assert done.returncode == 1 and "PermissionError" in done.stderr and refused in done.stderr, (code, done.stderr)

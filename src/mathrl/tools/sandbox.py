@@ -59,32 +59,28 @@ call and is killed with its directory like any other, so a call pays neither the
 the namespaces' start-up (7 ms a call instead of 25-35 ms with bwrap) and no call's state reaches
 another's.
 
-docs/tools.md lists what each mode was tested to stop, and the start-up cost of each.
+docs/tools.md lists what each mode was tested to stop, and the start-up cost of each. This module is
+the tool and its modes; `sandbox_command` starts each mode, `sandbox_run` runs one call,
+`sandbox_runner` is the code the sandboxed interpreter runs first, `sandbox_memory` and
+`sandbox_seccomp` bound memory per call and the system calls.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
-import errno
-import fcntl
 import functools
 import logging
 import os
-import selectors
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
+from mathrl.tools import sandbox_command
 from mathrl.tools.base import ToolResult
-from mathrl.tools.sandbox_memory import CallMemory, memory_bound
-from mathrl.tools.sandbox_seccomp import seccomp_program
+from mathrl.tools.sandbox_command import Call
+from mathrl.tools.sandbox_memory import memory_bound
+from mathrl.tools.sandbox_run import ROOT_UID_BASE, Prestarted, Refused, one_line, run_in_sandbox
 
 __all__ = ["LIMIT_DEFAULTS", "ROOT_UID_BASE", "SANDBOX_MODES", "UNSAFE_MODES", "WarmSandboxes", "check_python_kwargs", "python",
            "run_python", "sandbox_mode", "sandbox_problem", "sandbox_works", "warm_sandboxes"]
@@ -97,7 +93,7 @@ SANDBOX_MODES = ("auto", "bwrap", "unshare_unsafe", "rlimit_unsafe")
 for rlimit, its network and processes), only for code you trust, with a warning once per process."""
 
 UNSAFE_MODES = {"unshare_unsafe": "unshare", "rlimit_unsafe": "rlimit"}
-"""The unsafe spellings and the mechanism each names (`_Call.mode`)."""
+"""The unsafe spellings and the mechanism each names (`Call.mode`)."""
 
 LIMIT_DEFAULTS = {
     "cpu_s": 5.0,  # CPU seconds (RLIMIT_CPU); past it the call is a timeout
@@ -114,117 +110,10 @@ OTHER_KWARGS = ("sandbox", "python", "audit_hook", "site_packages", "warm")
 audit hook (None: on where there is no mount namespace), the interpreter's site-packages, and the
 sandboxes a `ToolPool` keeps started ahead (`warm`, 0: none)."""
 
-TMPFS_FILES = 4
-"""bwrap's writable /tmp is `TMPFS_FILES` x `max_file_mb`: the limit on all files together."""
 
-ROOT_UID_BASE = 65000
-"""As root, a call's code runs as uid/gid ROOT_UID_BASE + slot (slot < ROOT_UID_SLOTS): Debian's
-reserved 65000-65533 range, below 65536 so that a container's 64 Ki user-namespace map holds it."""
-ROOT_UID_SLOTS = 500
-_last_slot = -1  # the slot this process claimed last (`_claimed_uid`)
-
-_GRACE_S = 0.5  # after the program exits: how long its escaped descendants may keep the pipes open
-_POLL_S = 0.05  # how often the wait for output also checks the process, the deadline and `stop`
 _PROBE_TIMEOUT_S = 60.0  # a mode's first-use check may wait this long on a loaded machine
 _STDIN_CODE_BYTES = 60000  # code up to this size goes to a pre-started sandbox through its stdin pipe (64 KiB
 # of buffer: the write never waits for the sandbox); longer code starts a sandbox of its own
-
-
-# ---------------------------------------------------------------------------------------------------
-# The runner: the first code the sandboxed interpreter runs, before the model's
-# ---------------------------------------------------------------------------------------------------
-
-_RUNNER = r'''
-import sys
-def _prepare():
-    import os, resource, _signal
-    drop_to, code_path, limits, audit = sys.argv[1:5]
-    # The CPU limit's SIGXCPU, as an exit code the parent recognises. A handler rather than the
-    # default action because a pid namespace's init (the code, under unshare) ignores default-action
-    # signals; the hard limit's SIGKILL a second later is the enforcement either way.
-    _signal.signal(_signal.SIGXCPU, lambda *_: os._exit(128 + _signal.SIGXCPU))
-    if drop_to:  # bwrap as root kept CAP_SETUID/CAP_SETGID for this only
-        os.setgroups([])
-        os.setgid(int(drop_to))
-        os.setuid(int(drop_to))
-    for item in limits.split(","):  # set here: inside the user namespace, and once the uid is dropped
-        name, soft, hard = item.replace("=", ":").split(":")
-        resource.setrlimit(getattr(resource, name), (int(soft), int(hard)))
-    if code_path == "-":  # a pre-started sandbox: it waits here, limits set, until the parent sends the code
-        source = sys.stdin.buffer.read().decode("utf-8", "replace")  # EOF (the parent gone): nothing to run
-    else:
-        with open(code_path, encoding="utf-8", errors="replace") as f:
-            source = f.read()
-    sys.argv = [""]
-    if audit:
-        _install_hook(*audit.split("\n", 1))
-    return source
-def _install_hook(home, readable):
-    import os
-    readable = readable.split("\n")
-    deny = {"os.system", "os.exec", "os.spawn", "os.posix_spawn", "os.fork", "os.forkpty", "subprocess.Popen",
-            "os.kill", "os.killpg", "signal.pthread_kill", "socket.__new__", "socket.connect", "socket.bind",
-            "socket.sendto", "socket.sendmsg", "socket.getaddrinfo", "ctypes.dlopen", "ctypes.dlsym",
-            "ctypes.cdata", "ctypes.call_function", "sys.remote_exec"}
-    writes = {"os.remove", "os.rmdir", "os.mkdir", "os.rename", "os.link", "os.symlink", "os.chmod", "os.chown",
-              "os.truncate", "os.utime", "os.mkfifo", "os.mknod", "os.setxattr", "os.removexattr", "os.chflags",
-              "shutil.rmtree", "shutil.copyfile", "shutil.move"}
-    reads = {"os.listdir", "os.scandir", "glob.glob", "os.chdir"}
-    write_flags = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
-    own_proc = ("/proc/self", "/proc/thread-self", "/proc/%d" % os.getpid())
-    realpath, fsdecode = os.path.realpath, os.fsdecode
-    def under(path, roots):
-        if isinstance(path, int):
-            return True  # an fd: it was opened under these rules
-        path = realpath(fsdecode(path))
-        return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
-    def readable_path(path):
-        if isinstance(path, int):
-            return True
-        path = realpath(fsdecode(path))
-        if path == "/proc" or path.startswith("/proc/"):  # its own entries only: others' environ, cmdline
-            return path == "/proc" or under(path, own_proc)
-        return under(path, [home, *readable])
-    def hook(event, args):
-        if event in deny or (event == "import" and args[0] in ("ctypes", "_ctypes")):
-            raise PermissionError(f"{event} is not allowed in this sandbox")
-        if event == "open":
-            path, mode, flags = args
-            writing = (mode and any(c in mode for c in "wax+")) or (flags or 0) & write_flags
-            if not (under(path, [home, "/dev/null"]) if writing else readable_path(path)):
-                raise PermissionError(f"{'writing' if writing else 'reading'} {path!r} is not allowed in this sandbox")
-        elif event in writes or event in reads:
-            paths = [a for a in args[:2] if isinstance(a, (str, bytes, os.PathLike))] or [args[0]]
-            allowed = (lambda p: under(p, [home])) if event in writes else readable_path
-            if not all(allowed(p) for p in paths):
-                raise PermissionError(f"{event} {paths[0]!r} is not allowed in this sandbox")
-    sys.addaudithook(hook)
-def _run(source):
-    import _ast  # the C module: importing ast (and traceback, json, re) would double the start-up time
-    scope = {"__name__": "__main__", "__builtins__": __builtins__}
-    try:
-        body = compile(source, "<code>", "exec", _ast.PyCF_ONLY_AST).body
-        last = body[-1:] if body and isinstance(body[-1], _ast.Expr) else []
-        exec(compile(_ast.Module(body[: len(body) - len(last)], []), "<code>", "exec"), scope)
-        if last:  # REPL: the value of a final expression is shown (repr; None is not)
-            exec(compile(_ast.Interactive(last), "<code>", "single"), scope)
-    except SystemExit:
-        raise
-    except BaseException as e:
-        try:
-            sys.stdout.flush()
-        except BaseException:
-            pass
-        if isinstance(e, SyntaxError):
-            line = f"{type(e).__name__}: {e}"
-        else:
-            import traceback
-            line = traceback.format_exception_only(type(e), e)[-1].rstrip("\n")
-        sys.stderr.write(line + "\n")
-        sys.exit(1)
-_run(_prepare())
-'''
-
 
 # ---------------------------------------------------------------------------------------------------
 # The tool
@@ -237,17 +126,6 @@ def python(args: str | dict, **kwargs) -> str:
     `args` is the code or ``{"code": str}``; kwargs are `run_python`'s (`timeout_s` included).
     """
     return run_python(args, **kwargs).text
-
-
-@dataclass(frozen=True)
-class _Call:
-    """One call's settings after checking: the mode resolved, limits as numbers."""
-
-    mode: str
-    python: str  # the interpreter, symlinks resolved
-    limits: dict
-    audit_hook: bool
-    site_packages: bool = False  # the interpreter's site-packages importable (sympy, numpy): no -S
 
 
 def run_python(args: str | dict, *, timeout_s: float = 5.0, stop: threading.Event | None = None,
@@ -276,25 +154,21 @@ def run_python(args: str | dict, *, timeout_s: float = 5.0, stop: threading.Even
         if prestarted is not None and len(code.encode("utf-8", "replace")) <= _STDIN_CODE_BYTES:
             started = prestarted.take(call)
         outcome = started.run(code, timeout_s=timeout_s, stop=stop) if started is not None else None
-        text, status = outcome or _run_in_sandbox(code, call, timeout_s=timeout_s, stop=stop)
-    except _Refused as e:
+        text, status = outcome or run_in_sandbox(code, call, timeout_s=timeout_s, stop=stop)
+    except Refused as e:
         text, status = f"error: {e}", "error"
     except Exception as e:  # a broken host (no /tmp space, ...): still an observation, not a crash
-        text, status = f"error: the sandbox failed: {type(e).__name__}: {_one_line(str(e))}", "error"
+        text, status = f"error: the sandbox failed: {type(e).__name__}: {one_line(str(e))}", "error"
     return ToolResult(text, status, time.perf_counter() - start)
-
-
-class _Refused(Exception):
-    """A call that cannot run, with the one-line reason the model (or the log) reads."""
 
 
 def _code_of(args: str | dict) -> str:
     if isinstance(args, dict):
         if set(args) != {"code"} or not isinstance(args["code"], str):
-            raise _Refused('expected {"code": "<python>"}, got keys ' + ", ".join(map(repr, args)))
+            raise Refused('expected {"code": "<python>"}, got keys ' + ", ".join(map(repr, args)))
         return args["code"]
     if not isinstance(args, str):
-        raise _Refused(f"expected python code as a string, got {type(args).__name__}")
+        raise Refused(f"expected python code as a string, got {type(args).__name__}")
     return args
 
 
@@ -332,24 +206,24 @@ def check_python_kwargs(kwargs: dict) -> list[str]:
     return problems
 
 
-def _resolve(kwargs: dict) -> _Call:
+def _resolve(kwargs: dict) -> Call:
     interpreter = os.path.realpath(kwargs.get("python") or sys.executable)
     mode = kwargs.get("sandbox", "auto")
     if mode == "auto":
         try:
             mode = sandbox_mode(python=interpreter)
         except RuntimeError as e:
-            raise _Refused(str(e)) from None
+            raise Refused(str(e)) from None
     else:
         problem = sandbox_problem(mode, python=interpreter)
         if problem:
-            raise _Refused(f"sandbox {mode!r} does not work here: {problem}")
+            raise Refused(f"sandbox {mode!r} does not work here: {problem}")
         if mode in UNSAFE_MODES:
             _warn_unsafe(mode)
             mode = UNSAFE_MODES[mode]
     hook = kwargs.get("audit_hook")
     limits = {k: kwargs.get(k, v) for k, v in LIMIT_DEFAULTS.items()}
-    return _Call(mode, interpreter, limits, mode != "bwrap" if hook is None else bool(hook),
+    return Call(mode, interpreter, limits, mode != "bwrap" if hook is None else bool(hook),
                  site_packages=bool(kwargs.get("site_packages", False)))
 
 
@@ -358,11 +232,6 @@ def _warn_unsafe(mode: str) -> None:
     """Once per process and mode."""
     log.warning("python tool: sandbox=%s runs model-written code without isolation from the host's files%s; "
                 "use it only for code you trust", mode, "" if mode == "unshare_unsafe" else ", network and processes")
-
-
-def _one_line(text: str, limit: int = 300) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -386,20 +255,20 @@ def sandbox_problem(mode: str, *, python: str | None = None) -> str | None:
 @functools.lru_cache(maxsize=None)
 def _probe(mode: str, interpreter: str, euid: int) -> str | None:
     tool = {"bwrap": "bwrap", "unshare": "unshare"}.get(mode)
-    if tool and _binary(tool) is None:
+    if tool and sandbox_command.binary(tool) is None:
         return f"{tool} is not installed (apt-get install {'bubblewrap' if tool == 'bwrap' else 'util-linux'})"
     if mode == "bwrap" and not _bwrap_is_recent():
         return "bubblewrap 0.8 or newer is needed (--size, --perms on --tmpfs and --dir, --disable-userns)"
-    call = _Call(mode, interpreter, dict(LIMIT_DEFAULTS), mode != "bwrap")
+    call = Call(mode, interpreter, dict(LIMIT_DEFAULTS), mode != "bwrap")
     try:
-        text, status = _run_in_sandbox("print(1+1)", call, timeout_s=_PROBE_TIMEOUT_S, stop=None)
-    except _Refused as e:
+        text, status = run_in_sandbox("print(1+1)", call, timeout_s=_PROBE_TIMEOUT_S, stop=None)
+    except Refused as e:
         text, status = f"error: {e}", "error"
     except Exception as e:
-        text, status = f"error: {type(e).__name__}: {_one_line(str(e))}", "error"
+        text, status = f"error: {type(e).__name__}: {one_line(str(e))}", "error"
     if status == "ok" and text == "2":
         return None
-    reason = _one_line(text.removeprefix("error: ") or f"status {status}, no output")
+    reason = one_line(text.removeprefix("error: ") or f"status {status}, no output")
     if euid == 0 and mode != "bwrap":
         reason += (f" (as root the code runs as uid {ROOT_UID_BASE}+, which must be able to read {interpreter}; "
                    "use sandbox=bwrap or python=/usr/bin/python3)")
@@ -427,165 +296,15 @@ def _auto_mode(python: str) -> str:
 def _bwrap_is_recent() -> bool:
     """Whether bwrap has the options of 0.8 this module uses (its --help lists them)."""
     try:
-        usage = subprocess.run([_binary("bwrap"), "--help"], capture_output=True, text=True, timeout=30).stdout
+        usage = subprocess.run([sandbox_command.binary("bwrap"), "--help"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return False
     return all(option in usage for option in ("--size", "--perms", "--disable-userns"))
 
 
-def _binary(name: str) -> str | None:
-    """/usr/bin/<name> (the system's: PATH may point elsewhere), else the one on PATH."""
-    return f"/usr/bin/{name}" if os.access(f"/usr/bin/{name}", os.X_OK) else shutil.which(name)
-
-
-# ---------------------------------------------------------------------------------------------------
-# One run
-# ---------------------------------------------------------------------------------------------------
-
-
-def _run_in_sandbox(code: str, call: _Call, *, timeout_s: float, stop: threading.Event | None) -> tuple[str, str]:
-    """(text, status) of running `code` under `call`'s mode and limits, in a sandbox started now."""
-    with contextlib.ExitStack() as stack:
-        work_dir, uid = _workspace(stack, call, code=code)
-        memory = _call_memory(stack, call, uid)
-        proc = _start(call, work_dir, uid, memory, stdin_code=False)
-        return _finish(proc, call, uid, memory, timeout_s=timeout_s, stop=stop)
-
-
-def _workspace(stack: contextlib.ExitStack, call: _Call, *, code: str | None) -> tuple[Path, int | None]:
-    """A fresh temporary directory (its `home` is the code's cwd and HOME; `code.py` holds `code`
-    unless the code comes through stdin) and, as root, a claimed uid; `stack` releases both.
-
-    The directory stays this process's (mode 0711 as root): only `home` is the code's uid's (in the
-    modes that run on the host's files), so the code cannot rename its directory away from the
-    cleanup, which removes it without recursion (`_remove_tree`)."""
-    root = os.geteuid() == 0
-    work_dir = Path(tempfile.mkdtemp(prefix="mathrl-py-"))
-    stack.callback(_remove_tree, work_dir)
-    uid = stack.enter_context(_claimed_uid(root))
-    home = work_dir / "home"
-    home.mkdir()
-    if code is not None:
-        code_file = work_dir / "code.py"
-        code_file.write_text(code, encoding="utf-8", errors="replace")  # a lone surrogate from JSON: U+FFFD
-        code_file.chmod(0o644)
-    if uid is not None and call.mode != "bwrap":
-        work_dir.chmod(0o711)
-        os.chown(home, uid, uid)
-    return work_dir, uid
-
-
-def _call_memory(stack: contextlib.ExitStack, call: _Call, uid: int | None) -> CallMemory:
-    """The call's memory bound: a cgroup when the sandbox's first process runs as this process's user
-    (bwrap; the unsafe modes start as the call's uid when root), else the watchdog."""
-    memory = CallMemory(int(call.limits["memory_mb"]) << 20, cgroup=call.mode == "bwrap" or uid is None)
-    stack.callback(memory.close)
-    return memory
-
-
-def _remove_tree(path: Path) -> None:
-    """Remove `path` and everything in it, however deep (coreutils' rm walks with file descriptors;
-    shutil.rmtree recurses and fails past about a thousand levels), also where the code took its own
-    permissions away."""
-    for attempt in range(2):
-        done = subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)], stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={"PATH": "/usr/bin:/bin"})
-        if done.returncode == 0 or not path.exists():
-            return
-        if attempt == 0:  # a directory the code made unreadable (possible when it runs as this user)
-            subprocess.run(["chmod", "-R", "u+rwx", "--", str(path)], stdin=subprocess.DEVNULL,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={"PATH": "/usr/bin:/bin"})
-    log.warning("python tool: could not remove %s", path)
-
-
-def _start(call: _Call, work_dir: Path, uid: int | None, memory: CallMemory, *, stdin_code: bool) -> subprocess.Popen:
-    """The sandbox's process: its runner reads the code from work_dir/code.py, or from its stdin."""
-    with contextlib.ExitStack() as stack:
-        seccomp_fd = None
-        if call.mode == "bwrap" and (program := seccomp_program()) is not None:
-            seccomp_fd = os.memfd_create("mathrl-seccomp", os.MFD_CLOEXEC)
-            stack.callback(os.close, seccomp_fd)
-            os.write(seccomp_fd, program)
-            os.lseek(seccomp_fd, 0, os.SEEK_SET)
-        argv, options = _command(call, work_dir=work_dir, uid=uid, stdin_code=stdin_code, seccomp_fd=seccomp_fd)
-        try:
-            return subprocess.Popen(memory.wrap(argv), stdin=subprocess.PIPE if stdin_code else subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                                    close_fds=True, pass_fds=() if seccomp_fd is None else (seccomp_fd,), **options)
-        except OSError as e:
-            raise _Refused(f"cannot start the sandbox: {e}") from None
-
-
-def _finish(proc: subprocess.Popen, call: _Call, uid: int | None, memory: CallMemory, *, timeout_s: float,
-            stop: threading.Event | None) -> tuple[str, str]:
-    """Wait for the program (its output capped, its memory watched, the deadline `timeout_s` from
-    now), then kill whatever of it is left; (text, status)."""
-    try:
-        stdout, stderr, ended = _collect(proc, deadline=time.monotonic() + timeout_s,
-                                         cap=int(call.limits["max_output_bytes"]), stop=stop,
-                                         over_memory=lambda: memory.exceeded(proc.pid))
-        if ended == "exit" and memory.exceeded(proc.pid):  # a process the kernel stopped at the limit
-            ended = "memory"
-    finally:
-        _end(proc, call, uid)
-    return _outcome(proc.returncode, stdout, stderr, ended, call, timeout_s)
-
-
-def _end(proc: subprocess.Popen, call: _Call, uid: int | None) -> None:
-    """Kill the sandbox's process group (and as root in rlimit mode every process of its uid); close its pipes."""
-    _kill_group(proc)
-    if uid is not None and call.mode == "rlimit":
-        _kill_uid(uid)
-    for pipe in (proc.stdin, proc.stdout, proc.stderr):
-        if pipe is not None:
-            with contextlib.suppress(OSError):
-                pipe.close()
-
-
 # ---------------------------------------------------------------------------------------------------
 # Sandboxes started ahead of their calls
 # ---------------------------------------------------------------------------------------------------
-
-
-class _Prestarted:
-    """One sandbox started ahead of its call: its runner has started python inside the sandbox, set
-    the limits and waits on its stdin for the code. It runs one call, then it and its temporary
-    directory are gone."""
-
-    def __init__(self, call: _Call):
-        self.call = call
-        self._stack = contextlib.ExitStack()
-        try:
-            self.work_dir, self.uid = _workspace(self._stack, call, code=None)
-            self.memory = _call_memory(self._stack, call, self.uid)
-            self.proc = _start(call, self.work_dir, self.uid, self.memory, stdin_code=True)
-        except BaseException:
-            self._stack.close()
-            raise
-        self._ended = False
-
-    def run(self, code: str, *, timeout_s: float, stop: threading.Event | None) -> tuple[str, str] | None:
-        """(text, status) of `code`, or None when the sandbox died while it waited (start another)."""
-        try:
-            try:
-                self.proc.stdin.write(code.encode("utf-8", "replace"))  # <= 60000 bytes: fits the pipe
-                self.proc.stdin.close()
-            except OSError:  # BrokenPipeError: it is gone
-                return None
-            self._ended = True
-            try:
-                return _finish(self.proc, self.call, self.uid, self.memory, timeout_s=timeout_s, stop=stop)
-            finally:
-                self._stack.close()
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        """Kill it unused (or after its call) and delete its directory. Idempotent."""
-        if not self._ended:
-            self._ended = True
-            _end(self.proc, self.call, self.uid)
-        self._stack.close()
 
 
 class WarmSandboxes:
@@ -601,17 +320,17 @@ class WarmSandboxes:
     def __init__(self, kwargs: dict, size: int):
         kwargs = {k: v for k, v in kwargs.items() if k != "warm"}
         try:
-            self.call: _Call | None = _resolve(kwargs)
-        except _Refused:  # no working mode: every call says why (cold)
+            self.call: Call | None = _resolve(kwargs)
+        except Refused:  # no working mode: every call says why (cold)
             self.call, size = None, 0
         self.size = size
         self.taken = 0  # calls served by a sandbox started ahead
-        self._ready: collections.deque[_Prestarted] = collections.deque()
+        self._ready: collections.deque[Prestarted] = collections.deque()
         self._lock = threading.Lock()
         self._closed = False
         self.refill()
 
-    def take(self, call: _Call) -> _Prestarted | None:
+    def take(self, call: Call) -> Prestarted | None:
         """The oldest waiting sandbox when it was started for `call`'s settings, else None."""
         if call != self.call:
             return None
@@ -633,7 +352,7 @@ class WarmSandboxes:
 
     def _add(self) -> None:
         try:
-            started = _Prestarted(self.call)
+            started = Prestarted(self.call)
         except Exception as e:  # a broken host: the calls start their own and report it
             log.debug("python tool: a sandbox could not be started ahead: %s", e)
             return
@@ -657,272 +376,3 @@ def warm_sandboxes(kwargs: dict) -> WarmSandboxes | None:
     """The sandboxes a `ToolPool` keeps started for a python tool with these kwargs (None: `warm` 0)."""
     size = kwargs.get("warm", 0)
     return WarmSandboxes(kwargs, size) if size else None
-
-
-def _limits(limits: dict) -> dict:
-    """resource.RLIMIT_* name -> (soft, hard), as the runner sets them."""
-    cpu = max(1, int(-(-limits["cpu_s"] // 1)))  # whole seconds, rounded up
-    return {
-        "RLIMIT_CPU": (cpu, cpu + 1),  # SIGXCPU at the soft limit, SIGKILL a second later
-        "RLIMIT_AS": (int(limits["memory_mb"]) << 20,) * 2,
-        "RLIMIT_NPROC": (int(limits["max_processes"]),) * 2,
-        "RLIMIT_FSIZE": (int(limits["max_file_mb"]) << 20,) * 2,
-        "RLIMIT_NOFILE": (int(limits["max_open_files"]),) * 2,
-        "RLIMIT_CORE": (0, 0),
-    }
-
-
-def _command(call: _Call, *, work_dir: Path, uid: int | None, stdin_code: bool = False,
-             seccomp_fd: int | None = None) -> tuple[list[str], dict]:
-    """The argv and Popen options that run the runner under `call.mode` (the code from stdin, or code.py)."""
-    bwrap = call.mode == "bwrap"
-    home = "/tmp" if bwrap else str(work_dir / "home")
-    limits = ",".join(f"{name}={soft}:{hard}" for name, (soft, hard) in _limits(call.limits).items())
-    audit = "\n".join([home, *_readable_roots(call.python)]) if call.audit_hook else ""
-    code = "-" if stdin_code else "/code.py" if bwrap else str(work_dir / "code.py")
-    runner = [call.python, "-I", *([] if call.site_packages else ["-S"]), "-B", "-c", _RUNNER, str(uid) if bwrap and uid is not None else "", code,
-              limits, audit]
-    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": home}
-    options: dict = {"env": env, "cwd": str(work_dir if bwrap else home)}
-    if uid is not None and not bwrap:  # as root: start as the call's own unprivileged uid (thread-safe, no preexec)
-        options.update(user=uid, group=uid, extra_groups=[])
-    if bwrap:
-        seccomp = [] if seccomp_fd is None else ["--seccomp", str(seccomp_fd)]
-        return [_binary("bwrap"), *_bwrap_args(call, work_dir=work_dir, root=uid is not None, env=env,
-                                               code_file=not stdin_code), *seccomp, *runner], options
-    if call.mode == "unshare":
-        # --map-current-user, not --map-root-user: the code is its own uid inside, without the
-        # namespace's capabilities (umount2 of /proc would show the host's)
-        return [_binary("unshare"), "--user", "--map-current-user", "--net", "--pid", "--fork", "--kill-child",
-                "--mount-proc", *runner], options
-    return runner, options
-
-
-def _bwrap_args(call: _Call, *, work_dir: Path, root: bool, env: dict, code_file: bool = True) -> list[str]:
-    if root:
-        # Without a user namespace, as root: the code must run as a real unprivileged uid for
-        # RLIMIT_NPROC to apply (a user namespace would map it back to uid 0); the runner drops to it.
-        namespaces = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-                      "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
-    else:
-        namespaces = ["--unshare-all", "--unshare-user", "--disable-userns"]
-    args = [*namespaces, "--die-with-parent", "--new-session", "--ro-bind", "/usr", "/usr"]
-    for path in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
-        if os.path.islink(path):
-            args += ["--symlink", os.readlink(path), path]
-        elif os.path.isdir(path):
-            args += ["--ro-bind", path, path]
-    for path in ("/etc/alternatives", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime"):
-        if os.path.exists(path):
-            args += ["--ro-bind", path, path]
-    prefix = os.path.dirname(os.path.dirname(call.python))  # <prefix>/bin/python3.x
-    if not (prefix == "/usr" or prefix.startswith("/usr/")):
-        # bwrap would create the missing parents with the host's modes (/root: 0700), which the
-        # dropped uid could not cross: create them 0755 (empty: only the prefix is bound inside)
-        parents = [str(p) for p in reversed(Path(prefix).parents) if str(p) != "/"]
-        for parent in parents:
-            args += ["--perms", "0755", "--dir", parent]
-        args += ["--ro-bind", prefix, prefix]
-    tmpfs_bytes = int(call.limits["max_file_mb"]) * TMPFS_FILES << 20
-    args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(tmpfs_bytes), "--tmpfs", "/tmp",
-             *(["--ro-bind", str(work_dir / "code.py"), "/code.py"] if code_file else []),
-             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp", "--clearenv"]
-    for key, value in env.items():
-        args += ["--setenv", key, value]
-    return args
-
-
-def _readable_roots(interpreter: str) -> list[str]:
-    """What the audit hook lets the code read: the interpreter's prefix and the system's libraries."""
-    prefix = os.path.dirname(os.path.dirname(interpreter))
-    return sorted({prefix, "/usr", "/lib", "/lib64", "/dev/null", "/dev/urandom", "/dev/zero", "/etc/localtime",
-                   os.path.realpath("/usr"), os.path.realpath("/lib")})
-
-
-def _collect(proc: subprocess.Popen, *, deadline: float, cap: int, stop: threading.Event | None,
-             over_memory=lambda: False) -> tuple[bytes, bytes, str]:
-    """Read stdout and stderr until the program has exited and both pipes are closed. Returns them
-    (each cut to `cap` bytes) and how the wait ended: ``exit``, ``timeout``, ``output`` (more than
-    `cap` bytes in all), ``memory`` (`over_memory()`, asked at most every _POLL_S) or ``stopped``.
-    A program that closes its pipes early still gets its time."""
-    out, err = proc.stdout.fileno(), proc.stderr.fileno()
-    buffers = {out: bytearray(), err: bytearray()}
-    total = 0
-    exited_at = None
-    memory_checked = 0.0
-
-    def result(ended: str) -> tuple[bytes, bytes, str]:
-        return bytes(buffers[out]), bytes(buffers[err]), ended
-
-    with selectors.DefaultSelector() as selector, _exit_fd(proc) as exit_fd:
-        for fd in (out, err, exit_fd):
-            if fd is not None:
-                selector.register(fd, selectors.EVENT_READ)
-        while True:
-            now = time.monotonic()
-            if stop is not None and stop.is_set():
-                return result("stopped")
-            if now >= deadline:
-                return result("timeout")
-            if exited_at is None and now - memory_checked >= _POLL_S:
-                memory_checked = now
-                if over_memory():
-                    return result("memory")
-            if exited_at is None and _exited(proc):
-                exited_at = now
-                _kill_group(proc)  # descendants left in its group would hold the pipes open
-            if exited_at is not None and (not (selector.get_map().keys() & {out, err}) or now - exited_at > _GRACE_S):
-                return result("exit")  # (past the grace: a descendant that left the group holds a pipe)
-            for key, _ in selector.select(timeout=min(_POLL_S, deadline - now)):
-                if key.fd == exit_fd:
-                    selector.unregister(exit_fd)  # noticed by _exited on the next turn
-                    continue
-                chunk = os.read(key.fd, 65536)
-                if not chunk:
-                    selector.unregister(key.fd)
-                    continue
-                total += len(chunk)
-                buffers[key.fd] += chunk[: max(0, cap - len(buffers[key.fd]))]
-                if total > cap:
-                    return result("output")
-
-
-@contextlib.contextmanager
-def _exit_fd(proc: subprocess.Popen):
-    """A pidfd of the child (readable once it exits) so the wait wakes at its exit, or None where the
-    kernel has none (the wait then notices the exit within _POLL_S)."""
-    try:
-        fd = os.pidfd_open(proc.pid)
-    except (AttributeError, OSError):
-        yield None
-        return
-    try:
-        yield fd
-    finally:
-        os.close(fd)
-
-
-def _exited(proc: subprocess.Popen) -> bool:
-    """Whether the child has exited, without reaping it: until it is reaped its pid, which is also its
-    group's id, cannot be reused, so `_kill_group` cannot hit another process's group."""
-    try:
-        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:
-        return True
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the call's process group (its session: start_new_session), then reap the child."""
-    if proc.returncode is not None:
-        return  # reaped already, and its group killed before that
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=5.0)
-
-
-def _kill_uid(uid: int) -> None:
-    """Kill every process of `uid` (root, rlimit mode), also those that left the process group with
-    setsid, from this process (as root: nothing of the uid's can stop it), pass after pass until a pass
-    finds none (a process forking meanwhile is bounded by RLIMIT_NPROC). The uid is this call's alone."""
-    for _ in range(100):
-        found = _processes_of(uid)
-        if not found:
-            return
-        for pid in found:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.01)
-    log.warning("python tool: processes of uid %d were still starting after 100 passes of SIGKILL", uid)
-
-
-def _processes_of(uid: int) -> list[int]:
-    """The live (not zombie) processes whose real, effective or saved uid is `uid`."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/status") as f:
-                fields = dict(line.split(":", 1) for line in f if ":" in line)
-        except (OSError, ValueError):
-            continue
-        if uid in map(int, fields.get("Uid", "").split()[:3]) and not fields.get("State", "").strip().startswith("Z"):
-            found.append(int(entry))
-    return found
-
-
-def _signal_of(returncode: int, mode: str) -> int | None:
-    """The signal that ended the program: Popen's negative code, bwrap's 128 + signal, or the runner's
-    128 + SIGXCPU (its handler's exit code; see _RUNNER)."""
-    if returncode < 0:
-        return -returncode
-    if (mode == "bwrap" and 128 < returncode < 128 + 65) or returncode == 128 + signal.SIGXCPU:
-        return returncode - 128
-    return None
-
-
-def _outcome(returncode: int | None, stdout: bytes, stderr: bytes, ended: str, call: _Call,
-             timeout_s: float) -> tuple[str, str]:
-    cap = int(call.limits["max_output_bytes"])
-    output = (stdout + stderr)[:cap].decode("utf-8", errors="replace").rstrip()
-    if ended == "stopped":
-        return "error: the tool pool was closed during the call", "error"
-    if ended == "timeout":
-        return f"timeout: the code ran longer than {timeout_s:g} s and was stopped", "timeout"
-    if ended == "output":
-        return f"{output}\nerror: output exceeded {cap} bytes; the program was stopped", "error"
-    if ended == "memory":
-        return ((f"{output}\n" if output else "") + f"error: the program's processes together used more than "
-                f"{int(call.limits['memory_mb'])} MiB of memory; it was stopped"), "error"
-    number = _signal_of(returncode if returncode is not None else -signal.SIGKILL, call.mode)
-    if number == signal.SIGXCPU:
-        return f"timeout: the code used more than {call.limits['cpu_s']:g} s of CPU and was stopped", "timeout"
-    if number is not None:
-        name = signal.Signals(number).name if number in signal.Signals._value2member_map_ else f"signal {number}"
-        return (f"{output}\n" if output else "") + f"error: the program was killed by {name}", "error"
-    if returncode == 0:
-        return output, "ok"
-    return output or f"error: the program exited with code {returncode}", "error"
-
-
-# ---------------------------------------------------------------------------------------------------
-# As root: one unprivileged uid per concurrent call on the machine
-# ---------------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _claimed_uid(root: bool):
-    """Yield a uid no other call on this machine is using (None when not root): RLIMIT_NPROC counts
-    per uid, so a fork bomb in one call must not use up another's processes, and kill(-1) in one
-    must not reach another. A lock file per uid, held for the call, in a directory only root uses."""
-    if not root:
-        yield None
-        return
-    # Machine-wide, whatever TMPDIR says: /run (root's, cleared at boot) where there is one
-    folder = Path("/run" if os.access("/run", os.W_OK) else "/tmp") / "mathrl-sandbox-uids"
-    with contextlib.suppress(FileExistsError):
-        folder.mkdir(mode=0o700)
-    info = os.lstat(folder)
-    if not (os.path.isdir(folder) and not os.path.islink(folder) and info.st_uid == 0 and info.st_mode & 0o077 == 0):
-        raise _Refused(f"{folder} must be a directory of root's with mode 0700")
-    # The search starts after the slot last claimed here, so that consecutive calls of this process
-    # take different uids (a uid is free again only once its call ended and every process of it is gone)
-    global _last_slot
-    for slot in (_last_slot + 1 + i for i in range(ROOT_UID_SLOTS)):
-        uid = ROOT_UID_BASE + slot % ROOT_UID_SLOTS
-        fd = os.open(folder / str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            os.close(fd)
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                continue
-            raise
-        _last_slot = slot % ROOT_UID_SLOTS
-        try:
-            yield uid
-        finally:
-            os.close(fd)  # releases the lock
-        return
-    raise _Refused(f"all {ROOT_UID_SLOTS} sandbox uids are in use")
