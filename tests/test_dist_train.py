@@ -49,7 +49,7 @@ EXACT = ("reward/", "rollout/response_length", "filter/", "collapse/")
 
 @pytest.mark.parametrize("count,world", [(4, 2), (5, 2), (1, 2), (7, 3), (16, 8)])
 def test_split_range_is_contiguous_balanced_and_complete(count: int, world: int) -> None:
-    from mathrl.train.shards import split_range
+    from mathrl.shards import split_range
 
     ranges = [split_range(count, r, world) for r in range(world)]
     assert ranges[0][0] == 0 and ranges[-1][1] == count
@@ -59,7 +59,7 @@ def test_split_range_is_contiguous_balanced_and_complete(count: int, world: int)
 
 
 def test_group_rows_keep_whole_groups_and_one_process_keeps_everything() -> None:
-    from mathrl.train.shards import group_rows, shard_seed
+    from mathrl.shards import group_rows, shard_seed
 
     assert group_rows(3, 4, 0, 1) == list(range(12))
     rows = [group_rows(3, 4, r, 2) for r in (0, 1)]
@@ -71,7 +71,7 @@ def test_ranks_that_split_one_rollout_shard_draw_from_different_streams() -> Non
     """128 rows (16 groups of 8) in one 512-row shard over 2 ranks: each rank samples half of shard 0.
     The second half must not reuse the first half's seed (the two ranks would replay one random stream
     on different prompts); a rank holding whole shards keeps the one-process seeds."""
-    from mathrl.train.shards import rank_pieces, shard_seed
+    from mathrl.shards import rank_pieces, shard_seed
 
     two = (0, 1)  # the ranks of a world of 2
     assert rank_pieces(128, 8, 512, 0, 1) == [(0, 128, 0, 0)]

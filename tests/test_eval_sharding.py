@@ -17,8 +17,8 @@ from mathrl.evaluation.evaluate import evaluate
 from mathrl.model.tiny import build_char_tokenizer
 from mathrl.reward.verify import Verifier
 from mathrl.rollout.engine import TorchEngine
+from mathrl.shards import block_rows
 from mathrl.tasks.base import Problem
-from mathrl.train.shards import block_rows
 
 
 @pytest.mark.parametrize("total, block, world", [(24, 8, 2), (1600, 512, 2), (7, 1, 3), (5, 8, 2), (10, 3, 4)])

@@ -17,6 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "mathrl"
 LAYERS = [
     {"cache"},
     {"seeds"},
+    {"shards"},
     {"registry"},
     {"config_schema"},
     {"config", "run_dir"},

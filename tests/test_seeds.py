@@ -8,7 +8,7 @@ import itertools
 
 from mathrl.rollout.base import row_seed
 from mathrl.seeds import CRITIC_STREAM, GENERATOR_MODULUS, REFILL_ROUND_STRIDE, derive_seed
-from mathrl.train.shards import shard_seed
+from mathrl.shards import shard_seed
 
 SEEDS = [0, 1, 7, 42, 1_000_003, 2**31 - 1, 2**62, -5]
 SMALL = [0, 1, 2, 3, 17, 999, 4096, 10**9]

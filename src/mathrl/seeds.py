@@ -30,7 +30,7 @@ CRITIC_STREAM = 500_009
 REFILL_ROUND_STRIDE = 7_919_993
 """Between the rollout seeds of a step's dynamic-sampling refill rounds; round 1 keeps the step's."""
 SHARD_STRIDE = 1_000_000_007
-"""Between the seeds of a rollout call's shards (`train/shards.py:shard_seed`)."""
+"""Between the seeds of a rollout call's shards (`shards.py:shard_seed`)."""
 PIECE_STRIDE = 998_244_353
 """Between the seeds of the pieces of one shard that several ranks share."""
 GENERATOR_MODULUS = 2**63 - 1

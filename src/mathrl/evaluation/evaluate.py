@@ -21,8 +21,8 @@ from mathrl.reward.reflection import reflection_stats
 from mathrl.reward.verify import RewardResult, Verifier
 from mathrl.rollout.base import RolloutBatch, concat_rollouts
 from mathrl.rollout.episodes import episode_metrics, void_turns
+from mathrl.shards import block_rows
 from mathrl.tasks.base import Problem
-from mathrl.train.shards import block_rows
 
 
 @dataclass
@@ -94,7 +94,7 @@ def evaluate(
     """Sample n responses for each (problem, prompt token ids) and score them.
 
     Several ranks (`rank` of `world_size`, every rank calling): each samples and verifies its own
-    block of the rows (`train/shards.py:block_rows`: whole seed blocks of the engine) and `gather` (an
+    block of the rows (`shards.py:block_rows`: whole seed blocks of the engine) and `gather` (an
     all-gather of Python objects, rank order) brings every row to every rank, so each returns the
     whole result, equal to one process's.
     """

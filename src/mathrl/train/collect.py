@@ -4,7 +4,7 @@ by dynamic sampling) -> sample filters (loss mask) -> the rows the step's passes
     got = collect_rollouts(cfg, step, train_stream=stream, engine=engine, tokenizer=tok, verifier=verifier)
     prep = prepare(cfg, got, ranks)   # prep.checks.loss_mask, prep.batch (ids and masks), prep.rows (this rank's)
 
-Which rows a rank samples and with which seeds: train/shards.py. The shaping terms added to the
+Which rows a rank samples and with which seeds: shards.py. The shaping terms added to the
 reward: reward/shaping.py (`SHAPING_TERMS`). What the run watches of each step: train/monitors.py.
 """
 
@@ -27,12 +27,12 @@ from mathrl.reward.verify import RewardResult
 from mathrl.rollout.engine import RolloutBatch, concat_rollouts, select_rollout_rows
 from mathrl.rollout.episodes import episode_metrics, void_turns
 from mathrl.seeds import REFILL_ROUND_STRIDE, derive_seed
+from mathrl.shards import group_rows, rank_pieces, shard_seed
 from mathrl.tasks.base import Problem
 from mathrl.tasks.sources import ProblemStream
 from mathrl.train import dist as tdist
 from mathrl.train.batching import TrainBatch
 from mathrl.train.dist import Ranks
-from mathrl.train.shards import group_rows, rank_pieces, shard_seed
 
 SINGLE = Ranks()  # one process
 
@@ -90,7 +90,7 @@ def generate_and_score(cfg: Config, prompts: list[list[int]], problems: list[Pro
     draw the same samples whenever each rank's share is a multiple of rollout.batch_size, and the same
     step sees the same batch on every rank. A rank holding part of a shard samples it with a seed of
     its own (`shard_seed`'s offset): then the samples differ from one process's, drawn as independently.
-    (The rule: train/shards.py.)
+    (The rule: shards.py.)
     """
     pieces = rank_pieces(len(prompts), cfg.rollout.n, cfg.rollout.batch_size, ranks.rank, ranks.world_size)
     lo, hi = (pieces[0].start, pieces[-1].end) if pieces else (0, 0)  # this rank's rows

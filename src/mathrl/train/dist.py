@@ -12,7 +12,7 @@ Sharding: `shard_model` applies FSDP2's `fully_shard` to every decoder layer and
 module (so the embeddings and the head are one more shard group), with bf16 parameters and fp32
 gradient reduction on CUDA (train.dist.mixed_precision) and optional CPU offload (train.dist.cpu_offload).
 The master weights and optimizer state stay fp32 and sharded. Which rows of a rollout, a batch or an
-evaluation each rank takes (and with which seeds) is train/shards.py's rule.
+evaluation each rank takes (and with which seeds) is shards.py's rule.
 
 Ending: `close_distributed` is the last step of a rank's teardown (the order is in train/loop.py's
 docstring): a barrier, then `destroy_process_group`. A torchrun rank then ends its process with
