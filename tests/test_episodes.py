@@ -211,6 +211,61 @@ def test_an_episode_without_calls_is_exactly_the_single_turn_sample(make_model, 
 
 
 @pytest.mark.parametrize("delay", DELAYS)
+def test_with_row_draws_a_row_that_calls_nothing_is_the_single_turn_sample_whatever_the_others_do(
+        make_model, char_tokenizer, prompts, delay):
+    # With the default draws (one generator per chunk of rows) a row's uniform at a step is its place
+    # among the rows still sampling, so a call in another row (which feeds its observation instead of
+    # sampling, or leaves the batch earlier) shifts the draws of every later row: no-call rows then
+    # differed from the single-turn sample in a batch where other rows called. rollout.draws=row
+    # indexes each row's own stream by response column: every row's tokens up to its first call, and
+    # all of a row that calls nothing, are the single-turn sample's. The logprobs are equal bit for bit
+    # on D >= 1, where every forward has the single-turn batch's shape; D = 0's window forward rounds
+    # them differently (|diff| ~ 1e-6 here).
+    model = make_model()
+    plain = TorchEngine(model, eos_token_id=char_tokenizer.eos_token_id, pad_token_id=char_tokenizer.pad_token_id,
+                        draws="row").generate(prompts, max_new_tokens=40, seed=2)
+    tools = ToolUse(fmt=STAR, pool=EchoPool(), tokenizer=char_tokenizer, max_turns=4, max_tool_calls=3,
+                    observation_max_tokens=12)
+    out = TorchEngine(model, eos_token_id=char_tokenizer.eos_token_id, pad_token_id=char_tokenizer.pad_token_id,
+                      tools=tools, tool_delay_steps=delay, draws="row").generate(prompts, max_new_tokens=40, seed=2)
+    callers = out.tool_calls > 0
+    assert 3 <= int(callers.sum()) <= len(out) - 3, "the fixture should have rows that call and rows that do not"
+    for i in range(len(out)):
+        seen = out.observation_mask[i].nonzero()
+        end = int(seen[0]) if len(seen) else int(out.context_lengths[i])  # up to the first observation
+        assert torch.equal(out.response_ids[i, :end], plain.response_ids[i, :end]), i
+        if not callers[i]:
+            assert torch.equal(out.response_ids[i], plain.response_ids[i][: out.response_ids.shape[1]]), i
+            if delay:
+                assert torch.equal(out.logprobs[i], plain.logprobs[i][: out.logprobs.shape[1]]), i
+            else:
+                assert_close(out.logprobs[i], plain.logprobs[i][: out.logprobs.shape[1]], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("decode", ["hf", "lean"])
+def test_row_draws_do_not_depend_on_the_batch_size(make_model, char_tokenizer, prompts, decode):
+    # The same episodes from chunks of 5 rows as from one chunk of 24 (the rows' draws are the same
+    # numbers; the forwards of other batch shapes round the logprobs differently, ~1e-6), and a call
+    # of the last 19 rows as rows 5, ... of the whole call (`first_row`) gives those rows' episodes.
+    model = make_model()
+
+    def run(batch_size, rows=slice(None), first_row=0):
+        tools = ToolUse(fmt=STAR, pool=EchoPool(), tokenizer=char_tokenizer, max_turns=4, max_tool_calls=3,
+                        observation_max_tokens=12)
+        engine = TorchEngine(model, eos_token_id=char_tokenizer.eos_token_id, pad_token_id=char_tokenizer.pad_token_id,
+                             tools=tools, tool_delay_steps=1, draws="row", batch_size=batch_size, decode=decode)
+        return engine.generate(prompts[rows], max_new_tokens=40, seed=8, first_row=first_row)
+
+    whole, chunked, tail = run(512), run(5), run(512, slice(5, None), first_row=5)
+    assert int(whole.tool_calls.sum()) > 3
+    for other, rows in ((chunked, slice(None)), (tail, slice(5, None))):
+        width = other.response_ids.shape[1]
+        assert torch.equal(other.response_ids, whole.response_ids[rows, :width])
+        assert torch.equal(other.observation_mask, whole.observation_mask[rows, :width])
+        assert_close(other.logprobs, whole.logprobs[rows, :width], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("delay", DELAYS)
 def test_limits_cap_calls_end_turns_and_cut_observations(make_model, char_tokenizer, prompts, delay):
     model = make_model()
     capped = engine_with(model, char_tokenizer, max_tool_calls=1, max_turns=8, delay=delay).generate(

@@ -229,6 +229,7 @@ class RolloutConfig:
     top_p: Annotated[float, unit(open_low=True)] = 1.0  # nucleus sampling: keep the most likely tokens holding this much probability
     max_new_tokens: Count = 48  # maximum response length in tokens
     batch_size: Count = 512  # sequences decoded together by the torch engine; each such shard is seeded on its own, so 1 and N ranks draw the same samples when every rank's share is a multiple of it
+    draws: Literal["chunk", "row"] = "chunk"  # the torch engine's random numbers: chunk = one generator per rollout.batch_size rows, so a row's draws depend on the other rows of its chunk; row = a stream per row, indexed by response column, so a row's tokens depend on (seed, row) alone, whatever the other rows do (tool calls included) and whatever the batch size (docs/tools.md)
     decode: Literal["hf", "lean"] = "lean"  # the torch engine's forward at each token: lean = rollout/lean.py's over a preallocated cache (Qwen2 and Llama models; any other keeps hf, with one log line); hf = the Hugging Face model's, with its KV cache, whose samples differ only where float rounding flips a draw (docs/performance.md)
     vllm: VLLMConfig = field(default_factory=VLLMConfig)  # settings of the vllm engine
     max_staleness: Annotated[int, at_least(0, "policy versions between the sampling weights and the trainer's")] = 0  # generate while training: 0 = the synchronous loop (generate, then train); k >= 1 = generator processes sample ahead and step t trains on samples of a policy at most k versions older than the trainer's (docs/async.md)

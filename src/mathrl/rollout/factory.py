@@ -66,7 +66,7 @@ def build_torch_engine(cfg, *, model, tokenizer, model_path: str | Path) -> Engi
     """Samples from `model` itself."""
     return TorchEngine(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                        batch_size=cfg.rollout.batch_size, tools=build_tool_use(cfg, tokenizer),
-                       decode=cfg.rollout.decode, tool_delay_steps=cfg.rollout.tool_delay_steps)
+                       decode=cfg.rollout.decode, tool_delay_steps=cfg.rollout.tool_delay_steps, draws=cfg.rollout.draws)
 
 
 def build_vllm_engine(cfg, *, model, tokenizer, model_path: str | Path) -> Engine:
