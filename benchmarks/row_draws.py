@@ -1,11 +1,14 @@
 """Benchmark: the torch engine's rollout with rollout.draws=row (a random stream per row) against
 rollout.draws=chunk (one generator per chunk of rows, the default), on the same prompts.
 
-The model is the tool-capable tiny base model of recipes/arith_tools.yaml (built once and cached);
-the prompts are 5-6 digit sums ending in the opening of a python block, as in
-benchmarks/tool_rollout.py, without tools and with the calculator (rollout.tool_delay_steps 1). The
-two draw modes run alternately, `--repeats` times each after one warm-up, and the median seconds of
-each are compared (the ratio row / chunk: above 1 is a cost).
+The model and the rollout settings are the default run's (recipes/arith_grpo.yaml: its tiny base
+model, built once and cached; 128 rows of its training problems, 48 new tokens), without tools, and
+with the calculator on the same problems, each prompt ending in the opening of a python block (as in
+benchmarks/tool_rollout.py) with rollout.tool_delay_steps 1 and the tool recipe's limits. The two
+draw modes run alternately, `--repeats` times each (seeds 1, 2, ...) after one warm-up. The two modes
+draw different samples, of other lengths and calls, so the comparison is of tokens per second (model
+and observation tokens: each costs a row's forward): the median of each mode, and the ratio chunk /
+row of those rates (above 1 is what row draws cost).
 
     taskset -c 0 env OMP_NUM_THREADS=1 python benchmarks/row_draws.py --threads 1   # what docs/tools.md reports
 """
@@ -34,38 +37,42 @@ def main() -> None:
     from mathrl.model.paths import resolve_model_path
     from mathrl.rollout.engine import TorchEngine
     from mathrl.rollout.episodes import ToolUse, call_format
-    from mathrl.tasks.arithmetic import ArithmeticTask, base_pretraining_text
+    from mathrl.tasks.arithmetic import base_pretraining_text
+    from mathrl.tasks.sources import arithmetic_task, prompt_encoder
     from mathrl.tools import ToolPool, ToolSpec
 
-    cfg = load_config("recipes/arith_tools.yaml", [])
-    r = cfg.rollout
+    cfg = load_config(None, [])
+    r, limits = cfg.rollout, load_config("recipes/arith_tools.yaml", []).rollout
     path = resolve_model_path(cfg, Console(stderr=True), pretraining_text=base_pretraining_text(cfg.base))
     model, tokenizer = load_model_and_tokenizer(path)
     model.eval()
-    prompts = [tokenizer(q.question + "=```python\n", add_special_tokens=False)["input_ids"]
-               for q in ArithmeticTask(min_digits=5, max_digits=6).train_problems(a.batch, seed=0)]
+    problems = arithmetic_task(cfg).train_problems(a.batch, seed=0)
+    _, plain, _ = prompt_encoder(cfg, tokenizer, max_new_tokens=r.max_new_tokens).encode(problems)
+    opening = tokenizer("```python\n", add_special_tokens=False)["input_ids"]
     print(f"{a.batch} rows, max {r.max_new_tokens} tokens, {a.threads} threads, median of {a.repeats}:")
     for label, with_tool in (("no tool", False), ("calculator, D=1", True)):
+        prompts = [p + opening for p in plain] if with_tool else plain
         engines = {}
         for draws in ("chunk", "row"):
             tools = None
             if with_tool:
                 pool = ToolPool([ToolSpec(name="python", fn="calculator")], workers=r.tool_workers)
-                tools = ToolUse(fmt=call_format(r.tool_format), pool=pool, tokenizer=tokenizer, max_turns=r.max_turns,
-                                max_tool_calls=r.max_tool_calls, observation_max_tokens=r.observation_max_tokens)
+                tools = ToolUse(fmt=call_format(limits.tool_format), pool=pool, tokenizer=tokenizer,
+                                max_turns=limits.max_turns, max_tool_calls=limits.max_tool_calls,
+                                observation_max_tokens=limits.observation_max_tokens)
             engines[draws] = TorchEngine(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                                          tools=tools, tool_delay_steps=1, decode=r.decode, draws=draws)
-        seconds = {draws: [] for draws in engines}
+        rates = {draws: [] for draws in engines}
         for i in range(a.repeats + 1):
             for draws, engine in engines.items():
                 t0 = time.perf_counter()
-                engine.generate(prompts, max_new_tokens=r.max_new_tokens, seed=i)
+                out = engine.generate(prompts, max_new_tokens=r.max_new_tokens, seed=i)
                 if i:  # the first call of each warms up
-                    seconds[draws].append(time.perf_counter() - t0)
+                    rates[draws].append(int(out.context_lengths.sum()) / (time.perf_counter() - t0))
         for engine in engines.values():
             engine.close()
-        chunk, row = (statistics.median(seconds[d]) for d in ("chunk", "row"))
-        print(f"  {label:16s} chunk {chunk:.3f} s  row {row:.3f} s  row / chunk {row / chunk:.3f}")
+        chunk, row = (statistics.median(rates[d]) for d in ("chunk", "row"))
+        print(f"  {label:16s} tokens/s: chunk {chunk:.0f}  row {row:.0f}  chunk / row {chunk / row:.3f}")
 
 
 if __name__ == "__main__":

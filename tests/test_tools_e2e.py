@@ -36,7 +36,7 @@ TOOLS = [
     "reward.timeout_s=60",
     "rollout.max_new_tokens=40",
     "rollout.tools=[{name: python, fn: calculator}]",
-    "rollout.observation_max_tokens=12",
+    "rollout.observation_max_tokens=30",
     "train.steps=2",
 ]
 
