@@ -240,7 +240,7 @@ class RolloutConfig:
     tool_tags: ToolTagsConfig = field(default_factory=ToolTagsConfig)  # override the format's call and observation tags
     max_turns: Count = 4  # model turns per episode (a turn ends at a tool call or at the end of the response)
     max_tool_calls: NonNeg[int] = 3  # tool calls run per episode; a call past it gets an observation saying so, and is not run
-    observation_max_tokens: Count = 32  # longer observations are cut in the middle, with a note saying how much was cut
+    observation_max_tokens: Count = 32  # longer observations are cut in the middle, with a note saying how much was cut; at least 30, the note's room (docs/tools.md)
     tool_workers: Count = 4  # tool calls run in parallel
     tool_delay_steps: NonNeg[int] = 1  # torch engine: decode steps from a call's closing token to reading its output (the call runs while the other rows decode; the row feeds the observation's opening tag, then masked padding); 0 = the output is fed with the closing token in one window forward that waits for the step's calls (docs/tools.md)
 
