@@ -8,7 +8,11 @@ benchmarks/tool_rollout.py) with rollout.tool_delay_steps 1 and the tool recipe'
 draw modes run alternately, `--repeats` times each (seeds 1, 2, ...) after one warm-up. The two modes
 draw different samples, of other lengths and calls, so the comparison is of tokens per second (model
 and observation tokens: each costs a row's forward): the median of each mode, and the ratio chunk /
-row of those rates (above 1 is what row draws cost).
+row of those rates (above 1 is what row draws cost). That ratio moves by a few percent with the
+samples and the machine's load, so the work row draws add is also timed alone, on the same shapes:
+the rows' streams (`row_uniforms`, once per chunk) and, at each of max_new_tokens steps, the gather
+of the rows' uniforms in place of a draw of as many from one generator; its share of the no-tool
+rollout's seconds is the cost.
 
     taskset -c 0 env OMP_NUM_THREADS=1 python benchmarks/row_draws.py --threads 1   # what docs/tools.md reports
 """
@@ -35,7 +39,7 @@ def main() -> None:
     from mathrl.config import load_config
     from mathrl.model.io import load_model_and_tokenizer
     from mathrl.model.paths import resolve_model_path
-    from mathrl.rollout.engine import TorchEngine
+    from mathrl.rollout.engine import TorchEngine, row_uniforms
     from mathrl.rollout.episodes import ToolUse, call_format
     from mathrl.tasks.arithmetic import base_pretraining_text
     from mathrl.tasks.sources import arithmetic_task, prompt_encoder
@@ -62,17 +66,36 @@ def main() -> None:
                                 observation_max_tokens=limits.observation_max_tokens)
             engines[draws] = TorchEngine(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                                          tools=tools, tool_delay_steps=1, decode=r.decode, draws=draws)
-        rates = {draws: [] for draws in engines}
+        rates, seconds = {draws: [] for draws in engines}, {draws: [] for draws in engines}
         for i in range(a.repeats + 1):
             for draws, engine in engines.items():
                 t0 = time.perf_counter()
                 out = engine.generate(prompts, max_new_tokens=r.max_new_tokens, seed=i)
                 if i:  # the first call of each warms up
-                    rates[draws].append(int(out.context_lengths.sum()) / (time.perf_counter() - t0))
+                    seconds[draws].append(time.perf_counter() - t0)
+                    rates[draws].append(int(out.context_lengths.sum()) / seconds[draws][-1])
         for engine in engines.values():
             engine.close()
         chunk, row = (statistics.median(rates[d]) for d in ("chunk", "row"))
         print(f"  {label:16s} tokens/s: chunk {chunk:.0f}  row {row:.0f}  chunk / row {chunk / row:.3f}")
+        if not with_tool:
+            rollout_s = statistics.median(seconds["chunk"])
+    extra = []
+    for _ in range(a.repeats):
+        n, t = a.batch, r.max_new_tokens
+        generator, rows, column = torch.Generator().manual_seed(0), torch.arange(n), torch.zeros(n, dtype=torch.long)
+        t0 = time.perf_counter()
+        for _ in range(t):
+            torch.rand((n, 1), generator=generator, dtype=torch.float64)
+        drawn = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        uniforms = row_uniforms(0, 0, n, t, "cpu")
+        for _ in range(t):
+            uniforms[rows, column[rows]][:, None]
+        extra.append(time.perf_counter() - t0 - drawn)
+    added = statistics.median(extra)
+    print(f"  the work row draws add: {added * 1000:.2f} ms per rollout, {added / rollout_s:.2%} of the no-tool rollout "
+          f"({rollout_s:.3f} s)")
 
 
 if __name__ == "__main__":
