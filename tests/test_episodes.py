@@ -6,8 +6,12 @@ an episode is exercised on a real model with a real KV cache:
 - observations are the format's tags around the tool's text, tokenized once, with mask 0;
 - the model tokens' sampling logprobs equal a scoring pass over the whole transcript (observations
   in the context), so the trainer's ratios are those of what the engine sampled;
-- the same seed gives the same episodes, and an episode that calls nothing is today's sample;
-- the limits (calls, turns, observation length) hold.
+- the same seed gives the same episodes; an episode that calls nothing is the single-turn sample when
+  no row of its batch calls (the default draws, one generator per chunk of rows), and whatever the
+  other rows do with rollout.draws=row (a stream per row), at any batch size;
+- the limits (calls, turns, observation length, the cut note's room) hold;
+- the transcript is the sampled ids and the observations' own ids, never a re-tokenization (a BPE
+  tokenizer whose merges cross the tags).
 
 Run: python -m pytest tests/test_episodes.py -q
 """
@@ -200,7 +204,8 @@ def test_the_same_seed_gives_the_same_episodes(make_model, char_tokenizer, promp
 @pytest.mark.parametrize("delay", DELAYS)
 def test_an_episode_without_calls_is_exactly_the_single_turn_sample(make_model, char_tokenizer, prompts, delay):
     # a closing tag the model never writes (a multi-character string the char model won't produce
-    # after an opening it never writes): the tool path changes nothing else
+    # after an opening it never writes): the tool path changes nothing else. No row of the batch
+    # calls, which is what the default draws need (one generator per chunk: see the row-draws test)
     model = make_model()
     never = CallFormat("never", "\x00\x00", "\x00\x00", "<", ">")
     plain = TorchEngine(model, eos_token_id=char_tokenizer.eos_token_id, pad_token_id=char_tokenizer.pad_token_id)
