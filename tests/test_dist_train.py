@@ -352,7 +352,7 @@ def test_vllm_rollouts_under_two_ranks_match_one_process(env, tmp_path: Path) ->
 
 
 TOOLS = ["base.tool_share=0.5", "rollout.tools=[{name: python, fn: calculator}]", "rollout.max_new_tokens=40",
-         "rollout.observation_max_tokens=12", "train.steps=2", "eval.every=2"]
+         "rollout.observation_max_tokens=30", "train.steps=2", "eval.every=2"]
 
 
 @pytest.mark.slow

@@ -6,8 +6,12 @@ an episode is exercised on a real model with a real KV cache:
 - observations are the format's tags around the tool's text, tokenized once, with mask 0;
 - the model tokens' sampling logprobs equal a scoring pass over the whole transcript (observations
   in the context), so the trainer's ratios are those of what the engine sampled;
-- the same seed gives the same episodes, and an episode that calls nothing is today's sample;
-- the limits (calls, turns, observation length) hold.
+- the same seed gives the same episodes; an episode that calls nothing is the single-turn sample when
+  no row of its batch calls (the default draws, one generator per chunk of rows), and whatever the
+  other rows do with rollout.draws=row (a stream per row), at any batch size;
+- the limits (calls, turns, observation length, the cut note's room) hold;
+- the transcript is the sampled ids and the observations' own ids, never a re-tokenization (a BPE
+  tokenizer whose merges cross the tags).
 
 Run: python -m pytest tests/test_episodes.py -q
 """
@@ -200,7 +204,8 @@ def test_the_same_seed_gives_the_same_episodes(make_model, char_tokenizer, promp
 @pytest.mark.parametrize("delay", DELAYS)
 def test_an_episode_without_calls_is_exactly_the_single_turn_sample(make_model, char_tokenizer, prompts, delay):
     # a closing tag the model never writes (a multi-character string the char model won't produce
-    # after an opening it never writes): the tool path changes nothing else
+    # after an opening it never writes): the tool path changes nothing else. No row of the batch
+    # calls, which is what the default draws need (one generator per chunk: see the row-draws test)
     model = make_model()
     never = CallFormat("never", "\x00\x00", "\x00\x00", "<", ">")
     plain = TorchEngine(model, eos_token_id=char_tokenizer.eos_token_id, pad_token_id=char_tokenizer.pad_token_id)
@@ -208,6 +213,61 @@ def test_an_episode_without_calls_is_exactly_the_single_turn_sample(make_model, 
     b = engine_with(model, char_tokenizer, fmt=never, delay=delay).generate(prompts, max_new_tokens=30, seed=2)
     assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logprobs, b.logprobs)
     assert b.observation_mask.sum() == 0 and b.tool_calls.sum() == 0
+
+
+@pytest.mark.parametrize("delay", DELAYS)
+def test_with_row_draws_a_row_that_calls_nothing_is_the_single_turn_sample_whatever_the_others_do(
+        make_model, char_tokenizer, prompts, delay):
+    # With the default draws (one generator per chunk of rows) a row's uniform at a step is its place
+    # among the rows still sampling, so a call in another row (which feeds its observation instead of
+    # sampling, or leaves the batch earlier) shifts the draws of every later row: no-call rows then
+    # differed from the single-turn sample in a batch where other rows called. rollout.draws=row
+    # indexes each row's own stream by response column: every row's tokens up to its first call, and
+    # all of a row that calls nothing, are the single-turn sample's. The logprobs are equal bit for bit
+    # on D >= 1, where every forward has the single-turn batch's shape; D = 0's window forward rounds
+    # them differently (|diff| ~ 1e-6 here).
+    model = make_model()
+    plain = TorchEngine(model, eos_token_id=char_tokenizer.eos_token_id, pad_token_id=char_tokenizer.pad_token_id,
+                        draws="row").generate(prompts, max_new_tokens=40, seed=2)
+    tools = ToolUse(fmt=STAR, pool=EchoPool(), tokenizer=char_tokenizer, max_turns=4, max_tool_calls=3,
+                    observation_max_tokens=12)
+    out = TorchEngine(model, eos_token_id=char_tokenizer.eos_token_id, pad_token_id=char_tokenizer.pad_token_id,
+                      tools=tools, tool_delay_steps=delay, draws="row").generate(prompts, max_new_tokens=40, seed=2)
+    callers = out.tool_calls > 0
+    assert 3 <= int(callers.sum()) <= len(out) - 3, "the fixture should have rows that call and rows that do not"
+    for i in range(len(out)):
+        seen = out.observation_mask[i].nonzero()
+        end = int(seen[0]) if len(seen) else int(out.context_lengths[i])  # up to the first observation
+        assert torch.equal(out.response_ids[i, :end], plain.response_ids[i, :end]), i
+        if not callers[i]:
+            assert torch.equal(out.response_ids[i], plain.response_ids[i][: out.response_ids.shape[1]]), i
+            if delay:
+                assert torch.equal(out.logprobs[i], plain.logprobs[i][: out.logprobs.shape[1]]), i
+            else:
+                assert_close(out.logprobs[i], plain.logprobs[i][: out.logprobs.shape[1]], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("decode", ["hf", "lean"])
+def test_row_draws_do_not_depend_on_the_batch_size(make_model, char_tokenizer, prompts, decode):
+    # The same episodes from chunks of 5 rows as from one chunk of 24 (the rows' draws are the same
+    # numbers; the forwards of other batch shapes round the logprobs differently, ~1e-6), and a call
+    # of the last 19 rows as rows 5, ... of the whole call (`first_row`) gives those rows' episodes.
+    model = make_model()
+
+    def run(batch_size, rows=slice(None), first_row=0):
+        tools = ToolUse(fmt=STAR, pool=EchoPool(), tokenizer=char_tokenizer, max_turns=4, max_tool_calls=3,
+                        observation_max_tokens=12)
+        engine = TorchEngine(model, eos_token_id=char_tokenizer.eos_token_id, pad_token_id=char_tokenizer.pad_token_id,
+                             tools=tools, tool_delay_steps=1, draws="row", batch_size=batch_size, decode=decode)
+        return engine.generate(prompts[rows], max_new_tokens=40, seed=8, first_row=first_row)
+
+    whole, chunked, tail = run(512), run(5), run(512, slice(5, None), first_row=5)
+    assert int(whole.tool_calls.sum()) > 3
+    for other, rows in ((chunked, slice(None)), (tail, slice(5, None))):
+        width = other.response_ids.shape[1]
+        assert torch.equal(other.response_ids, whole.response_ids[rows, :width])
+        assert torch.equal(other.observation_mask, whole.observation_mask[rows, :width])
+        assert_close(other.logprobs, whole.logprobs[rows, :width], atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("delay", DELAYS)
@@ -377,6 +437,98 @@ def test_a_void_turn_is_a_last_turn_without_an_answer(char_tokenizer):
     assert void_turns(batch, tok, has_answer=has_final_answer) == [False, True, False]
 
 
+# ------------------------------------------------------------------------------------------- token ids
+def bpe_tokenizer():
+    """A byte-level BPE tokenizer trained here on python_blocks tool transcripts, without the GPT-2
+    pre-tokenizer's splits, so that its merges run across the call's closing tag, the observation's
+    tags and the text around them ("```\n```output\n" is fewer tokens than its two tags apart)."""
+    import random
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    rng = random.Random(0)
+    corpus = []
+    for _ in range(400):
+        a, b = rng.randrange(10, 100), rng.randrange(10, 100)
+        corpus.append(f"{a}+{b}=Let me compute.\n```python\nprint({a}+{b})\n```\n```output\n{a + b}\n```\n"
+                      f"So the answer is \\boxed{{{a + b}}}.")
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=700, special_tokens=["<|endoftext|>", "<|pad|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|pad|>")
+
+
+class OutputPool(EchoPool):
+    """Answers every call at once with `text`."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.text = text
+
+    def submit(self, name, args):
+        self.calls.append((name, args))
+        f = Future()
+        f.set_result(Result(self.text, "ok", 0.0))
+        return f
+
+
+@pytest.mark.parametrize("delay", DELAYS)
+def test_the_model_sees_its_sampled_ids_and_the_observations_own_ids_never_a_retokenization(delay, monkeypatch):
+    # A tokenizer whose merges cross the tags: re-tokenizing the transcript's text (or applying a
+    # template to it) would give other ids than the ones sampled and fed, and the trainer would score
+    # a sequence the engine never sampled from. The transcript must be the sampled ids, then the
+    # observation's own ids (its opening tag, the tool's text and its closing tag, each tokenized
+    # alone), then the sampled ids again.
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    import mathrl.rollout.engine as torch_engine
+
+    tok = bpe_tokenizer()
+
+    def ids(text):
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    fmt = python_blocks()
+    assert ids(fmt.call_close + fmt.observation_open) != ids(fmt.call_close) + ids(fmt.observation_open), \
+        "the fixture's merges should cross the call/observation boundary"
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=256, tie_word_embeddings=False,
+        pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)).eval()
+    # the model's turns: canonical ids, and "```" as three backticks where BPE would merge them
+    first = ids("Let me compute.\n```python\nprint(12+34)\n") + ids("`") * 3 + ids("\n")
+    second = ids("So the answer is \\boxed{46}.") + [tok.eos_token_id]
+    script = iter(first + second)
+
+    def sample(scaled, top_p, generator):  # the engine's sampler, drawing the script's next token
+        assert scaled.shape[0] == 1
+        token = torch.tensor([next(script)])
+        return token, torch.log_softmax(scaled.double(), -1).gather(-1, token[:, None]).squeeze(-1).float()
+
+    monkeypatch.setattr(torch_engine, "sample_top_p", sample)
+    pool = OutputPool("46")
+    tools = ToolUse(fmt=fmt, pool=pool, tokenizer=tok, max_turns=4, max_tool_calls=3, observation_max_tokens=32)
+    engine = TorchEngine(model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tools=tools,
+                         tool_delay_steps=delay)
+    out = engine.generate([ids("12+34=")], max_new_tokens=96, seed=0)
+    assert pool.calls == [("python", "print(12+34)\n")]
+    observation = ids(fmt.observation_open) + ids("46") + ids(fmt.observation_close)
+    expected = first + observation + second
+    transcript = out.response_ids[0, : int(out.context_lengths[0])].tolist()
+    assert transcript == expected
+    assert out.observation_mask[0, : len(expected)].tolist() == [0] * len(first) + [1] * len(observation) + [0] * len(second)
+    assert out.response_mask[0, : len(expected)].tolist() == [1] * len(first) + [0] * len(observation) + [1] * len(second)
+    assert ids(tok.decode(transcript)) != transcript  # what re-tokenizing would have given instead
+    with torch.no_grad():  # and the trainer scores the ids that were sampled and fed
+        lp, _ = response_logprobs(model, out.prompt_ids, out.prompt_mask, out.response_ids, out.context_mask)
+    assert_close(lp * out.response_mask, out.logprobs, atol=1e-5, rtol=0)
+
+
 # ------------------------------------------------------------------------------------------- training
 def test_observation_tokens_reach_no_loss_ratio_or_weight(make_model, char_tokenizer, prompts):
     # Placeholders at observation positions (old/rollout logprobs, advantages) are garbage on purpose:
@@ -433,6 +585,9 @@ def test_tool_call_bonus_counts_calls_that_were_answered(response, expected):
     (["rollout.tools=[{name: calc, fn: calculator}]"], "name one rollout.tools entry python"),
     (["rollout.tools=[{name: python, fn: calculator}]", "rollout.tool_format=xml"], "rollout.tool_format"),
     (["rollout.tools=[{name: python, fn: calculator}]", "rollout.observation_max_tokens=48"], "must be below rollout.max_new_tokens"),
+    # a cut must have room for its note, or it would cut silently (at one token per character: 28 + 2)
+    (["rollout.tools=[{name: python, fn: calculator}]", "rollout.observation_max_tokens=16"],
+     "rollout.observation_max_tokens=16 leaves no room for the note a cut observation carries"),
 ])
 def test_tool_config_errors_are_one_line_and_name_the_field(overrides, words):
     from mathrl.config import ConfigError, load_config
@@ -441,6 +596,31 @@ def test_tool_config_errors_are_one_line_and_name_the_field(overrides, words):
         load_config(None, overrides).validate(check_paths=False)
     assert words in str(e.value)
     assert all(line.startswith(("rollout.", "  ")) or "rollout." in line for line in str(e.value).splitlines())
+
+
+def test_the_smallest_observation_limit_holds_the_cut_note_and_a_tokenizer_that_needs_more_is_refused(char_tokenizer):
+    # The config's bound (MIN_OBSERVATION_TOKENS, one token per character) is what the char tokenizer
+    # needs: at that limit a long output is cut with its note, head and tail kept. A tokenizer that
+    # spends more tokens on the note is refused where the tokenizer is first at hand, before the pool.
+    from mathrl.config import ConfigError, load_config
+    from mathrl.config.shared import MIN_OBSERVATION_TOKENS
+    from mathrl.rollout.episodes import CUT_NOTE, note_room
+    from mathrl.rollout.factory import build_tool_use
+
+    assert note_room(char_tokenizer) == MIN_OBSERVATION_TOKENS
+    tools = ToolUse(fmt=STAR, pool=EchoPool(), tokenizer=char_tokenizer, observation_max_tokens=MIN_OBSERVATION_TOKENS)
+    episodes = tools.start(1)
+    episodes.pending[0] = "x" * 10**6  # a 6-digit count, one character narrower than the bound's 7: 3 tokens kept
+    text = char_tokenizer.decode(episodes.output(0))
+    assert text == "xx" + CUT_NOTE.format(cut=10**6 - 3) + "x" + ">"
+
+    class TwoPerCharacter:
+        def __call__(self, text, add_special_tokens=True):
+            return {"input_ids": [0, 1] * len(text)}
+
+    cfg = load_config(None, ["rollout.tools=[{name: python, fn: calculator}]", "rollout.observation_max_tokens=32"])
+    with pytest.raises(ConfigError, match="rollout.observation_max_tokens=32 leaves no room .* use >= 58"):
+        build_tool_use(cfg, TwoPerCharacter())
 
 
 def test_chat_tool_call_prompts_list_the_tools_schemas(char_tokenizer):

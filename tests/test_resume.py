@@ -337,7 +337,7 @@ def test_run_resumed_from_the_checkpoint_where_a_pass_ends_trains_on_the_next_pa
 # Tool episodes: the calls run in a pool, but the samples do not depend on how long a call took
 # (the torch engine waits for a decode step's calls together), so a killed run resumes exactly too.
 TOOLS = ["base.tool_share=0.5", "rollout.tools=[{name: python, fn: calculator}]", "rollout.max_new_tokens=40",
-         "rollout.observation_max_tokens=12"]
+         "rollout.observation_max_tokens=30"]
 
 
 @pytest.mark.slow

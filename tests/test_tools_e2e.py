@@ -36,7 +36,7 @@ TOOLS = [
     "reward.timeout_s=60",
     "rollout.max_new_tokens=40",
     "rollout.tools=[{name: python, fn: calculator}]",
-    "rollout.observation_max_tokens=12",
+    "rollout.observation_max_tokens=30",
     "train.steps=2",
 ]
 
@@ -56,9 +56,9 @@ def run(cache, tmp_path, *extra):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["sync", "generator"])
+@pytest.mark.parametrize("mode", ["sync", "generator", "row draws"])
 def test_a_run_with_tools_logs_tool_metrics_and_masked_episodes(cache, tmp_path, mode):
-    extra = ["rollout.max_staleness=1"] if mode == "generator" else []
+    extra = {"sync": [], "generator": ["rollout.max_staleness=1"], "row draws": ["rollout.draws=row"]}[mode]
     cfg, result = run(cache, tmp_path, *extra)
     rows = read_metrics(result.run_dir / "metrics.jsonl")
     for row in rows:

@@ -18,7 +18,15 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from mathrl.config.shared import DATA_FILE_SUFFIXES, DEFAULT_REWARD_FN, TINY_BASE, ConfigError, parse_config_path
+from mathrl.config.shared import (
+    CUT_NOTE,
+    DATA_FILE_SUFFIXES,
+    DEFAULT_REWARD_FN,
+    MIN_OBSERVATION_TOKENS,
+    TINY_BASE,
+    ConfigError,
+    parse_config_path,
+)
 from mathrl.config_schema import check_domains
 from mathrl.registry import (
     ADVANTAGE_ESTIMATORS,
@@ -318,6 +326,10 @@ class ConfigRules:
             errors.append(f"rollout.max_turns={r.max_turns} leaves no turn after a tool call; use >= 2 (or rollout.tools: [])")
         if r.max_tool_calls < 1:
             errors.append("rollout.max_tool_calls=0 runs no call; use >= 1 (or rollout.tools: [] for single-turn responses)")
+        if r.observation_max_tokens < MIN_OBSERVATION_TOKENS:
+            errors.append(f"rollout.observation_max_tokens={r.observation_max_tokens} leaves no room for the note a cut "
+                          f"observation carries ({CUT_NOTE.format(cut='N')!r}: up to {MIN_OBSERVATION_TOKENS - 2} tokens "
+                          f"at one per character, and a token of output either side); use >= {MIN_OBSERVATION_TOKENS}")
         if r.observation_max_tokens >= r.max_new_tokens:
             errors.append(f"rollout.observation_max_tokens={r.observation_max_tokens} must be below rollout.max_new_tokens="
                           f"{r.max_new_tokens}: an episode holds its observations and the model's tokens")

@@ -8,6 +8,10 @@ DATA_FILE_SUFFIXES = (".jsonl", ".parquet")  # the local data file formats tasks
 TINY_BASE = "tiny-arith"  # model.path of the tiny model mathrl builds itself (model/tiny.py, model/paths.py)
 CONFIG_PREFIX = "config:"  # model.path=config:<name> names an architecture (model/init.py) with random weights
 DEFAULT_REWARD_FN = "mathrl.reward:math_reward"  # the default and only reward component: the math checker
+CUT_NOTE = "\n...[{cut} tokens cut]...\n"  # said inside a tool observation cut in the middle (rollout/episodes.py)
+# the shortest rollout.observation_max_tokens whose cut can say so: the note with a 7-digit count at one
+# token per character (the most the usual tokenizers spend on ASCII text), and a token of output each side
+MIN_OBSERVATION_TOKENS = len(CUT_NOTE.format(cut=9_999_999)) + 2
 
 
 class ConfigError(ValueError):

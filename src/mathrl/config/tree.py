@@ -229,6 +229,7 @@ class RolloutConfig:
     top_p: Annotated[float, unit(open_low=True)] = 1.0  # nucleus sampling: keep the most likely tokens holding this much probability
     max_new_tokens: Count = 48  # maximum response length in tokens
     batch_size: Count = 512  # sequences decoded together by the torch engine; each such shard is seeded on its own, so 1 and N ranks draw the same samples when every rank's share is a multiple of it
+    draws: Literal["chunk", "row"] = "chunk"  # the torch engine's random numbers: chunk = one generator per rollout.batch_size rows, so a row's draws depend on the other rows of its chunk; row = a stream per row, indexed by response column, so a row's tokens depend on (seed, row) alone, whatever the other rows do (tool calls included) and whatever the batch size (docs/tools.md)
     decode: Literal["hf", "lean"] = "lean"  # the torch engine's forward at each token: lean = rollout/lean.py's over a preallocated cache (Qwen2 and Llama models; any other keeps hf, with one log line); hf = the Hugging Face model's, with its KV cache, whose samples differ only where float rounding flips a draw (docs/performance.md)
     vllm: VLLMConfig = field(default_factory=VLLMConfig)  # settings of the vllm engine
     max_staleness: Annotated[int, at_least(0, "policy versions between the sampling weights and the trainer's")] = 0  # generate while training: 0 = the synchronous loop (generate, then train); k >= 1 = generator processes sample ahead and step t trains on samples of a policy at most k versions older than the trainer's (docs/async.md)
@@ -239,7 +240,7 @@ class RolloutConfig:
     tool_tags: ToolTagsConfig = field(default_factory=ToolTagsConfig)  # override the format's call and observation tags
     max_turns: Count = 4  # model turns per episode (a turn ends at a tool call or at the end of the response)
     max_tool_calls: NonNeg[int] = 3  # tool calls run per episode; a call past it gets an observation saying so, and is not run
-    observation_max_tokens: Count = 32  # longer observations are cut in the middle, with a note saying how much was cut
+    observation_max_tokens: Count = 32  # longer observations are cut in the middle, with a note saying how much was cut; at least 30, the note's room (docs/tools.md)
     tool_workers: Count = 4  # tool calls run in parallel
     tool_delay_steps: NonNeg[int] = 1  # torch engine: decode steps from a call's closing token to reading its output (the call runs while the other rows decode; the row feeds the observation's opening tag, then masked padding); 0 = the output is fed with the closing token in one window forward that waits for the step's calls (docs/tools.md)
 

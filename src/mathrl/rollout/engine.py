@@ -22,7 +22,7 @@ from mathrl.model.lora import unwrap
 from mathrl.rollout.base import RolloutBatch, concat_rollouts, full_tensor, left_pad, row_seed, select_rollout_rows
 from mathrl.rollout.lean import LeanDecoder
 
-__all__ = ["TorchEngine", "RolloutBatch", "concat_rollouts", "inverse_cdf", "left_pad", "sample_top_p", "select_rollout_rows"]
+__all__ = ["TorchEngine", "RolloutBatch", "concat_rollouts", "inverse_cdf", "left_pad", "row_uniforms", "sample_top_p", "select_rollout_rows"]
 
 
 BLOCK = 256  # tokens per block of the two-level search
@@ -48,11 +48,14 @@ def inverse_cdf(cdf: torch.Tensor, mass: torch.Tensor, u: torch.Tensor) -> torch
     return torch.minimum(index, last).squeeze(-1)
 
 
-def sample_top_p(logits: torch.Tensor, top_p: float, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_top_p(logits: torch.Tensor, top_p: float, generator: torch.Generator | None = None, *,
+                 u: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row from softmax(logits) restricted to the top-p nucleus, with its logprob.
 
     logits: [B, V] float -> (token [B] long, logprob [B] float32). The logprob is log_softmax(logits) of
     the token, the distribution before the nucleus cut (what the trainer's scoring pass computes).
+    The row's uniform is drawn from `generator` ([B, 1] at once), or given as `u` ([B, 1] float64 in
+    [0, 1): `row_uniforms`, one stream per row).
 
     Inverse-CDF sampling: one uniform per row (from `generator`) and a binary search in the cumulative
     probabilities, instead of `torch.multinomial`, whose one-sample path draws an exponential variate
@@ -64,7 +67,8 @@ def sample_top_p(logits: torch.Tensor, top_p: float, generator: torch.Generator)
     tokens (at top_p 1) take the probabilities from one fused softmax and search them in two levels
     (`_inverse_cdf_blocked`); their logprob is log p of the token minus the log of the summed p.
     """
-    u = torch.rand((logits.shape[0], 1), generator=generator, dtype=torch.float64, device=logits.device)  # [B, 1]
+    if u is None:
+        u = torch.rand((logits.shape[0], 1), generator=generator, dtype=torch.float64, device=logits.device)  # [B, 1]
     if top_p >= 1.0 and logits.shape[-1] > BLOCKED_ABOVE:
         probs = torch.softmax(logits, dim=-1)  # [B, V]; one vectorised pass, 2x faster than max, subtract, exp
         token, total = _inverse_cdf_blocked(probs, u)  # [B], [B, 1] (total = 1 up to float32 rounding)
@@ -123,16 +127,31 @@ def _inverse_cdf_blocked(weights: torch.Tensor, u: torch.Tensor) -> tuple[torch.
     return token, total
 
 
+def row_uniforms(seed: int, first_row: int, rows: int, columns: int, device) -> torch.Tensor:
+    """The uniforms of rollout.draws=row: [rows, columns] float64 in [0, 1), row r's the first `columns`
+    draws of a generator seeded with row_seed(seed, first_row + r), so that the draw of a row's token at
+    response column c depends on (seed, row, c) alone: not on the other rows, the batch size or the
+    chunk, nor on `columns` (a longer stream has the shorter one as its prefix)."""
+    out = torch.empty((rows, columns), dtype=torch.float64)
+    generator = torch.Generator()
+    for r in range(rows):
+        generator.manual_seed(row_seed(seed, first_row + r))
+        torch.rand(columns, generator=generator, dtype=torch.float64, out=out[r])
+    return out.to(device)
+
+
 def _next_token(logits: torch.Tensor, temperature: float, top_p: float,
-                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+                generator: torch.Generator | None, u: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row from [A, V] `logits` at `temperature` within the top-p nucleus, with its logprob
-    ([A] long, [A] float32). temperature=0 is greedy: the most likely token, and the logprob of the
-    untempered model."""
+    ([A] long, [A] float32), drawn from `generator` or with the given uniforms `u` ([A, 1]).
+    temperature=0 is greedy: the most likely token, and the logprob of the untempered model."""
     if temperature == 0:
         scaled = logits.float()  # [A, V]
         token = scaled.argmax(-1)  # [A]
         return token, torch.log_softmax(scaled, dim=-1).gather(-1, token[:, None]).squeeze(-1)
     scaled = logits.float() if temperature == 1.0 else logits.float() / temperature  # [A, V]
+    if u is not None:
+        return sample_top_p(scaled, top_p, u=u)
     return sample_top_p(scaled, top_p, generator)
 
 
@@ -220,10 +239,15 @@ class TorchEngine:
     compiles its one-token step); a model it does not support keeps the Hugging Face forward, with one
     log line. The sampler, the tool observation windows and the dropping of finished rows are the same
     for both.
+
+    `draws` says where the sampler's uniforms come from: "chunk" (the default) draws [A, 1] per step
+    from one generator per chunk of `batch_size` rows, so a row's draws depend on which other rows of
+    its chunk are still sampling; "row" gives each row its own stream (`row_uniforms`), indexed by the
+    response column, so that a row's draws depend only on (seed, row, column).
     """
 
     def __init__(self, model, *, eos_token_id: int, pad_token_id: int, batch_size: int = 512, tools=None,
-                 decode: str = "hf", compile: bool = False, tool_delay_steps: int = 0):
+                 decode: str = "hf", compile: bool = False, tool_delay_steps: int = 0, draws: str = "chunk"):
         self.model = model
         if decode not in ("hf", "lean"):
             raise ValueError(f"decode={decode!r}: use 'hf' or 'lean'")
@@ -235,7 +259,12 @@ class TorchEngine:
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
         self.batch_size = batch_size
-        self.seed_block = batch_size  # each chunk of batch_size rows draws from its own generator
+        if draws not in ("chunk", "row"):
+            raise ValueError(f"draws={draws!r}: use 'chunk' or 'row'")
+        self.draws = draws
+        # rows that share one random stream: each chunk of batch_size rows draws from its own generator,
+        # or (draws="row") every row from its own
+        self.seed_block = batch_size if draws == "chunk" else 1
         # transformers >= 5.2x renamed the cache argument of forward() from `past_key_values` to `cache`
         params = inspect.signature(unwrap(model).forward).parameters  # a PeftModel passes its kwargs on
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
@@ -281,13 +310,14 @@ class TorchEngine:
 
         The same seed, prompts and batch size give the same samples. Each chunk of `batch_size`
         prompts draws from its own generator seeded by (seed, chunk index), so results do not
-        depend on what else was in the call.
+        depend on what else was in the call; with draws="row" each row draws from its own stream,
+        seeded by (seed, first_row + its index), whatever the batch size.
 
         temperature=0 is greedy decoding (evaluation only; the config refuses it for training): the
         most likely token at every step, the seed unused, and `logprobs` those of the untempered
         model (temperature 1), since the greedy point mass would give 0 for every token.
         """
-        if first_row % self.batch_size:
+        if first_row % self.seed_block:
             raise ValueError(f"first_row={first_row} is not a multiple of the engine's batch size {self.batch_size}")
         was_training = self.model.training
         self.model.eval()
@@ -299,6 +329,7 @@ class TorchEngine:
                     temperature=temperature,
                     top_p=top_p,
                     seed=row_seed(seed, (first_row + i) // self.batch_size),  # one seed per block of batch_size rows
+                    row_seeds=(seed, first_row + i) if self.draws == "row" else None,
                 )
                 for i in range(0, len(prompts), self.batch_size)
             ]
@@ -306,7 +337,7 @@ class TorchEngine:
             self.model.train(was_training)
         return concat_rollouts(chunks, self.pad_token_id)
 
-    def _generate_chunk(self, prompts, *, max_new_tokens, temperature, top_p, seed) -> RolloutBatch:
+    def _generate_chunk(self, prompts, *, max_new_tokens, temperature, top_p, seed, row_seeds=None) -> RolloutBatch:
         """One chunk of rows. With tools (`self.tools`), a row whose sampled token closes a call gets the
         call's observation as forced tokens, on one of two schedules (`tool_delay_steps`, D):
 
@@ -321,7 +352,10 @@ class TorchEngine:
           still running.
 
         The calls run in parallel in the tool pool; on either schedule the samples never depend on how
-        long a tool took (the same seed gives the same episodes)."""
+        long a tool took (the same seed gives the same episodes).
+
+        `row_seeds` (draws="row"): (the call's seed, the call row of the chunk's first row); each row's
+        token at response column c is drawn with `row_uniforms`' [row, c], whatever the other rows do."""
         device = next(self.model.parameters()).device
         generator = torch.Generator(device=device).manual_seed(seed)
         prompt_ids, prompt_mask = left_pad(prompts, self.pad_token_id)
@@ -329,8 +363,15 @@ class TorchEngine:
         episodes = self.tools.start(prompt_ids.shape[0], prompts) if self.tools is not None else None
         d = self._prefill(prompt_ids, prompt_mask, max_new_tokens, with_observations=episodes is not None)
 
-        def sample(logits):
-            return _next_token(logits, temperature, top_p, generator)  # [A], [A]
+        uniforms = None
+        if row_seeds is not None and temperature != 0:
+            uniforms = row_uniforms(*row_seeds, prompt_ids.shape[0], max_new_tokens, device)  # [N, T]
+
+        def sample(logits, rows):
+            """A token for each of the output rows `rows` ([S]) from their logits ([S, V])."""
+            if uniforms is None:
+                return _next_token(logits, temperature, top_p, generator)  # [S], [S]
+            return _next_token(logits, temperature, top_p, None, uniforms[rows, d.column[rows]][:, None])
 
         if episodes is not None and self.tool_delay_steps > 0:
             self._decode_forced(d, episodes, max_new_tokens=max_new_tokens, sample=sample)
@@ -342,7 +383,7 @@ class TorchEngine:
         """The decode loop of single-turn responses (`episodes` None) and of episodes with D = 0: every
         active row samples at every step."""
         for t in range(max_new_tokens):
-            token, token_logprob = sample(d.logits)  # [A], [A]
+            token, token_logprob = sample(d.logits, d.rows)  # [A], [A]
             done = d.record(token, token_logprob, eos_token_id=self.eos_token_id)
             called = []  # indices into the active rows of the calls this token closed
             if episodes is None:
@@ -434,8 +475,8 @@ class TorchEngine:
         if free:
             every = len(free) == len(rows)
             index = None if every else torch.tensor(free, dtype=torch.long, device=d.rows.device)
-            token, token_logprob = sample(d.logits if every else d.logits[index])  # [S], [S]
             at = d.rows if every else d.rows[index]
+            token, token_logprob = sample(d.logits if every else d.logits[index], at)  # [S], [S]
             done = d.record(token, token_logprob, eos_token_id=self.eos_token_id, rows=at)
             inputs[free] = token
             stop[free] = done

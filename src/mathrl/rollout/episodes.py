@@ -30,9 +30,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from mathrl.config.shared import CUT_NOTE
 from mathrl.registry import TOOL_FORMATS
-
-CUT_NOTE = "\n...[{cut} tokens cut]...\n"  # said inside an observation cut in the middle
 
 
 @dataclass(frozen=True)
@@ -109,7 +108,7 @@ def call_format(name: str, tags=None) -> CallFormat:
 def cut_middle(ids: list[int], limit: int, note) -> list[int]:
     """`ids` when it holds at most `limit` tokens; else its head and tail around `note(cut)` (the token
     ids of a note saying how many were cut), `limit` tokens in all. A limit too small for the note
-    keeps the first `limit` tokens."""
+    keeps the first `limit` tokens, silently: the config refuses such a limit (`note_room`)."""
     if len(ids) <= limit:
         return ids
     keep = limit - len(note(len(ids) - limit))
@@ -120,6 +119,13 @@ def cut_middle(ids: list[int], limit: int, note) -> list[int]:
     marker = note(len(ids) - keep)
     head = (keep + 1) // 2
     return ids[:head] + marker + ids[len(ids) - (keep - head):]
+
+
+def note_room(tokenizer) -> int:
+    """The shortest observation limit whose cut says so with `tokenizer`: the cut note with a 7-digit
+    count, and a token of output either side (config.shared.MIN_OBSERVATION_TOKENS bounds it at one
+    token per character before any tokenizer loads)."""
+    return len(tokenizer(CUT_NOTE.format(cut=9_999_999), add_special_tokens=False)["input_ids"]) + 2
 
 
 @dataclass

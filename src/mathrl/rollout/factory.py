@@ -16,11 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from mathrl.config.shared import ConfigError
 from mathrl.model.lora import plain_weights
 from mathrl.registry import ENGINES
 from mathrl.rollout.base import Engine
 from mathrl.rollout.engine import TorchEngine
-from mathrl.rollout.episodes import ToolUse, call_format
+from mathrl.rollout.episodes import ToolUse, call_format, note_room
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,11 @@ def build_tool_use(cfg, tokenizer) -> ToolUse | None:
     r = cfg.rollout
     if not r.tools:
         return None
+    need = note_room(tokenizer)  # the config's check counts a token per character; a tokenizer may spend more
+    if r.observation_max_tokens < need:
+        raise ConfigError(f"rollout.observation_max_tokens={r.observation_max_tokens} leaves no room for the note a cut "
+                          f"observation carries ({need - 2} tokens with this tokenizer, and a token of output either "
+                          f"side); use >= {need}")
     from mathrl.tools import ToolPool, ToolSpec
 
     pool = ToolPool([ToolSpec(name=t.name, fn=t.fn, kwargs=dict(t.kwargs), timeout_s=t.timeout_s,
@@ -66,7 +72,7 @@ def build_torch_engine(cfg, *, model, tokenizer, model_path: str | Path) -> Engi
     """Samples from `model` itself."""
     return TorchEngine(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                        batch_size=cfg.rollout.batch_size, tools=build_tool_use(cfg, tokenizer),
-                       decode=cfg.rollout.decode, tool_delay_steps=cfg.rollout.tool_delay_steps)
+                       decode=cfg.rollout.decode, tool_delay_steps=cfg.rollout.tool_delay_steps, draws=cfg.rollout.draws)
 
 
 def build_vllm_engine(cfg, *, model, tokenizer, model_path: str | Path) -> Engine:

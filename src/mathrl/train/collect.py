@@ -90,15 +90,22 @@ def generate_and_score(cfg: Config, prompts: list[list[int]], problems: list[Pro
     draw the same samples whenever each rank's share is a multiple of rollout.batch_size, and the same
     step sees the same batch on every rank. A rank holding part of a shard samples it with a seed of
     its own (`shard_seed`'s offset): then the samples differ from one process's, drawn as independently.
-    (The rule: shards.py.)
+    (The rule: shards.py.) With rollout.draws=row every row is seeded by (seed, its place in the
+    call), so the samples depend neither on rollout.batch_size nor on the number of ranks.
     """
     pieces = rank_pieces(len(prompts), cfg.rollout.n, cfg.rollout.batch_size, ranks.rank, ranks.world_size)
     lo, hi = (pieces[0].start, pieces[-1].end) if pieces else (0, 0)  # this rank's rows
+
+    def seeds(p):
+        if cfg.rollout.draws == "row":
+            return {"seed": seed, "first_row": p.start}
+        return {"seed": shard_seed(seed, p.shard, p.offset)}
+
     t0 = time.time()
     shards = [
         engine.generate(
             prompts[p.start : p.end], max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
-            top_p=cfg.rollout.top_p, seed=shard_seed(seed, p.shard, p.offset),
+            top_p=cfg.rollout.top_p, **seeds(p),
         )
         for p in pieces
     ]
