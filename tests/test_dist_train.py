@@ -268,6 +268,30 @@ def test_a_finished_run_rerun_with_two_ranks_says_so_once(env, tmp_path: Path) -
     assert (done.stdout + done.stderr).count("holds a finished run") == 1, done.stdout + done.stderr
 
 
+@pytest.mark.slow
+def test_float16_two_ranks_follow_one_process(env, tmp_path: Path) -> None:
+    # model.dtype=float16 under FSDP2 on gloo: fp16 MixedPrecisionPolicy (fp32 reduction) and the
+    # ShardedGradScaler, whose inf check is all-reduced so both ranks keep one scale. Step 1 samples
+    # from the same float16 engine weights as one process (identical rollouts); its update computes in
+    # float16 by another route (FSDP casts every parameter, the embedding included; autocast only the
+    # matrix products' operands), so the losses agree to 1e-2 relative and the gradient norm to 3e-2
+    # (measured 1.1%), not to RTOL; a gradient left scaled or normalised per rank would be off by a factor
+    # 65536 or 2. The loss scale and the skips agree exactly.
+    fp16 = ("model.dtype=float16", "train.steps=2", "eval.every=2", "train.save_every=2",
+            "algo.entropy.mode=fixed", "algo.entropy.coef=0.01")
+    one, two = tmp_path / "one16", tmp_path / "two16"
+    mathrl_train(env, one, *fp16)
+    mathrl_train(env, two, *fp16, nproc=2)
+    a, b = metrics(one), metrics(two)
+    for step in (1, 2):
+        for key in ("actor/loss_scale", "actor/skipped_inf_steps", "actor/updates", *(k for k in a[step] if k.startswith(EXACT))):
+            assert a[step][key] == b[step][key], (step, key)
+        for key, rel in (("actor/pg_loss", 1e-2), ("actor/entropy", 1e-2), ("actor/grad_norm", 3e-2)):
+            assert math.isfinite(b[step][key]) and math.isclose(a[step][key], b[step][key], rel_tol=rel, abs_tol=1e-4), (step, key)
+    state = json.loads((two / "checkpoints" / "step_000002" / "trainer_state.json").read_text())
+    assert state["loss_scalers"]["policy"]["scale"] == a[2]["actor/loss_scale"]
+
+
 def _cut_at(run: Path, step: int, dest: Path) -> Path:
     """A copy of finished run `run` as it was when killed right after checkpoint `step`."""
     shutil.copytree(run, dest)
