@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -132,6 +133,8 @@ def test_two_step_float16_run_trains_in_float32_and_samples_in_float16(tmp_path,
             assert isinstance(value, (int, float)) and math.isfinite(value), (key, value)
         assert row["actor/loss_scale"] > 0 and "actor/skipped_inf_steps" in row
         assert row["rollout/logprob_mismatch"] > 0  # float16 engine vs float16 autocast: recomputed, compared
+    glossary = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
+    assert "`actor/loss_scale`" in glossary and "`actor/skipped_inf_steps`" in glossary
     # what the run holds: float32 master weights and optimizer, a float16 engine copy, a scaler
     t = build_trainer(load_config(None, [*TINY, "model.dtype=float16", f"run_dir={tmp_path / 'other'}"]),
                       Ranks(),
