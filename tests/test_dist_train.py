@@ -177,19 +177,34 @@ def one_rank(env, tmp_path_factory) -> Path:
     return run
 
 
-@pytest.mark.slow
-def test_two_ranks_match_one_process_and_only_rank_0_writes(two_ranks: Path, one_rank: Path) -> None:
-    two, one = metrics(two_ranks), metrics(one_rank)
-    assert sorted(two) == list(range(0, 7))  # one row per step: rank 1 logged nothing
+# The policy loss of a step, 2 ranks vs 1 process: the same samples, and the loss's pieces summed in
+# another order over the ranks' rows (~1e-8 here); a per-rank instead of a global normaliser, or a
+# sequence-level loss (gspo, cispo's aggregation) that counts a row on two ranks, would be off by far more.
+PG_LOSS_ATOL = 1e-6
+
+
+def rollouts(run: Path, step: int) -> list[dict]:
+    return [r for r in map(json.loads, (run / "rollouts.jsonl").read_text().splitlines()) if r["step"] == step]
+
+
+def assert_two_ranks_follow_one(one_rank: Path, two_ranks: Path) -> None:
+    """Steps 1 and 2 of the two runs: the same metrics (to RTOL, the policy loss to PG_LOSS_ATOL) and samples."""
+    one, two = metrics(one_rank), metrics(two_ranks)
     assert_same_steps(one, two, steps=[1, 2])
+    for step in (1, 2):
+        assert abs(one[step]["actor/pg_loss"] - two[step]["actor/pg_loss"]) <= PG_LOSS_ATOL, step
     # the samples themselves (rank 0 wrote the step's first rollouts): identical at step 1; at step 2
     # the same tokens (logprobs may differ in the 5th decimal: weights within float error). Later steps
     # may draw different samples once float differences reach a sampling boundary.
-    def rollouts(run: Path, step: int) -> list[dict]:
-        return [r for r in map(json.loads, (run / "rollouts.jsonl").read_text().splitlines()) if r["step"] == step]
-
     assert rollouts(two_ranks, 1) == rollouts(one_rank, 1)
     assert [r["token_ids"] for r in rollouts(two_ranks, 2)] == [r["token_ids"] for r in rollouts(one_rank, 2)]
+
+
+@pytest.mark.slow
+def test_two_ranks_match_one_process_and_only_rank_0_writes(two_ranks: Path, one_rank: Path) -> None:
+    two = metrics(two_ranks)
+    assert sorted(two) == list(range(0, 7))  # one row per step: rank 1 logged nothing
+    assert_two_ranks_follow_one(one_rank, two_ranks)
     ckpt = two_ranks / "checkpoints" / "step_000006"
     assert (ckpt / "optimizer" / ".metadata").is_file()  # sharded optimizer state (DCP)
     assert (ckpt / "model.safetensors").is_file() and (two_ranks / "final" / "model.safetensors").is_file()
@@ -200,6 +215,19 @@ def test_two_ranks_match_one_process_and_only_rank_0_writes(two_ranks: Path, one
     evals_one = [json.loads(line) for line in (one_rank / "evals.jsonl").read_text().splitlines()]
     assert [e["step"] for e in evals] == [0, 3, 6]
     assert evals[0]["pass_at_1"] == evals_one[0]["pass_at_1"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss", ["gspo", "cispo"])
+def test_sequence_and_clipped_weight_losses_two_ranks_match_one_process(env, tmp_path: Path, loss: str) -> None:
+    # GSPO (one ratio per sequence, seq-mean-token-mean) and CISPO (a clipped, detached IS weight):
+    # 2 training steps, 1 process vs 2 ranks, the same samples and the same loss to PG_LOSS_ATOL.
+    extra = (f"algo.policy_loss={loss}", "train.steps=2", "eval.every=2", "train.save_every=2")
+    one, two = tmp_path / "one", tmp_path / "two"
+    mathrl_train(env, one, *extra)
+    mathrl_train(env, two, *extra, nproc=2)
+    assert_two_ranks_follow_one(one, two)
+    assert any(metrics(one)[step]["actor/pg_loss"] != 0 for step in (1, 2))  # a loss that trained
 
 
 def _rank_pids(run_dir: Path) -> dict[int, int]:
