@@ -107,7 +107,7 @@ class UpdateLog:
 def loss_scaler(cfg: Config, device: torch.device, *, distributed: bool):
     """The dynamic loss scaler of model.dtype=float16, None otherwise. Several ranks: FSDP's
     ShardedGradScaler, which all-reduces the inf check, so every rank skips the same steps and keeps the
-    same scale (its unscale works on FSDP2's DTensor gradients, tests/test_fp16.py)."""
+    same scale (its unscale works on FSDP2's DTensor gradients: tests/test_dist_train.py, float16)."""
     if cfg.model.dtype != "float16":
         return None
     if distributed:
