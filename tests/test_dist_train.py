@@ -178,8 +178,9 @@ def one_rank(env, tmp_path_factory) -> Path:
 
 
 # The policy loss of a step, 2 ranks vs 1 process: the same samples, and the loss's pieces summed in
-# another order over the ranks' rows (measured 1e-8 to 3e-8 for ppo_clip, gspo and cispo); a per-rank instead of a global normaliser, or a
-# sequence-level loss (gspo, cispo's aggregation) that counts a row on two ranks, would be off by far more.
+# another order over the ranks' rows (measured 1e-8 to 3e-8 for ppo_clip, gspo and cispo); a per-rank
+# instead of a global normaliser, or a sequence-level loss (gspo) that counts a row on two ranks, would
+# be off by far more.
 PG_LOSS_ATOL = 1e-6
 
 
