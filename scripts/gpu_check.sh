@@ -2,7 +2,8 @@
 # The checks that need a GPU, as one script that fits 8 minutes on one GPU: the default job and a real
 # architecture trained under torchrun (1 rank, FSDP2, bf16 mixed precision, NCCL) with the torch rollout
 # engine, the engine-vs-trainer logprob mismatch, the update's MFU, a killed run resumed from its
-# checkpoint, the memory plan against the measured peak, rollout throughput, the sampler, the memory of
+# checkpoint, the memory plan against the measured peak, rollout throughput, the rollout/trainer logprob
+# gap in float16 against bfloat16, the sampler, the memory of
 # the chunked logprobs, a LoRA run, and generation in a process of its own sharing the trainer's GPU
 # (rollout.max_staleness=1, weights over gloo).
 #
@@ -23,7 +24,7 @@
 # first lines and the last line say where).
 #
 # Time: it prints one line per check (name, ok / FAILED / skip, its key number, seconds) and exits 1 if
-# any check failed. Every check has a time limit; the limits sum to 435 s, under the budget that all
+# any check failed. Every check has a time limit; the limits sum to 440 s, under the budget that all
 # checks share (--budget, default 450 s on the GPU: with the summary, under 8 minutes). A check may run
 # past its own limit into the budget's slack (what the earlier checks left unused, less what the later
 # ones reserve), so a slow check borrows from fast ones and never from the checks after it. A check the
@@ -45,10 +46,11 @@ cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}
 device_call='command="bash scripts/gpu_check.sh --report \"$OUT\"" carry=[".gpu_wheels"] timeout_s=480'
 # each check's own time limit (s), in the order they run; vllm (only where vLLM imports) gets what is left
-order=(env deps base train disagg update_mfu resume workload memory_plan rollout_engines sampler_speed
+order=(env deps base train disagg update_mfu resume workload memory_plan rollout_engines fp16_gap sampler_speed
        entropy_memory weight_sync lora)
-declare -A limit=([env]=20 [deps]=20 [base]=15 [train]=40 [disagg]=45 [update_mfu]=40 [resume]=45 [workload]=60
-                  [memory_plan]=15 [rollout_engines]=40 [sampler_speed]=15 [entropy_memory]=20 [weight_sync]=20 [lora]=40 [vllm]=0)
+declare -A limit=([env]=20 [deps]=20 [base]=15 [train]=40 [disagg]=45 [update_mfu]=40 [resume]=45 [workload]=50
+                  [memory_plan]=15 [rollout_engines]=35 [fp16_gap]=20 [sampler_speed]=15 [entropy_memory]=20
+                  [weight_sync]=20 [lora]=40 [vllm]=0)
 declare -A needs=([train]=base [disagg]=base [resume]=base [lora]=base [memory_plan]=workload)
 limit_sum=0
 for name in "${order[@]}"; do limit_sum=$((limit_sum + limit[$name])); done
@@ -119,6 +121,7 @@ if (( dry )); then
   resume=(train.steps=6 train.save_every=2 rollout.prompts_per_step=4 rollout.n=4 train.mini_batch_size=16
           rollout.max_new_tokens=16 data.eval_size=4 eval.n=1 eval.every=1000)
   engines=(--device cpu --batch 8 --max-new-tokens 8 --repeats 1 --runners torch lean hf)
+  fp16=(--device cpu --batch 4 --max-new-tokens 8)
   sampler=(--device cpu --rows 4 --vocab 32000 --threads 1)
   entropy=(--device cpu --positions 64 --vocab 4096 --hidden 64 --chunk-size 32 --threads 1)
   wsync=(--device cpu --mb 16 --repeats 2)
@@ -136,6 +139,7 @@ else
   mfu=(--device cuda --arch qwen2.5-1.5b --batch 8 --prompt 128 --response 896 --steps 5 --warmup 2)
   resume=(train.steps=4 train.save_every=2 data.eval_size=16 eval.n=1 eval.every=1000)
   engines=(--device cuda --dtype bfloat16 --arch qwen2.5-0.5b --batch 128 --max-new-tokens 64 --repeats 2)
+  fp16=(--device cuda --arch qwen2.5-0.5b --batch 64 --max-new-tokens 64)
   sampler=(--device cuda --rows 256)
   entropy=(--device cuda --positions 1024 4096)
   wsync=(--device cuda --mb 1024 --repeats 3)  # a generator sharing the trainer's one GPU: gloo through host memory
@@ -452,6 +456,21 @@ print(', '.join(f'{n} {v[\"tokens_per_second_median\"]:.0f} tokens/s (mean logpr
                 for n, v in r.items()))" "$out/rollout_engines.json"
 }
 check rollout_engines "$py" benchmarks/rollout_engines.py "${engines[@]}" --out "$out/rollout_engines.json"
+
+# the rollout/trainer logprob gap in float16 against bfloat16 (arXiv 2510.26788): the engine samples from a
+# float16 (bfloat16) copy of the weights, the trainer scores under float16 (bfloat16) autocast; the ratio of
+# the two mean |logprob_rollout - logprob_trainer| over response tokens (benchmarks/precision_mismatch.py)
+key_fp16_gap() {
+  "$py" -c "
+import json, math, sys
+d = json.load(open(sys.argv[1]))
+g = {k: v['mean_abs_gap'] for k, v in d['results'].items()}
+if not all(math.isfinite(v) for v in [*g.values(), d['ratio']]):
+    sys.exit(f'a gap is not finite: {g}')
+print(f'ratio float16 / bfloat16 {d[\"ratio\"]:.3f} (mean |gap| {g[\"float16\"]:.1e} vs {g[\"bfloat16\"]:.1e})')" \
+    "$out/fp16_gap.json"
+}
+check fp16_gap "$py" benchmarks/precision_mismatch.py "${fp16[@]}" --out "$out/fp16_gap.json"
 
 # one sampling call: the engine's sampler vs torch.multinomial, at the largest vocabulary
 key_sampler_speed() {

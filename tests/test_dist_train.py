@@ -177,19 +177,35 @@ def one_rank(env, tmp_path_factory) -> Path:
     return run
 
 
-@pytest.mark.slow
-def test_two_ranks_match_one_process_and_only_rank_0_writes(two_ranks: Path, one_rank: Path) -> None:
-    two, one = metrics(two_ranks), metrics(one_rank)
-    assert sorted(two) == list(range(0, 7))  # one row per step: rank 1 logged nothing
+# The policy loss of a step, 2 ranks vs 1 process: the same samples, and the loss's pieces summed in
+# another order over the ranks' rows (measured 1e-8 to 3e-8 for ppo_clip, gspo and cispo); a per-rank
+# instead of a global normaliser, or a sequence-level loss (gspo) that counts a row on two ranks, would
+# be off by far more.
+PG_LOSS_ATOL = 1e-6
+
+
+def rollouts(run: Path, step: int) -> list[dict]:
+    return [r for r in map(json.loads, (run / "rollouts.jsonl").read_text().splitlines()) if r["step"] == step]
+
+
+def assert_two_ranks_follow_one(one_rank: Path, two_ranks: Path) -> None:
+    """Steps 1 and 2 of the two runs: the same metrics (to RTOL, the policy loss to PG_LOSS_ATOL) and samples."""
+    one, two = metrics(one_rank), metrics(two_ranks)
     assert_same_steps(one, two, steps=[1, 2])
+    for step in (1, 2):
+        assert abs(one[step]["actor/pg_loss"] - two[step]["actor/pg_loss"]) <= PG_LOSS_ATOL, step
     # the samples themselves (rank 0 wrote the step's first rollouts): identical at step 1; at step 2
     # the same tokens (logprobs may differ in the 5th decimal: weights within float error). Later steps
     # may draw different samples once float differences reach a sampling boundary.
-    def rollouts(run: Path, step: int) -> list[dict]:
-        return [r for r in map(json.loads, (run / "rollouts.jsonl").read_text().splitlines()) if r["step"] == step]
-
     assert rollouts(two_ranks, 1) == rollouts(one_rank, 1)
     assert [r["token_ids"] for r in rollouts(two_ranks, 2)] == [r["token_ids"] for r in rollouts(one_rank, 2)]
+
+
+@pytest.mark.slow
+def test_two_ranks_match_one_process_and_only_rank_0_writes(two_ranks: Path, one_rank: Path) -> None:
+    two = metrics(two_ranks)
+    assert sorted(two) == list(range(0, 7))  # one row per step: rank 1 logged nothing
+    assert_two_ranks_follow_one(one_rank, two_ranks)
     ckpt = two_ranks / "checkpoints" / "step_000006"
     assert (ckpt / "optimizer" / ".metadata").is_file()  # sharded optimizer state (DCP)
     assert (ckpt / "model.safetensors").is_file() and (two_ranks / "final" / "model.safetensors").is_file()
@@ -200,6 +216,19 @@ def test_two_ranks_match_one_process_and_only_rank_0_writes(two_ranks: Path, one
     evals_one = [json.loads(line) for line in (one_rank / "evals.jsonl").read_text().splitlines()]
     assert [e["step"] for e in evals] == [0, 3, 6]
     assert evals[0]["pass_at_1"] == evals_one[0]["pass_at_1"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss", ["gspo", "cispo"])
+def test_sequence_and_clipped_weight_losses_two_ranks_match_one_process(env, tmp_path: Path, loss: str) -> None:
+    # GSPO (one ratio per sequence, seq-mean-token-mean) and CISPO (a clipped, detached IS weight):
+    # 2 training steps, 1 process vs 2 ranks, the same samples and the same loss to PG_LOSS_ATOL.
+    extra = (f"algo.policy_loss={loss}", "train.steps=2", "eval.every=2", "train.save_every=2")
+    one, two = tmp_path / "one", tmp_path / "two"
+    mathrl_train(env, one, *extra)
+    mathrl_train(env, two, *extra, nproc=2)
+    assert_two_ranks_follow_one(one, two)
+    assert any(metrics(one)[step]["actor/pg_loss"] != 0 for step in (1, 2))  # a loss that trained
 
 
 def _rank_pids(run_dir: Path) -> dict[int, int]:
@@ -266,6 +295,30 @@ def test_a_finished_run_rerun_with_two_ranks_says_so_once(env, tmp_path: Path) -
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (done.stdout + done.stderr).count("holds a finished run") == 1, done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_float16_two_ranks_follow_one_process(env, tmp_path: Path) -> None:
+    # model.dtype=float16 under FSDP2 on gloo: fp16 MixedPrecisionPolicy (fp32 reduction) and the
+    # ShardedGradScaler, whose inf check is all-reduced so both ranks keep one scale. Step 1 samples
+    # from the same float16 engine weights as one process (identical rollouts); its update computes in
+    # float16 by another route (FSDP casts every parameter, the embedding included; autocast only the
+    # matrix products' operands), so the losses agree to 1e-2 relative and the gradient norm to 3e-2
+    # (measured 1.1%), not to RTOL; a gradient left scaled or normalised per rank would be off by a factor
+    # 65536 or 2. The loss scale and the skips agree exactly.
+    fp16 = ("model.dtype=float16", "train.steps=2", "eval.every=2", "train.save_every=2",
+            "algo.entropy.mode=fixed", "algo.entropy.coef=0.01")
+    one, two = tmp_path / "one16", tmp_path / "two16"
+    mathrl_train(env, one, *fp16)
+    mathrl_train(env, two, *fp16, nproc=2)
+    a, b = metrics(one), metrics(two)
+    for step in (1, 2):
+        for key in ("actor/loss_scale", "actor/skipped_inf_steps", "actor/updates", *(k for k in a[step] if k.startswith(EXACT))):
+            assert a[step][key] == b[step][key], (step, key)
+        for key, rel in (("actor/pg_loss", 1e-2), ("actor/entropy", 1e-2), ("actor/grad_norm", 3e-2)):
+            assert math.isfinite(b[step][key]) and math.isclose(a[step][key], b[step][key], rel_tol=rel, abs_tol=1e-4), (step, key)
+    state = json.loads((two / "checkpoints" / "step_000002" / "trainer_state.json").read_text())
+    assert state["loss_scalers"]["policy"]["scale"] == a[2]["actor/loss_scale"]
 
 
 def _cut_at(run: Path, step: int, dest: Path) -> Path:

@@ -27,9 +27,13 @@ import torch
 torch.set_num_threads(1)
 from rich.console import Console
 from mathrl.config import load_config
-from mathrl.train import checkpoint, loop, step
+from mathrl.train import checkpoint, loop, step, trainer
 
 overrides, mode, kill_step = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+if os.environ.get("FAST_SCALER"):  # float16: a scale that doubles after every good step, so that it moves
+    # (up, and down after an overflow) from update to update and a resume must restore it exactly
+    trainer.loss_scaler = lambda cfg, device, *, distributed: torch.amp.GradScaler(
+        device.type, init_scale=2.0**20, growth_interval=1)
 if mode == "kill_in_step":  # die in the middle of step K, after its rollout, inside the update
     real_update = step.update_policy
     def update_then_die(*args, step, **kwargs):
@@ -60,10 +64,11 @@ OVERRIDES = [
 PPO = ["algo.adv.estimator=gae", "algo.critic.pretrain_steps=1", "algo.critic.lr=1e-3"]
 
 
-def run(tmp_path: Path, run_dir: Path, mode: str = "plain", kill_step: int = 0, extra: tuple[str, ...] = ()) -> int:
+def run(tmp_path: Path, run_dir: Path, mode: str = "plain", kill_step: int = 0, extra: tuple[str, ...] = (),
+        env_extra: dict[str, str] | None = None) -> int:
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
-    env = {**os.environ, "MATHRL_CACHE": str(tmp_path / "cache")}
+    env = {**os.environ, "MATHRL_CACHE": str(tmp_path / "cache"), **(env_extra or {})}
     args = [sys.executable, str(driver), json.dumps([*OVERRIDES, *extra, f"run_dir={run_dir}"]), mode, str(kill_step)]
     return subprocess.run(args, env=env, capture_output=True, timeout=600).returncode
 
@@ -107,6 +112,25 @@ def test_killed_ppo_run_with_a_critic_resumes_exactly(reference):
     assert run(tmp, run_dir, "kill_in_step", 4, extra=tuple(PPO)) == -signal.SIGKILL
     assert (latest_checkpoint(run_dir / "checkpoints") / "critic" / "model.safetensors").is_file()
     assert run(tmp, run_dir, extra=tuple(PPO)) == 0
+    assert training_rows(run_dir) == expected
+
+
+@pytest.mark.slow
+def test_killed_float16_run_resumes_with_its_loss_scales(reference):
+    # model.dtype=float16 with a critic: the policy's and the critic's loss scalers (scale and growth
+    # tracker) are in the checkpoint. A resume that restarted them at their initial scale would log other
+    # actor/loss_scale values, skip other steps and train other weights.
+    tmp, _ = reference  # reuses the cached base model
+    extra, fast = ("model.dtype=float16", *PPO), {"FAST_SCALER": "1"}
+    assert run(tmp, tmp / "fp16_uninterrupted", extra=extra, env_extra=fast) == 0
+    expected = training_rows(tmp / "fp16_uninterrupted")
+    scales = [r["actor/loss_scale"] for r in expected if "actor/loss_scale" in r]
+    assert len(scales) == 6 and len(set(scales)) > 1 and all("critic/loss_scale" in r for r in expected if "actor/pg_loss" in r)
+    run_dir = tmp / "fp16_killed"
+    assert run(tmp, run_dir, "kill_in_step", 4, extra=extra, env_extra=fast) == -signal.SIGKILL
+    saved = json.loads((latest_checkpoint(run_dir / "checkpoints") / "trainer_state.json").read_text())
+    assert set(saved["loss_scalers"]) == {"policy", "critic"}
+    assert run(tmp, run_dir, extra=extra, env_extra=fast) == 0
     assert training_rows(run_dir) == expected
 
 

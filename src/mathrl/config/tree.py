@@ -108,7 +108,7 @@ class LoraConfig:
 @dataclass
 class ModelConfig:
     path: Text = TINY_BASE  # "tiny-arith" (built locally from `base`) or a Hugging Face model directory / hub id
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # weights and compute precision
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # weights and compute precision; float16: float32 master weights, float16 autocast, a dynamic loss scaler and float16 rollouts (docs/guide.md, Precision)
     logprob_chunk_size: Count = 1024  # positions per chunk when computing logprobs and entropy
     gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, more time)
     max_position_embeddings: Positions | None = None  # raise (or lower) the model's context, config.json's max_position_embeddings, for the trainer and vLLM alike; null: the model's own
@@ -407,7 +407,7 @@ class DistConfig:
     """Data-parallel training under torchrun (train/dist.py); ignored in a single process."""
 
     timeout_s: Annotated[float, positive("seconds a collective may wait for the other ranks")] = 1800.0  # collective timeout: a rank that died or hangs stops the job after this long (covers rank 0's evaluations)
-    mixed_precision: bool = True  # on CUDA: FSDP2 bf16 parameters in forward/backward, fp32 gradient reduction (CPU runs in model.dtype)
+    mixed_precision: bool = True  # on CUDA: FSDP2 bf16 parameters in forward/backward, fp32 gradient reduction (CPU runs in model.dtype); model.dtype=float16 always casts to fp16 instead
     cpu_offload: bool = False  # FSDP2 keeps the sharded parameters, gradients and optimizer state in CPU memory
 
 

@@ -286,11 +286,12 @@ def estimate_memory(
     `gpus=0` is a CPU run (everything in host memory, checked against `host_mem_gib` when given);
     `mixed_precision=False` computes in `model.dtype` instead of bfloat16 when that is float32 (as on a CPU).
     """
+    from mathrl.model.dtypes import trainer_dtype  # here: the plan itself imports no torch
     tgpus = _check_machine(cfg, gpus, gpu_mem_gib, trainer_gpus, host_mem_gib)
     a = arch or architecture_of(cfg)
     n, on_gpu = max(1, len(tgpus)), gpus > 0
-    pb = _BYTES[cfg.model.dtype]
-    cb = 2 if on_gpu and mixed_precision and cfg.model.dtype == "float32" else pb  # bf16 mixed precision on GPUs
+    pb = _BYTES[trainer_dtype(cfg.model.dtype)]  # float16: float32 master weights and AdamW state
+    cb = 2 if cfg.model.dtype == "float16" or (on_gpu and mixed_precision and cfg.model.dtype == "float32") else pb
     c, notes, other = _trainer_states(cfg, a, n=n, pb=pb, cb=cb, on_gpu=on_gpu)
     # Gradients exist only during an update (zero_grad(set_to_none=True) frees them after each
     # optimizer step); weights and optimizer states stay for the whole run. The policy and the critic
@@ -345,19 +346,20 @@ def _trainer_states(cfg: Config, a: Architecture, *, n: int, pb: int, cb: int, o
                     ) -> tuple[dict[str, int], dict[str, str], int]:
     """The trainer's components per GPU (params to critic, no engine), their notes, and the activations
     with the other gradient_checkpointing setting."""
+    from mathrl.model.dtypes import trainer_dtype  # here: the plan itself imports no torch
     shard = lambda x: math.ceil(x / n)  # noqa: E731 - FSDP pads shards to equal size
     c: dict[str, int] = {}
     notes: dict[str, str] = {}
     lora = a.lora_params > 0  # model.lora: frozen base weights; adapters, their gradients and AdamW states
     trained, trained_tensors = (a.lora_params, a.lora_param_tensors) if lora else (a.params, a.param_tensors)
     c["params"] = shard((a.params + a.lora_params) * pb)
-    notes["params"] = f"{a.params:,} x {pb} B ({cfg.model.dtype}) / {n} GPUs"
+    notes["params"] = f"{a.params:,} x {pb} B ({trainer_dtype(cfg.model.dtype)}) / {n} GPUs"
     if lora:
-        notes["params"] = f"({a.params:,} frozen + {a.lora_params:,} LoRA) x {pb} B ({cfg.model.dtype}) / {n} GPUs"
+        notes["params"] = f"({a.params:,} frozen + {a.lora_params:,} LoRA) x {pb} B ({trainer_dtype(cfg.model.dtype)}) / {n} GPUs"
     c["grads"] = shard(trained * pb)
     notes["grads"] = f"the LoRA adapters' only, {a.lora_params:,} x {pb} B / {n}" if lora else "same as params"
     c["optimizer"] = shard(2 * trained * pb + 4 * trained_tensors)
-    notes["optimizer"] = (f"AdamW exp_avg + exp_avg_sq ({cfg.model.dtype}) + float32 step per tensor"
+    notes["optimizer"] = (f"AdamW exp_avg + exp_avg_sq ({trainer_dtype(cfg.model.dtype)}) + float32 step per tensor"
                           + (f" of the {a.lora_param_tensors} LoRA tensors" if lora else "") + f", / {n}")
     gathered = (2 * a.layer_params + a.root_params) * cb
     if n > 1 or cb != pb:
@@ -390,7 +392,7 @@ def _trainer_states(cfg: Config, a: Architecture, *, n: int, pb: int, cb: int, o
                                     f"{shard(a.params * pb) / GIB:.2f} GiB)")
     elif cfg.needs_reference:
         c["reference model"] = shard(a.params * pb)
-        notes["reference model"] = f"weights only, {cfg.model.dtype} shards as loaded, / {n}"
+        notes["reference model"] = f"weights only, {trainer_dtype(cfg.model.dtype)} shards as loaded, / {n}"
         if n > 1 or cb != pb:  # its forward gathers layers in the compute dtype, as the policy's does
             c["reference model"] += gathered
             notes["reference model"] += " + its gathered layers while it scores"
@@ -469,9 +471,10 @@ def _trainer_engine(cfg: Config, a: Architecture, *, n: int, pb: int, cb: int, g
             notes[key] += f"; asleep during the update (level {v.sleep_level})"
         return c, notes, pool, 0 if v.enable_sleep_mode else pool
     rows = min(cfg.rollout.batch_size, math.ceil(cfg.rollout_batch_size / n))
-    if n > 1:
-        c["torch engine weights"] = (a.params + a.lora_params) * pb
-        notes["torch engine weights"] = f"an unsharded copy of the policy, {a.params + a.lora_params:,} x {pb} B, on every GPU"
+    if n > 1 or cfg.model.dtype == "float16":  # float16: the engine samples from a float16 copy
+        eb = _BYTES[cfg.model.dtype]
+        c["torch engine weights"] = (a.params + a.lora_params) * eb
+        notes["torch engine weights"] = f"an unsharded copy of the policy, {a.params + a.lora_params:,} x {eb} B, on every GPU"
     rows, seq_len, how = _torch_cache(cfg, rows, seq_len)
     c["torch engine KV cache"] = rows * seq_len * kv_per_token * cb
     notes["torch engine KV cache"] = f"{rows:,} sequences x {seq_len:,} tokens x {kv_per_token:,} x {cb} B{how}"
@@ -508,6 +511,7 @@ def _generator_engine(cfg: Config, a: Architecture, index: int, gpu: int | None,
 
 def _add_generators(plan: MemoryPlan, cfg: Config, *, pb: int) -> None:
     """Fill in `plan`'s generators, weight backend, kept versions (host) and staging bucket (NCCL)."""
+    from mathrl.model.dtypes import trainer_dtype  # here: the plan itself imports no torch
     workers, a = cfg.generator_workers, plan.arch
     if not workers:
         return
@@ -517,14 +521,14 @@ def _add_generators(plan: MemoryPlan, cfg: Config, *, pb: int) -> None:
         plan.backend = weight_backend(chosen, plan.trainer_gpus)
     else:
         chosen, plan.backend = [None] * workers, "gloo"
-    plan.generators = [_generator_engine(cfg, a, i, g, gpu_mem_gib=plan.gpu_mem_gib, pb=pb) for i, g in enumerate(chosen)]
+    plan.generators = [_generator_engine(cfg, a, i, g, gpu_mem_gib=plan.gpu_mem_gib, pb=_BYTES[cfg.model.dtype]) for i, g in enumerate(chosen)]
     # the trainer's rank 0 keeps the last k + 1 versions, as its state dict holds them (a tied head is a
     # second tensor there), in pinned host memory
     k = cfg.rollout.max_staleness
     elements = a.params + (a.vocab * a.hidden if a.tied else 0)
     plan.host["kept policy versions"] = (k + 1) * elements * pb
     plan.notes["kept policy versions"] = (f"{k + 1} versions (rollout.max_staleness + 1) x {elements:,} x {pb} B "
-                                          f"({cfg.model.dtype}), pinned, on the trainer's rank 0")
+                                          f"({trainer_dtype(cfg.model.dtype)}), pinned, on the trainer's rank 0")
     if plan.backend == "nccl":  # one reusable GPU bucket; a tensor larger than a bucket travels alone
         largest = max(a.vocab, a.intermediate) * a.hidden * pb
         plan.staging = min(max(int(cfg.rollout.generator.bucket_mb * 2**20), largest), elements * pb)

@@ -20,7 +20,7 @@ from mathrl.train import dist as tdist
 from mathrl.train.batching import TrainBatch
 from mathrl.train.collect import SINGLE, collect_rollouts, prepare
 from mathrl.train.dist import Ranks
-from mathrl.train.update import per_token_pass, run_updates
+from mathrl.train.update import backward, per_token_pass, run_updates
 
 
 def value_pass(critic, batch: TrainBatch, cfg: Config, *, rows: list[int] | None = None) -> torch.Tensor:
@@ -34,8 +34,9 @@ def value_pass(critic, batch: TrainBatch, cfg: Config, *, rows: list[int] | None
 
 
 def update_critic(critic, optimizer, scheduler, batch: TrainBatch, cfg: Config, *, step: int,
-                  rows: list[int] | None = None) -> dict[str, float]:
-    """Mini-batches x epochs of clipped value-loss updates (token mean over the whole mini-batch)."""
+                  rows: list[int] | None = None, scaler=None) -> dict[str, float]:
+    """Mini-batches x epochs of clipped value-loss updates (token mean over the whole mini-batch);
+    `scaler`: the critic's own loss scaler (model.dtype=float16, `update.loss_scaler`)."""
     crit = cfg.algo.critic
     sums = {"clipped": 0.0, "tokens": 0.0}
 
@@ -45,13 +46,14 @@ def update_critic(critic, optimizer, scheduler, batch: TrainBatch, cfg: Config, 
         token_loss, is_clipped = value_loss(values, micro.old_values, micro.returns, micro.loss_mask,
                                             clip_eps=crit.value_clip)
         loss = aggregate(token_loss, micro.loss_mask, mode="token_mean", num_tokens=num_tokens, num_seqs=num_seqs)
-        (loss * dp_scale()).backward()
+        backward(loss * dp_scale(), scaler)
         sums["clipped"] += float(is_clipped.sum())
         sums["tokens"] += float(micro.loss_mask.sum())
         return {"value_loss": loss.item()}
 
     log = run_updates(critic, optimizer, scheduler, batch, cfg, seed=derive_seed(cfg.seed, step + CRITIC_STREAM),
-                      mini_batch_counts=lambda mini: global_counts(mini.loss_mask), micro_step=micro_step, rows=rows)
+                      mini_batch_counts=lambda mini: global_counts(mini.loss_mask), micro_step=micro_step, rows=rows,
+                      scaler=scaler)
     sums = tdist.all_reduce_sums(sums)
     m = batch.loss_mask
     losses = log.terms["value_loss"]
@@ -62,8 +64,11 @@ def update_critic(critic, optimizer, scheduler, batch: TrainBatch, cfg: Config, 
         "critic/values_mean": float(masked_mean(batch.old_values, m)),
         "critic/returns_mean": float(masked_mean(batch.returns, m)),
         "critic/lr": log.lr,  # of the step's last update
-        "critic/skipped_updates": float(log.skipped),
+        "critic/skipped_updates": float(log.skipped - log.inf_skipped),
     }
+    if cfg.model.dtype == "float16":
+        metrics["critic/loss_scale"] = log.loss_scale
+        metrics["critic/skipped_inf_steps"] = float(log.inf_skipped)
     explained = explained_variance(batch.old_values, batch.returns, m)
     if math.isfinite(explained):  # undefined when every target is equal (e.g. every answer right)
         metrics["critic/explained_var"] = explained
@@ -71,7 +76,7 @@ def update_critic(critic, optimizer, scheduler, batch: TrainBatch, cfg: Config, 
 
 
 def pretrain_critic(cfg: Config, critic, optimizer, scheduler, *, train_stream: ProblemStream, engine, tokenizer,
-                    verifier, console: Console, ranks: Ranks = SINGLE) -> dict[str, float]:
+                    verifier, console: Console, ranks: Ranks = SINGLE, scaler=None) -> dict[str, float]:
     """VC-PPO value pretraining (Yuan et al. 2025, §4.1): before the first policy update, fit the
     critic for algo.critic.pretrain_steps steps on rollouts of the starting policy, with Monte-Carlo
     targets (lambda = 1), so the first advantages do not come from an untrained value head.
@@ -87,7 +92,7 @@ def pretrain_critic(cfg: Config, critic, optimizer, scheduler, *, train_stream: 
         token_rewards = outcome_token_rewards(got.rewards, prep.batch.response_mask)
         _, returns = gae(token_rewards, values, prep.batch.response_mask, gamma=crit.gamma, lam=1.0)
         batch = replace(prep.batch, old_values=values, returns=returns)  # no policy update: its fields stay unset
-        last = update_critic(critic, optimizer, scheduler, batch, cfg, step=-k, rows=prep.rows)
+        last = update_critic(critic, optimizer, scheduler, batch, cfg, step=-k, rows=prep.rows, scaler=scaler)
         first = last["critic/value_loss"] if first is None else first
         console.print(f"critic pretraining {k}/{crit.pretrain_steps}: value loss {last['critic/value_loss']:.4f}")
     out = {"critic/pretrain_steps": float(crit.pretrain_steps)}

@@ -223,11 +223,13 @@ def decoder_layers(model) -> list[torch.nn.Module]:
     return list(layers)
 
 
-def shard_model(model, ranks: Ranks, *, mixed_precision: bool, cpu_offload: bool):
+def shard_model(model, ranks: Ranks, *, mixed_precision: bool, cpu_offload: bool, float16: bool = False):
     """`fully_shard` each decoder layer, then the root; returns the (same, now sharded) model.
 
     On CUDA with mixed_precision the forward/backward run in bf16 while the sharded master weights,
     gradients' reduction and the optimizer stay fp32. On CPU (gloo) the model runs in its own dtype.
+    `float16` (model.dtype=float16): fp16 parameters in forward/backward, fp32 reduction, on any device
+    (gloo included), the loss scaled by train/update.py's loss scaler.
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
@@ -236,7 +238,9 @@ def shard_model(model, ranks: Ranks, *, mixed_precision: bool, cpu_offload: bool
     # the mesh names the device explicitly: fully_shard's default mesh is the GPU whenever CUDA exists,
     # which would move a train.device=cpu run onto it
     kwargs: dict[str, Any] = {"mesh": init_device_mesh(ranks.device.type, (ranks.world_size,))}
-    if mixed_precision and ranks.device.type == "cuda":
+    if float16:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float32)
+    elif mixed_precision and ranks.device.type == "cuda":
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     # offloading moves shards between CPU and GPU memory; on CPU (gloo) everything already lives there
     kwargs["offload_policy"] = CPUOffloadPolicy() if cpu_offload and ranks.device.type == "cuda" else OffloadPolicy()

@@ -166,7 +166,7 @@ def evaluate_start(trainer: Trainer) -> None:
     if t.critic is not None and cfg.algo.critic.pretrain_steps > 0 and t.checkpoint is None and t.parent is None:
         t.tracker.log(0, pretrain_critic(cfg, t.critic, t.critic_optimizer, t.critic_scheduler, train_stream=t.train_stream,
                                          engine=t.engine, tokenizer=t.tokenizer, verifier=t.rewarder, console=t.console,
-                                         ranks=t.ranks))
+                                         ranks=t.ranks, scaler=t.critic_scaler))
 
 
 def evaluate_if_due(trainer: Trainer, step: int, progress: StepProgress) -> None:

@@ -73,6 +73,9 @@ def check_sft_config(cfg: Config) -> None:
         errors.append("data.train=arith has no responses to learn: give a .jsonl / .parquet file or hf: dataset whose "
                       f"rows hold a {cfg.sft.response_field!r} field (sft.response_field); "
                       "python -m mathrl.train.sft FILE.jsonl writes worked arithmetic solutions")
+    if cfg.model.dtype == "float16":  # no loss scaler here: AdamW on float16 weights underflows
+        errors.append("model.dtype=float16 trains with a loss scaler in `mathrl train` only; mathrl sft would step "
+                      "float16 weights unscaled: use model.dtype=float32 or bfloat16")
     if errors:
         raise ConfigError("\n".join(errors))
 

@@ -301,9 +301,11 @@ def update(trainer: Trainer, batch: TrainBatch, step: int, *, coefs: dict[str, f
            rows, metrics: dict) -> None:
     """The policy (and critic) updates on the batch; counts the optimizer steps skipped for a non-finite value."""
     cfg, t = trainer.cfg, trainer
-    metrics.update(update_policy(t.model, t.optimizer, t.scheduler, batch, cfg, step=step, coefs=coefs, ptx=t.ptx, rows=rows))
+    metrics.update(update_policy(t.model, t.optimizer, t.scheduler, batch, cfg, step=step, coefs=coefs, ptx=t.ptx, rows=rows,
+                                 scaler=t.scaler))
     if t.critic is not None:
-        metrics.update(update_critic(t.critic, t.critic_optimizer, t.critic_scheduler, batch, cfg, step=step, rows=rows))
+        metrics.update(update_critic(t.critic, t.critic_optimizer, t.critic_scheduler, batch, cfg, step=step, rows=rows,
+                                     scaler=t.critic_scaler))
     t.skips.record(step, int(metrics["perf/skipped_updates"]), t.console)
     metrics["perf/skipped_steps"] = float(t.skips.total)
     metrics["actor/entropy_coef"] = coefs["entropy"]

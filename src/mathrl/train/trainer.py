@@ -32,6 +32,7 @@ from mathrl.algo.controllers import (
 )
 from mathrl.config import Config, dump_yaml
 from mathrl.evaluation.evaluate import EvalResult
+from mathrl.model.dtypes import trainer_dtype
 from mathrl.model.io import load_model_and_tokenizer, model_overrides
 from mathrl.model.lora import adapter_params, add_adapters, has_adapter, is_lora, load_adapter_weights, stream_plain_weights
 from mathrl.model.paths import resolve_model_path
@@ -48,6 +49,7 @@ from mathrl.train.dist import Ranks, broadcast_object, shard_model
 from mathrl.train.monitors import CollapseWatch, SignalWatch
 from mathrl.train.preempt import StopSignal, agree, time_save_due
 from mathrl.train.shared import SkipCount, build_optimizer, build_tracker, resume_from, save_due, seed_everything
+from mathrl.train.update import loss_scaler
 
 
 @dataclass
@@ -75,6 +77,8 @@ class Trainer:
     critic: Any = None  # algo.adv.estimator=gae
     critic_optimizer: Any = None
     critic_scheduler: Any = None
+    scaler: Any = None  # model.dtype=float16: the policy's dynamic loss scaler (train/update.py:loss_scaler)
+    critic_scaler: Any = None  # ... and the critic's
     tracker: Any = None
     rewarder: Rewarder | None = None  # the reward components (reward.functions), scoring in its Verifier's workers
     generator: Any = None  # train/generator.py:Generator, on rank 0, when generator processes sample (rollout.max_staleness)
@@ -105,7 +109,13 @@ class Trainer:
             "data": self.train_stream.state_dict(),
             "ptx": self.ptx.state_dict() if self.ptx is not None else None,
             "skipped_steps": self.skips.total,
+            **({"loss_scalers": self.scaler_states()} if self.scaler is not None else {}),
         }
+
+    def scaler_states(self) -> dict[str, dict]:
+        """The loss scalers' states (scale, growth tracker) by name, for the checkpoint."""
+        scalers = {"policy": self.scaler, "critic": self.critic_scaler}
+        return {name: s.state_dict() for name, s in scalers.items() if s is not None}
 
     @contextlib.contextmanager
     def reference(self) -> Iterator[Any]:
@@ -179,9 +189,11 @@ def build_trainer(cfg: Config, ranks: Ranks, *, console: Console, resume: bool =
     # Several ranks with the torch engine: it gets its own unsharded copy (ranks stop generating at
     # different lengths, which a sharded model's collectives cannot follow), refreshed by update_weights
     # after each update. vLLM holds its own weights: no copy is loaded for it.
+    # model.dtype=float16: the trainer holds float32 master weights, the engine a float16 copy of its own
+    # (the rollout samples in float16, as a vLLM engine with rollout.vllm.dtype=auto does)
     engine_model = model
-    if ranks.distributed and engine_samples_from_module(cfg.rollout.engine):
-        engine_model = load_policy(cfg, source, model_path=model_path, overrides=overrides)[0]
+    if (ranks.distributed or cfg.model.dtype == "float16") and engine_samples_from_module(cfg.rollout.engine):
+        engine_model = load_policy(cfg, source, model_path=model_path, overrides=overrides, dtype=cfg.model.dtype)[0]
         engine_model.to(ranks.device).eval()
     model = shard(model, cfg, ranks)  # one process: moved to train.device
     def new_engine():
@@ -199,13 +211,14 @@ def build_trainer(cfg: Config, ranks: Ranks, *, console: Console, resume: bool =
                       scheduler=scheduler, controllers=build_controllers(cfg), train_stream=train_stream,
                       eval_sets=eval_sets, t_start=t_start)
     trainer.ptx = PretrainText(cfg, tokenizer) if cfg.algo.ptx.coef > 0 else None
+    trainer.scaler = loss_scaler(cfg, ranks.device, distributed=ranks.distributed)
     if cfg.needs_reference and is_lora(model):
         console.print("the reference model is the base model with the adapters disabled (no copy is loaded)")
     elif cfg.needs_reference:  # loaded only when a KL term or ref_gain_clip needs it
         console.print("loading the reference model (a frozen copy of the starting model)")
         # restart (train.init_from_mode): the parent checkpoint is the new starting model, and its reference
         ref_source = parent if parent is not None and cfg.train.init_from_mode == "restart" else model_path
-        ref_model, _ = load_model_and_tokenizer(ref_source, dtype=cfg.model.dtype, overrides=overrides)
+        ref_model, _ = load_model_and_tokenizer(ref_source, dtype=trainer_dtype(cfg.model.dtype), overrides=overrides)
         trainer.ref_model = shard(ref_model.eval().requires_grad_(False), cfg, ranks)
     if ADVANTAGE_ESTIMATORS.get(cfg.algo.adv.estimator).needs_critic:  # PPO; the critic resumes like the policy
         _add_critic(trainer)
@@ -248,8 +261,9 @@ def _add_critic(t: Trainer) -> None:
     cfg = t.cfg
     source = critic_path(cfg, checkpoint=t.checkpoint, parent=t.parent, model_path=t.model_path)
     t.console.print(f"loading the critic from {source}")
-    t.critic = shard(load_critic(source, dtype=cfg.model.dtype), cfg, t.ranks)
+    t.critic = shard(load_critic(source, dtype=trainer_dtype(cfg.model.dtype)), cfg, t.ranks)
     t.critic.train()
+    t.critic_scaler = loss_scaler(cfg, t.ranks.device, distributed=t.ranks.distributed)
     t.critic_optimizer, t.critic_scheduler = build_optimizer(t.critic.parameters(), cfg, lr=cfg.algo.critic.lr or cfg.train.lr,
                                                              warmup_steps=cfg.train.warmup_steps)
 
@@ -270,6 +284,10 @@ def _restore(t: Trainer) -> None:
                          "with the setting it was saved with, or start from its weights with train.init_from_mode=restart")
     state = load_trainer_state(checkpoint or parent, optimizers=t.optimizers, controllers=t.controllers,
                                models={"optimizer": t.model, "critic_optimizer": t.critic})
+    for name, saved in state.get("loss_scalers", {}).items():  # float16: the scale goes on where it was
+        scaler = {"policy": t.scaler, "critic": t.critic_scaler}[name]
+        if scaler is not None:
+            scaler.load_state_dict(saved)
     if checkpoint is not None:  # everything the next step depends on comes back from the checkpoint
         t.start_step = resume_from(checkpoint, state, stream=t.train_stream, run=t.run, console=t.console,
                                    steps=cfg.train.steps, main=t.ranks.main)
@@ -291,13 +309,15 @@ def _print_data_notes(t: Trainer) -> None:
                             f"data.max_prompt_tokens={t.cfg.data.max_prompt_tokens}")
 
 
-def load_policy(cfg: Config, source: Path | str, *, model_path: str, overrides: dict | None):
-    """(policy, tokenizer) from `source` (the base model, a checkpoint, or another run's checkpoint).
+def load_policy(cfg: Config, source: Path | str, *, model_path: str, overrides: dict | None, dtype: str | None = None):
+    """(policy, tokenizer) from `source` (the base model, a checkpoint, or another run's checkpoint), in
+    `dtype` (default: the trainer's, `model.dtypes.trainer_dtype`).
     With model.lora.r > 0 the policy is a peft PeftModel: its base from `source`, or from `model_path`
     when `source` holds an adapter (a LoRA run's checkpoint), whose weights it then gets; else fresh
     adapters. Gradient checkpointing is switched on first (model.gradient_checkpointing)."""
     adapter = cfg.model.lora.r > 0 and has_adapter(source)
-    model, tokenizer = load_model_and_tokenizer(model_path if adapter else source, dtype=cfg.model.dtype, overrides=overrides)
+    model, tokenizer = load_model_and_tokenizer(model_path if adapter else source, dtype=dtype or trainer_dtype(cfg.model.dtype),
+                                                overrides=overrides)
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     if cfg.model.lora.r == 0:
@@ -314,7 +334,8 @@ def shard(model, cfg: Config, ranks: Ranks):
     """FSDP2-shard `model` over the ranks (train.dist.*); in one process the model itself, on ranks.device."""
     if not ranks.distributed:
         return model.to(ranks.device)
-    return shard_model(model, ranks, mixed_precision=cfg.train.dist.mixed_precision, cpu_offload=cfg.train.dist.cpu_offload)
+    return shard_model(model, ranks, mixed_precision=cfg.train.dist.mixed_precision, cpu_offload=cfg.train.dist.cpu_offload,
+                       float16=cfg.model.dtype == "float16")
 
 
 def build_controllers(cfg: Config) -> dict[str, CoefController]:

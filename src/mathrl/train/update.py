@@ -21,6 +21,7 @@ from mathrl.algo.entropy import entropy_bonus_mask
 from mathrl.algo.kl import kl_penalty
 from mathrl.algo.losses import aggregate, dp_scale, global_counts, positive_example_lm_loss
 from mathrl.config import Config
+from mathrl.model.dtypes import autocast
 from mathrl.model.scoring import input_device, next_token_logprobs, response_logprobs
 from mathrl.registry import LOSS_TERMS, POLICY_LOSSES
 from mathrl.seeds import derive_seed
@@ -47,7 +48,8 @@ def per_token_pass(model, batch: TrainBatch, cfg: Config, forward, *, rows: list
     outputs: list[torch.Tensor] = []
     for k in range(calls):
         real = k < len(slices)
-        parts = forward(model, batch.select(slices[k] if real else [0]).trimmed())
+        with autocast(cfg.model.dtype, input_device(model)):
+            parts = forward(model, batch.select(slices[k] if real else [0]).trimmed())
         if not outputs:
             outputs = [torch.zeros_like(batch.response_mask) for _ in parts]
         if real:
@@ -97,7 +99,28 @@ class UpdateLog:
     extra: dict[str, list[float]] = field(default_factory=dict)  # terms added after the micro-batches (PTX)
     grad_norms: list[float] = field(default_factory=list)
     skipped: int = 0  # optimizer steps skipped for a non-finite loss or gradient
+    inf_skipped: int = 0  # ... of which the loss scaler's: finite losses, a non-finite scaled gradient
+    loss_scale: float = 0.0  # the loss scaler's scale after the last optimizer step (0: no scaler)
     lr: float = 0.0  # learning rate of the last optimizer step
+
+
+def loss_scaler(cfg: Config, device: torch.device, *, distributed: bool):
+    """The dynamic loss scaler of model.dtype=float16, None otherwise. Several ranks: FSDP's
+    ShardedGradScaler, which all-reduces the inf check, so every rank skips the same steps and keeps the
+    same scale (its unscale works on FSDP2's DTensor gradients: tests/test_dist_train.py, float16)."""
+    if cfg.model.dtype != "float16":
+        return None
+    if distributed:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(device.type)
+    return torch.amp.GradScaler(device.type)
+
+
+def backward(loss: torch.Tensor, scaler) -> None:
+    """loss.backward(), the loss multiplied by the scaler's scale first when there is one (float16:
+    small gradients would otherwise flush to zero in the float16 backward)."""
+    (loss if scaler is None else scaler.scale(loss)).backward()
 
 
 def run_updates(
@@ -106,6 +129,7 @@ def run_updates(
     micro_step: Callable[[TrainBatch, Any], dict[str, float]],
     after_micro_batches: Callable[[], dict[str, float]] | None = None,
     rows: list[int] | None = None,
+    scaler=None,
 ) -> UpdateLog:
     """train.epochs passes over `batch` in mini-batches of train.mini_batch_size rows, each one
     optimizer step (gradients clipped to train.max_grad_norm; a step whose loss terms or gradient norm
@@ -121,6 +145,11 @@ def run_updates(
     as in one process; each rank runs forward/backward on its own rows of it (padding with zero-loss
     micro-batches to the largest count, so every rank makes the same sharded-model calls), and the
     loss terms and the skip decision are taken over all ranks.
+
+    model.dtype=float16: the forward passes run under float16 autocast and `scaler` (`loss_scaler`),
+    which micro_step's and after_micro_batches' backward go through (`backward`), is unscaled before the
+    clip; a step whose scaled gradient overflowed is skipped (counted in `inf_skipped`) and the scale
+    halves (torch.amp.GradScaler's dynamic scaling).
     """
     log = UpdateLog()
     order_gen = torch.Generator().manual_seed(seed)
@@ -142,15 +171,21 @@ def run_updates(
                 blank.loss_mask = torch.zeros_like(blank.loss_mask)
                 micros += [blank] * filler
             totals: dict[str, float] = {}
-            for micro in micros:
-                for k, v in micro_step(micro.to(device), counts).items():
-                    totals[k] = totals.get(k, 0.0) + v
-            totals = tdist.all_reduce_sums(totals)
-            extra = after_micro_batches() if after_micro_batches is not None else {}
+            with autocast(cfg.model.dtype, device):
+                for micro in micros:
+                    for k, v in micro_step(micro.to(device), counts).items():
+                        totals[k] = totals.get(k, 0.0) + v
+                totals = tdist.all_reduce_sums(totals)
+                extra = after_micro_batches() if after_micro_batches is not None else {}
+            if scaler is not None:
+                scaler.unscale_(optimizer)  # the clip and the norm see the true gradient
             grad_norm = tdist.total_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm))
             log.lr = optimizer.param_groups[0]["lr"]
-            if not step_if_finite(optimizer, scheduler, grad_norm, totals.values()):
+            if not step_if_finite(optimizer, scheduler, grad_norm, totals.values(), scaler=scaler):
                 log.skipped += 1
+                log.inf_skipped += scaler is not None and all(math.isfinite(v) for v in totals.values())
+            if scaler is not None:
+                log.loss_scale = scaler.get_scale()
             for k, v in totals.items():
                 log.terms.setdefault(k, []).append(v)
             for k, v in extra.items():
@@ -159,14 +194,23 @@ def run_updates(
     return log
 
 
-def step_if_finite(optimizer, scheduler, grad_norm: torch.Tensor, losses: Iterable[float]) -> bool:
+def step_if_finite(optimizer, scheduler, grad_norm: torch.Tensor, losses: Iterable[float], *, scaler=None) -> bool:
     """Take the optimizer (and schedule) step unless the gradient norm or a loss is not finite: a
     skipped step leaves the weights as they were rather than corrupt them. The gradients are cleared
-    either way. Returns whether the step was taken."""
+    either way. Returns whether the step was taken.
+
+    With a loss scaler (already unscaled) the step goes through `scaler.step`, which skips it too
+    when the scaler found an inf/nan gradient, and `scaler.update` adjusts the scale either way: halved
+    after an overflow, doubled after growth_interval steps without one."""
     finite = bool(torch.isfinite(grad_norm)) and all(math.isfinite(v) for v in losses)
     if finite:
-        optimizer.step()
+        if scaler is None:
+            optimizer.step()
+        else:
+            scaler.step(optimizer)
         scheduler.step()
+    if scaler is not None:
+        scaler.update()
     optimizer.zero_grad(set_to_none=True)
     return finite
 
@@ -249,7 +293,7 @@ LOSS_TERMS.register("pos_lm_loss", LossTerm(lambda cfg: cfg.algo.pos_lm.coef > 0
 # ----------------------------------------------------------------------------- the policy update
 def update_policy(
     model, optimizer, scheduler, batch: TrainBatch, cfg: Config, *, step: int, coefs: dict[str, float],
-    ptx: PretrainText | None, rows: list[int] | None = None,
+    ptx: PretrainText | None, rows: list[int] | None = None, scaler=None,
 ) -> dict[str, float]:
     """Mini-batches x epochs of updates on one rollout batch.
 
@@ -279,15 +323,16 @@ def update_policy(
             contribution, terms[name] = term.fn(x)
             if contribution is not None:
                 loss = loss + contribution
-        (loss * dp_scale()).backward()
+        backward(loss * dp_scale(), scaler)
         for key, value in (("entropy", entropy.detach()), *stats.items()):
             sums[key] = sums.get(key, 0.0) + float((value * x.mask).sum())
         sums["tokens"] += float(x.mask.sum())
         return terms
 
-    ptx_step = (lambda: ptx_update(model, ptx, cfg)) if ptx is not None else None
+    ptx_step = (lambda: ptx_update(model, ptx, cfg, scaler=scaler)) if ptx is not None else None
     log = run_updates(model, optimizer, scheduler, batch, cfg, seed=derive_seed(cfg.seed, step),
-                      mini_batch_counts=mini_batch_counts, micro_step=micro_step, after_micro_batches=ptx_step, rows=rows)
+                      mini_batch_counts=mini_batch_counts, micro_step=micro_step, after_micro_batches=ptx_step, rows=rows,
+                      scaler=scaler)
     return policy_metrics(log, tdist.all_reduce_sums(sums), cfg, terms_on=[name for name, _ in terms_on],
                           ptx=ptx is not None)
 
@@ -313,13 +358,13 @@ def pg_term(x: TermInputs, *, step: int) -> tuple[torch.Tensor, dict[str, torch.
     return loss, stats
 
 
-def ptx_update(model, ptx: PretrainText, cfg: Config) -> dict[str, float]:
+def ptx_update(model, ptx: PretrainText, cfg: Config, *, scaler=None) -> dict[str, float]:
     """Backward of ptx_coef x the token-mean NLL of one pretraining batch; returns the NLL."""
     ids, attn = ptx.next_batch(cfg.algo.ptx.batch_size)
     nll = -next_token_logprobs(model, ids, attn, chunk_size=cfg.model.logprob_chunk_size)
     target_mask = attn[:, 1:].to(nll.device).float()
     ptx_loss = (nll * target_mask).sum() / target_mask.sum().clamp(min=1)
-    (cfg.algo.ptx.coef * ptx_loss).backward()
+    backward(cfg.algo.ptx.coef * ptx_loss, scaler)
     return {"ptx_loss": ptx_loss.item()}
 
 
@@ -334,8 +379,11 @@ def policy_metrics(log: UpdateLog, sums: dict[str, float], cfg: Config, *, terms
         "actor/grad_norm": _mean(log.grad_norms),
         "actor/lr": log.lr,  # of the step's last update
         "actor/updates": float(len(log.grad_norms) - log.skipped),
-        "perf/skipped_updates": float(log.skipped),
+        "perf/skipped_updates": float(log.skipped - log.inf_skipped),  # the loss scaler's own skips are expected
     }
+    if cfg.model.dtype == "float16":
+        metrics["actor/loss_scale"] = log.loss_scale
+        metrics["actor/skipped_inf_steps"] = float(log.inf_skipped)
     for key in sorted(sums.keys() - {"entropy", *STANDARD_STATS, "tokens", "ent_masked"}):  # a loss's own stats
         metrics[f"actor/{key}"] = sums[key] / tokens
     for name in terms_on:
