@@ -96,6 +96,19 @@ def test_bad_values_are_one_line_before_anything_runs(tmp_path, monkeypatch, cap
     assert no_training == [] and not run.exists()  # nothing started, nothing half-made
 
 
+def test_an_offline_hub_id_is_named_as_such_and_leaves_no_run_directory(tmp_path, monkeypatch, capsys, no_training):
+    # Bug story: with no network, model.path=Qwen/Qwen2.5-0.5B got past the checks, a run directory was
+    # made, and the loader called the id a path that "does not exist" (its ".5-0" read as a file suffix).
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    code = main(["train", "model.path=Qwen/Qwen2.5-0.5B"])
+    line = _one_line_error(capsys, code, status=2, expect="model.path='Qwen/Qwen2.5-0.5B' looks like a hub id but is not in "
+                           "the local Hugging Face cache and the hub is unreachable (offline: HF_HUB_OFFLINE is set)")
+    assert "huggingface-cli download Qwen/Qwen2.5-0.5B" in line
+    assert no_training == [] and not (tmp_path / "runs").exists()  # validated before the run directory is made
+
+
 def test_overrides_after_options_are_accepted(tmp_path, capsys, no_training, model_dir):
     # argparse rejected `mathrl eval runs/x --n 2 rollout.n=3`; overrides may now stand anywhere after the verb
     code = main(["train", "--run-dir", str(tmp_path / "r"), "rollout.n=4", "--no-resume", "train.mini_batch_size=32"])
