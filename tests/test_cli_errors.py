@@ -238,6 +238,27 @@ def test_a_finished_run_is_reported_and_left_as_it_was(tmp_path, capsys):
     assert _tree(run) == before
 
 
+def test_a_finished_run_rerun_with_another_config_is_refused_naming_the_keys(tmp_path, capsys):
+    # Bug story: `mathrl train train.steps=2` on a finished 20-step run exited 0, trained nothing and did
+    # not say that the config differed. It is refused in one line that names the changed keys.
+    from mathrl.config import dump_yaml, load_config
+
+    run = tmp_path / "run"
+    (run / "final").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"step": 20}\n')
+    (run / "summary.json").write_text('{"steps": 20}')
+    old = load_config(None, ["train.steps=20"])
+    old.run_dir = str(run)
+    (run / "config.yaml").write_text(dump_yaml(old))
+    before = _tree(run)
+    code = main(["train", "train.steps=2", "--run-dir", str(run)])
+    _one_line_error(capsys, code, status=1, expect=f"run directory {run} holds a finished run (20 steps) whose config "
+                    "differs (train.steps: 20 -> 2); nothing was trained")
+    assert _tree(run) == before
+    assert main(["train", "train.steps=20", "--run-dir", str(run)]) == 0  # the same config: finished, not an error
+    assert "holds a finished run" in capsys.readouterr().out
+
+
 def test_a_rank_other_than_0_leaves_rank_0s_run_directory_error_to_rank_0(tmp_path, monkeypatch, capsys):
     # Rank 0 opens the run directory and sends what it found to the others; each rank raises the error,
     # but only rank 0 prints it (under --nproc 2 every message used to appear twice).
