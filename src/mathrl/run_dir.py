@@ -10,7 +10,8 @@
       checkpoints/         step_<N>/ resumable checkpoints (train/checkpoint.py)
       final/               the trained model, a plain Hugging Face directory (critic/ for PPO)
       parent.json          the checkpoint a `train.init_from` run continued
-      summary.json         base vs final held-out scores and wall time (written last: the run is done)
+      summary.json         base vs final held-out scores and wall time, summed over the processes that ran
+                           it ("processes": each one's first and last step and seconds; written last)
       eval/                `mathrl eval <run_dir>`'s default output: results.json, results.md
 
     run = RunDir("runs/x")
@@ -264,6 +265,16 @@ class RunDir:
         """Drop the log rows a killed run wrote after its checkpoint at `step`."""
         for path in (self.metrics_path, self.rollouts_path, self.evals_path, self.positions_path):
             truncate_jsonl(path, step)
+
+
+def processes_note(processes: list[dict[str, Any]] | None) -> str:
+    """How a run was spread over processes, from summary.json's "processes" (each {"first_step",
+    "last_step", "wall_seconds"}): "" for a run one process ran, else e.g. "resumed 2x: steps 1-20
+    13.0 min, 21-40 25.3 min, 41-50 13.7 min"."""
+    if not processes or len(processes) < 2:
+        return ""
+    spans = ", ".join(f"{p['first_step']}-{p['last_step']} {p['wall_seconds'] / 60:.1f} min" for p in processes)
+    return f"resumed {len(processes) - 1}x: steps {spans}"
 
 
 def truncate_jsonl(path: Path, max_step: int) -> None:
