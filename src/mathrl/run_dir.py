@@ -5,7 +5,8 @@
       config.yaml          the resolved config (config.previous.yaml: the one a resumed run replaced)
       metrics.jsonl        one JSON object per step (track.sinks.JsonlSink; names in docs/metrics.md)
       evals.jsonl          every evaluation: {"step", "set", EvalResult fields, "samples": first 5}
-      rollouts.jsonl       a sample of each step's rollouts with per-token ids and logprobs
+      rollouts.jsonl       a sample of each step's rollouts with per-token ids and logprobs (a step that kept
+                           no group: the samples dynamic sampling dropped, marked "dropped": true)
       positions.jsonl      PPO with a critic: each step's mean value and advantage by response position
       checkpoints/         step_<N>/ resumable checkpoints (train/checkpoint.py)
       final/               the trained model, a plain Hugging Face directory (critic/ for PPO)
