@@ -531,9 +531,9 @@ def test_mathrl_config_lists_every_key_with_type_default_domain_and_doc(capsys):
 
     assert main(["config", "rollout.n=4"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    keys = [e.key for e in reference(Config) if not e.section]
+    keys = [k for e in reference(Config) if not e.section for k in [e.key, *(f"  {i.key}" for i in e.items)]]
     listed = [ln.split(":", 1)[0] for ln in lines if " = " in ln and "  # " in ln]  # sections have no " = "
-    assert listed == keys  # every key once, in declaration order, each with a doc
+    assert listed == keys  # every key once, in declaration order, each with a doc; a list entry's keys indented
     assert "rollout.n: int = 4 (default 8)  [>= 1]  # samples per problem (the GRPO group size)" in lines
     assert main(["config", "--yaml", "rollout.n=4"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["rollout"]["n"] == 4

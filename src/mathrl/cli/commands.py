@@ -131,6 +131,9 @@ def config(ns: argparse.Namespace, console: Console) -> int:
         shown = f"{value!r}" + (f" (default {values[e.key]!r})" if value != values[e.key] else "")
         allowed = f"  [{e.domain}]" if e.domain else ""
         print(f"{e.key}: {e.type} = {shown}{allowed}" + (f"  # {e.doc}" if e.doc else ""))
+        for item in e.items:  # a list of entries: the keys of each, with a new entry's defaults
+            allowed = f"  [{item.domain}]" if item.domain else ""
+            print(f"  {item.key}: {item.type} = {item.default!r}{allowed}" + (f"  # {item.doc}" if item.doc else ""))
     return 0
 
 
