@@ -96,6 +96,19 @@ def test_bad_values_are_one_line_before_anything_runs(tmp_path, monkeypatch, cap
     assert no_training == [] and not run.exists()  # nothing started, nothing half-made
 
 
+def test_an_offline_hub_id_is_named_as_such_and_leaves_no_run_directory(tmp_path, monkeypatch, capsys, no_training):
+    # Bug story: with no network, model.path=Qwen/Qwen2.5-0.5B got past the checks, a run directory was
+    # made, and the loader called the id a path that "does not exist" (its ".5-0" read as a file suffix).
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    code = main(["train", "model.path=Qwen/Qwen2.5-0.5B"])
+    line = _one_line_error(capsys, code, status=2, expect="model.path='Qwen/Qwen2.5-0.5B' looks like a hub id but is not in "
+                           "the local Hugging Face cache and the hub is unreachable (offline: HF_HUB_OFFLINE is set)")
+    assert "huggingface-cli download Qwen/Qwen2.5-0.5B" in line
+    assert no_training == [] and not (tmp_path / "runs").exists()  # validated before the run directory is made
+
+
 def test_overrides_after_options_are_accepted(tmp_path, capsys, no_training, model_dir):
     # argparse rejected `mathrl eval runs/x --n 2 rollout.n=3`; overrides may now stand anywhere after the verb
     code = main(["train", "--run-dir", str(tmp_path / "r"), "rollout.n=4", "--no-resume", "train.mini_batch_size=32"])
@@ -223,6 +236,27 @@ def test_a_finished_run_is_reported_and_left_as_it_was(tmp_path, capsys):
     assert main(["train", "train.steps=1", "--run-dir", str(run)]) == 0
     assert "holds a finished run" in capsys.readouterr().out
     assert _tree(run) == before
+
+
+def test_a_finished_run_rerun_with_another_config_is_refused_naming_the_keys(tmp_path, capsys):
+    # Bug story: `mathrl train train.steps=2` on a finished 20-step run exited 0, trained nothing and did
+    # not say that the config differed. It is refused in one line that names the changed keys.
+    from mathrl.config import dump_yaml, load_config
+
+    run = tmp_path / "run"
+    (run / "final").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"step": 20}\n')
+    (run / "summary.json").write_text('{"steps": 20}')
+    old = load_config(None, ["train.steps=20"])
+    old.run_dir = str(run)
+    (run / "config.yaml").write_text(dump_yaml(old))
+    before = _tree(run)
+    code = main(["train", "train.steps=2", "--run-dir", str(run)])
+    _one_line_error(capsys, code, status=1, expect=f"run directory {run} holds a finished run (20 steps) whose config "
+                    "differs (train.steps: 20 -> 2); nothing was trained")
+    assert _tree(run) == before
+    assert main(["train", "train.steps=20", "--run-dir", str(run)]) == 0  # the same config: finished, not an error
+    assert "holds a finished run" in capsys.readouterr().out
 
 
 def test_a_rank_other_than_0_leaves_rank_0s_run_directory_error_to_rank_0(tmp_path, monkeypatch, capsys):

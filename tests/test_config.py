@@ -496,8 +496,13 @@ def test_model_paths_that_cannot_load_fail_at_config_time(tmp_path, monkeypatch)
             load_config(None, [f"model.path={path}"])
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
-    with pytest.raises(ConfigError, match="not in the local cache, and HF_HUB_OFFLINE is set"):
+    with pytest.raises(ConfigError, match=re.escape("'SomeOrg/some-model' looks like a hub id but is not in the local "
+                                                    "Hugging Face cache and the hub is unreachable (offline: HF_HUB_OFFLINE is set)")):
         load_config(None, ["model.path=SomeOrg/some-model"])
+    monkeypatch.delenv("HF_HUB_OFFLINE")  # no offline switch, but no connection either: named the same way
+    monkeypatch.setattr("mathrl.model.paths.hub_unreachable", lambda: "offline: no connection to huggingface.co:443")
+    with pytest.raises(ConfigError, match=re.escape("the hub is unreachable (offline: no connection")):
+        load_config(None, ["model.path=Qwen/Qwen2.5-0.5B"])  # its ".5-0" is no file suffix
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
     assert load_config(None, ["model.path=model"]).model.path == "model"
@@ -526,9 +531,9 @@ def test_mathrl_config_lists_every_key_with_type_default_domain_and_doc(capsys):
 
     assert main(["config", "rollout.n=4"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    keys = [e.key for e in reference(Config) if not e.section]
+    keys = [k for e in reference(Config) if not e.section for k in [e.key, *(f"  {i.key}" for i in e.items)]]
     listed = [ln.split(":", 1)[0] for ln in lines if " = " in ln and "  # " in ln]  # sections have no " = "
-    assert listed == keys  # every key once, in declaration order, each with a doc
+    assert listed == keys  # every key once, in declaration order, each with a doc; a list entry's keys indented
     assert "rollout.n: int = 4 (default 8)  [>= 1]  # samples per problem (the GRPO group size)" in lines
     assert main(["config", "--yaml", "rollout.n=4"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["rollout"]["n"] == 4

@@ -99,9 +99,15 @@ def test_bound_hit_trains_on_the_smaller_batch(char_tokenizer) -> None:
 
 
 def test_bound_hit_with_nothing_kept_returns_an_empty_batch(char_tokenizer) -> None:
-    collected, _, _ = collect(char_tokenizer, [[4, 4, 4, 4]] * 3, "data.dynamic_sampling.mode=nonconstant")
+    collected, _, _ = collect(char_tokenizer, [[4, 4, 4, 4]] * 3, "data.dynamic_sampling.mode=nonconstant",
+                              "log.rollouts_per_step=6")
     assert collected.problems == [] and collected.rollout is None
     assert collected.metrics["filter/kept_groups"] == 0.0
+    # what was sampled is still there to read: round 1's first whole groups, enough for 6 logged rows
+    assert len(collected.dropped.problems) == 2 and len(collected.dropped.rollout) == 2 * N
+    assert collected.dropped.correct.tolist() == [1.0] * 2 * N
+    kept, _, _ = collect(char_tokenizer, [[4, 4, 4, 2], [0, 4, 0, 4], [4, 4, 0, 4]], "data.dynamic_sampling.mode=nonconstant")
+    assert kept.dropped is None  # a step that kept a group logs that group
 
 
 def test_bound_hit_with_on_exhausted_error_names_the_bound(char_tokenizer) -> None:
@@ -163,6 +169,11 @@ def test_a_step_that_keeps_no_group_still_evaluates_and_checkpoints_on_schedule(
     assert [e["step"] for e in evals] == [0, 2, 3]  # eval.every=2, and after the last step
     assert [s for s, _ in complete_checkpoints(result.run_dir / "checkpoints")] == [2, 3]
     assert json.loads((result.run_dir / "summary.json").read_text())["steps"] == 3
+    # Bug story: such steps wrote no rollouts, so there was nothing to read when it mattered most. Their
+    # dropped samples are logged, marked as dropped.
+    logged = [json.loads(line) for line in (result.run_dir / "rollouts.jsonl").read_text().splitlines()]
+    assert sorted({r["step"] for r in logged}) == [1, 2, 3] and all(r["dropped"] is True for r in logged)
+    assert all(r["reward"] == 0.0 and len(r["logprobs"]) == len(r["token_ids"]) for r in logged)
 
 
 def test_a_run_whose_every_sample_is_wrong_stops_and_says_why(tmp_path, make_tiny_qwen2, char_tokenizer, capsys) -> None:

@@ -18,8 +18,10 @@ Run: python -m pytest tests/test_episodes.py -q
 
 from __future__ import annotations
 
+import re
 from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -621,6 +623,39 @@ def test_the_smallest_observation_limit_holds_the_cut_note_and_a_tokenizer_that_
     cfg = load_config(None, ["rollout.tools=[{name: python, fn: calculator}]", "rollout.observation_max_tokens=32"])
     with pytest.raises(ConfigError, match="rollout.observation_max_tokens=32 leaves no room .* use >= 58"):
         build_tool_use(cfg, TwoPerCharacter())
+
+
+def test_the_documented_tool_list_override_parses_and_a_module_name_for_a_file_gets_the_file_spelling(tmp_path, monkeypatch):
+    # docs/tools.md shows rollout.tools as one command-line override; its rollout.* words must parse and
+    # validate as written. `fn: mytools:lookup` for mytools.py in the working directory did not import (the
+    # `mathrl` command does not put the working directory on the import path) and did not say why.
+    import shlex
+    import sys
+
+    from mathrl.config import ConfigError, load_config
+
+    text = (Path(__file__).parents[1] / "docs" / "tools.md").read_text().replace("\\\n", " ")
+    command = next(line for line in text.splitlines() if "'rollout.tools=[{" in line)
+    overrides = [w for w in shlex.split(command) if w.startswith("rollout.")]
+    assert [w.split("=")[0] for w in overrides] == ["rollout.tool_format", "rollout.tools"]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    (tmp_path / "mytools.py").write_text('def lookup(args, **kwargs):\n    return "6.674e-11"\n')
+    tools = load_config(None, overrides).rollout.tools
+    assert [(t.name, t.fn, t.timeout_s) for t in tools] == [("calc", "calculator", 5.0), ("lookup", "mytools.py:lookup", 2.0)]
+    assert tools[1].description == "The value of a named physical constant."
+    with pytest.raises(ConfigError, match=re.escape("mytools.py is in the working directory: give it as a file, "
+                                                    "'mytools.py:lookup'")):
+        load_config(None, ["rollout.tool_format=chat_tool_call", "rollout.tools=[{name: lookup, fn: 'mytools:lookup'}]"])
+
+
+def test_mathrl_config_lists_a_tool_entrys_keys(capsys):
+    from mathrl.cli import main
+
+    assert main(["config"]) == 0
+    out = capsys.readouterr().out
+    for key in ("name", "fn", "kwargs", "timeout_s", "description"):
+        assert f"\n  rollout.tools[].{key}: " in out
 
 
 def test_chat_tool_call_prompts_list_the_tools_schemas(char_tokenizer):

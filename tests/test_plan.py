@@ -341,3 +341,29 @@ def test_cli_plans_the_generators(capsys):
     assert "generator 0 torch" in out and "GPU 1: generator 0 torch" in out and "kept policy versions" in out
     assert main([*argv, "--trainer-gpus", "3"]) != 0
     assert "--trainer-gpus must be between 1 and --gpus (2)" in capsys.readouterr().err
+
+
+def test_plan_states_the_setup_time_of_the_base_model(tmp_path, monkeypatch, capsys):
+    # Bug story: the tool recipes' base-model builds (5.5 and 17.5 min) were stated only in docs/findings.md,
+    # and `mathrl plan` on them reported GPU memory only. Its last line now says what the run does first.
+    from mathrl.model.plan import MEASURED_BUILDS, setup_time
+    from mathrl.model.tiny import recipe_hash
+
+    monkeypatch.setenv("MATHRL_CACHE", str(tmp_path / "empty-cache"))  # nothing built here
+    for recipe, minutes in [("recipes/arith_tools.yaml", "5.5 min"), ("recipes/arith_tools_mul.yaml", "17.5 min")]:
+        cfg = load_config(recipe, check_paths=False)
+        assert recipe_hash(cfg.base) in MEASURED_BUILDS  # a changed base-model recipe needs its build measured again
+        line = setup_time(cfg)
+        assert line.startswith("setup: the tiny base model of this recipe is not cached: the run builds it first "
+                               "(1500 pretraining steps; measured: ") and minutes in line
+    assert recipe_hash(load_config(None, []).base) in MEASURED_BUILDS
+    # a base never measured: an estimate, and said to be one (800 steps' 0.10-0.70 s per step, from the table)
+    assert "an estimate, not a measurement: 3-23 min" in setup_time(load_config(None, ["base.steps=2000"]))
+    assert main(["plan", "recipes/arith_tools.yaml", "--gpus", "0"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("setup: the tiny base model of this recipe is not cached")
+    built = tmp_path / "empty-cache" / "base" / f"tiny-arith-{recipe_hash(load_config(None, []).base)}"
+    built.mkdir(parents=True)
+    (built / "model.safetensors").write_bytes(b"")
+    assert setup_time(load_config(None, [])) == f"setup: the tiny base model of this recipe is cached ({built}): no build"
+    assert setup_time(load_config(None, ["model.path=SomeOrg/some-model"], check_paths=False)).endswith(
+        "is not in the local Hugging Face cache: the run downloads it first")

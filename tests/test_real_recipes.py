@@ -84,3 +84,47 @@ def test_a_context_longer_than_the_model_is_refused_at_config_time():
     with pytest.raises(ConfigError, match="rollout.vllm.max_model_len=10240 exceeds the model's 4096"):
         load_config(REPO / "recipes" / "real" / "dapo_qwen2.5_math_7b.yaml", ["model.max_position_embeddings=null"],
                     check_paths=False)
+
+
+def test_every_recipe_header_gives_its_launch_line():
+    # the multi-GPU launch had to be inferred from a pointer to docs/guide.md; each header now spells it out
+    for recipe in RECIPES:
+        header = recipe.read_text().split("\n\n")[0]
+        assert "mathrl train --nproc " in header or "torchrun --nnodes " in header, recipe.name
+
+
+def test_torl_parquet_converts_to_the_jsonl_the_recipe_reads(tmp_path):
+    # ToRL ships its problems in verl's layout (nested prompt messages, reward_model.ground_truth), which the
+    # loader does not read; scripts/torl_to_jsonl.py flattens it. A tiny parquet in that layout, written here.
+    import json
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mathrl.tasks.loading import load_problems
+    from mathrl.tasks.sources import field_map
+
+    system = {"role": "system", "content": "Please reason step by step."}
+    rows = [
+        {"data_source": "numina", "prompt": [system, {"role": "user", "content": "What is $1+1$?"}], "ability": "math",
+         "reward_model": {"style": "rule", "ground_truth": "2"}, "extra_info": {"split": "train", "index": 7}},
+        {"data_source": "math", "prompt": [system, {"role": "user", "content": "Solve $x^2=4$."}], "ability": "math",
+         "reward_model": {"style": "rule", "ground_truth": "\\pm 2"}, "extra_info": {"split": "train", "index": 8}},
+        {"data_source": "math", "prompt": [system], "ability": "math",  # no user message: a bad row
+         "reward_model": {"style": "rule", "ground_truth": "3"}, "extra_info": {"split": "train", "index": 9}},
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    script = [sys.executable, str(REPO / "scripts" / "torl_to_jsonl.py"), str(tmp_path / "train.parquet")]
+    bad = subprocess.run([*script, str(tmp_path / "out.jsonl")], capture_output=True, text=True)
+    assert bad.returncode == 1 and "row 2: prompt has no user message" in bad.stderr
+    done = subprocess.run([*script, str(tmp_path / "out.jsonl"), "--skip-bad"], capture_output=True, text=True, check=True)
+    assert "wrote 2 problems" in done.stdout and "1 rows without a question or answer left out" in done.stdout
+    out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert out == [{"problem": "What is $1+1$?", "answer": "2", "source": "numina", "id": "torl-7"},
+                   {"problem": "Solve $x^2=4$.", "answer": "\\pm 2", "source": "math", "id": "torl-8"}]
+    cfg = load_config(REPO / "recipes" / "real" / "torl_qwen2.5_math_1.5b.yaml", [f"data.train={tmp_path / 'out.jsonl'}"],
+                      check_paths=False)
+    problems = load_problems(cfg.data.train, field_map(cfg, cfg.data.train)).problems  # the recipe's own field mapping reads it
+    assert [(p.question, p.answer) for p in problems] == [("What is $1+1$?", "2"), ("Solve $x^2=4$.", "\\pm 2")]

@@ -100,6 +100,15 @@ def test_killed_and_resumed_run_matches_uninterrupted(reference, mode, kill_step
     assert run(tmp, run_dir) == 0  # the same command again resumes
     assert training_rows(run_dir) == expected
     assert not list((run_dir / "checkpoints").glob("*.tmp-*"))
+    # Bug story: the wall time of summary.json (and the final table, and the report) was the last process's
+    # alone, with no sign of the resume. It sums the processes, each recorded with the steps it ran.
+    summary = json.loads((run_dir / "summary.json").read_text())
+    processes = summary["processes"]
+    assert [(p["first_step"], p["last_step"]) for p in processes] == [(1, 2), (3, 6)]
+    assert summary["wall_seconds"] == pytest.approx(sum(p["wall_seconds"] for p in processes))
+    assert all(p["wall_seconds"] > 0 for p in processes)
+    uninterrupted = json.loads((tmp / "uninterrupted" / "summary.json").read_text())["processes"]
+    assert [(p["first_step"], p["last_step"]) for p in uninterrupted] == [(1, 6)]
 
 
 @pytest.mark.slow
@@ -132,6 +141,24 @@ def test_killed_float16_run_resumes_with_its_loss_scales(reference):
     assert set(saved["loss_scalers"]) == {"policy", "critic"}
     assert run(tmp, run_dir, extra=extra, env_extra=fast) == 0
     assert training_rows(run_dir) == expected
+
+
+def test_a_resumed_runs_wall_time_names_each_process():
+    from rich.console import Console
+
+    from mathrl.run_dir import processes_note
+    from mathrl.track.console import summary_table
+
+    processes = [{"first_step": 1, "last_step": 20, "wall_seconds": 780.0},
+                 {"first_step": 21, "last_step": 40, "wall_seconds": 1518.0},
+                 {"first_step": 41, "last_step": 50, "wall_seconds": 822.0}]
+    assert processes_note(processes) == "resumed 2x: steps 1-20 13.0 min, 21-40 25.3 min, 41-50 13.7 min"
+    assert processes_note(processes[:1]) == processes_note(None) == ""  # one process: nothing to say
+    console = Console(width=300, record=True)
+    console.print(summary_table({}, {}, wall_seconds=3120.0, n=8, processes=processes))
+    text = " ".join(console.export_text().split())  # the caption wraps at the table's width
+    assert "wall time 52.0 min)" in text
+    assert "wall time over 3 processes, resumed 2x: steps 1-20 13.0 min, 21-40 25.3 min, 41-50 13.7 min" in text
 
 
 def test_partial_checkpoints_are_never_picked(tmp_path):

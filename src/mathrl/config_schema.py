@@ -277,6 +277,7 @@ class FieldInfo:
     domain: str  # "" when only the type constrains it
     doc: str
     section: bool = False  # a section (its doc is the dataclass docstring)
+    items: tuple[FieldInfo, ...] = ()  # a list of sections (rollout.tools, reward.functions): each entry's keys, `key[].name`
 
 
 def _type_name(tp: Any) -> str:
@@ -320,5 +321,7 @@ def reference(cls: type, prefix: str = "") -> list[FieldInfo]:
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         default = plain(default)
         domain = domain_of(annotated[f.name])
-        out.append(FieldInfo(key, _type_name(tp), default, domain.text if domain else "", docs.get(f.name, "")))
+        item = typing.get_args(tp)[0] if typing.get_origin(tp) is list else None
+        items = tuple(reference(item, key + "[].")) if dataclasses.is_dataclass(item) else ()
+        out.append(FieldInfo(key, _type_name(tp), default, domain.text if domain else "", docs.get(f.name, ""), items=items))
     return out

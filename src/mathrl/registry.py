@@ -112,6 +112,11 @@ def load_callable(ref: str) -> Any:
     except ValueError:
         raise
     except Exception as e:
+        local = Path(module_name.replace(".", "/") + ".py")
+        if isinstance(e, ModuleNotFoundError) and e.name == module_name.split(".")[0] and local.is_file():
+            # the working directory is not on the import path of the `mathrl` command (nor of its workers)
+            raise ValueError(f"module {module_name!r} does not import ({type(e).__name__}: {e}); {local} is in the "
+                             f"working directory: give it as a file, '{local}:{attr}'") from None
         raise ValueError(f"module {module_name!r} does not import ({type(e).__name__}: {e})") from None
     if not hasattr(module, attr):
         raise ValueError(f"module {module_name!r} has no {attr!r}")

@@ -5,12 +5,14 @@
       config.yaml          the resolved config (config.previous.yaml: the one a resumed run replaced)
       metrics.jsonl        one JSON object per step (track.sinks.JsonlSink; names in docs/metrics.md)
       evals.jsonl          every evaluation: {"step", "set", EvalResult fields, "samples": first 5}
-      rollouts.jsonl       a sample of each step's rollouts with per-token ids and logprobs
+      rollouts.jsonl       a sample of each step's rollouts with per-token ids and logprobs (a step that kept
+                           no group: the samples dynamic sampling dropped, marked "dropped": true)
       positions.jsonl      PPO with a critic: each step's mean value and advantage by response position
       checkpoints/         step_<N>/ resumable checkpoints (train/checkpoint.py)
       final/               the trained model, a plain Hugging Face directory (critic/ for PPO)
       parent.json          the checkpoint a `train.init_from` run continued
-      summary.json         base vs final held-out scores and wall time (written last: the run is done)
+      summary.json         base vs final held-out scores and wall time, summed over the processes that ran
+                           it ("processes": each one's first and last step and seconds; written last)
       eval/                `mathrl eval <run_dir>`'s default output: results.json, results.md
 
     run = RunDir("runs/x")
@@ -42,6 +44,10 @@ _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 class RunComplete(Exception):
     """The run directory already holds a finished run."""
+
+
+class FinishedRunConfigChanged(ValueError):
+    """The command of a finished run was rerun with a different config: it would train nothing."""
 
 
 class RunDirBusy(RuntimeError):
@@ -262,6 +268,16 @@ class RunDir:
             truncate_jsonl(path, step)
 
 
+def processes_note(processes: list[dict[str, Any]] | None) -> str:
+    """How a run was spread over processes, from summary.json's "processes" (each {"first_step",
+    "last_step", "wall_seconds"}): "" for a run one process ran, else e.g. "resumed 2x: steps 1-20
+    13.0 min, 21-40 25.3 min, 41-50 13.7 min"."""
+    if not processes or len(processes) < 2:
+        return ""
+    spans = ", ".join(f"{p['first_step']}-{p['last_step']} {p['wall_seconds'] / 60:.1f} min" for p in processes)
+    return f"resumed {len(processes) - 1}x: steps {spans}"
+
+
 def truncate_jsonl(path: Path, max_step: int) -> None:
     """Drop rows logged after `max_step` (by a run that was killed after its last checkpoint)."""
     path = Path(path)
@@ -307,6 +323,18 @@ def open_run_dir(path: str | Path | None, *, config_text: str, resume: bool, con
         raise
 
 
+def _config_changes(old: str, new: str) -> list[str]:
+    """`key: old -> new` for every config key that differs between two config.yaml texts ([] when the old
+    one is missing or they differ in formatting only)."""
+    if not old or old == new:
+        return []
+    import yaml
+
+    from mathrl.config_schema import config_changes
+
+    return config_changes(yaml.safe_load(old) or {}, yaml.safe_load(new) or {})
+
+
 def _open_locked(run: RunDir, *, config_text: str, resume: bool, console: Console) -> tuple[RunDir, Path | None]:
     """open_run_dir once this process holds the run directory's lock."""
     has_run = run.metrics_path.exists()
@@ -327,6 +355,16 @@ def _open_locked(run: RunDir, *, config_text: str, resume: bool, console: Consol
             log.unlink(missing_ok=True)
         has_run = False
     if has_run:
+        changed = _config_changes(run.config_text() or "", config_text)
+        if run.is_finished() and changed:
+            # refused rather than resumed: a finished run has no step left, so the new config would train
+            # nothing; a longer train.steps is not continued in place either, since final/, summary.json and
+            # the last evaluation belong to the step count the run finished with (train.init_from continues it)
+            step = (run.summary() or {}).get("steps", "?")
+            raise FinishedRunConfigChanged(
+                f"run directory {run.path} holds a finished run ({step} steps) whose config differs ({'; '.join(changed)}); "
+                "nothing was trained. Choose another --run-dir for the new config, --no-resume to start over in this one "
+                "(the old run is kept aside), or train.init_from=<its checkpoint> in a new directory to train it further")
         if run.is_finished():
             raise RunComplete(f"run directory {run.path} holds a finished run; use --no-resume to start over "
                               "(the old run is kept aside) or choose another --run-dir")
@@ -338,15 +376,11 @@ def _open_locked(run: RunDir, *, config_text: str, resume: bool, console: Consol
             )
         old = run.config_text() or ""
         if old and old != config_text:
-            import yaml
             from rich.markup import escape
 
-            from mathrl.config_schema import config_changes
-
-            changed = "; ".join(config_changes(yaml.safe_load(old) or {}, yaml.safe_load(config_text) or {}))
             console.print(f"[yellow]warning:[/yellow] the config differs from the one {run.path} was started with "
-                          f"({escape(changed) or 'formatting only'}); resuming with the new one (the old one is kept "
-                          "as config.previous.yaml)")
+                          f"({escape('; '.join(changed)) or 'formatting only'}); resuming with the new one (the old one is "
+                          "kept as config.previous.yaml)")
             (run.path / "config.previous.yaml").write_text(old)
     run.path.mkdir(parents=True, exist_ok=True)
     run.config_path.write_text(config_text)

@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from mathrl.run_dir import RunDir
+from mathrl.run_dir import RunDir, processes_note
 from mathrl.track.sinks import flatten
 
 # ---- what to chart ----------------------------------------------------------------------------------
@@ -527,12 +527,16 @@ def runs_table(runs: list[Run]) -> str:
     rows = []
     for run in runs:
         wall = run.summary.get("wall_seconds") if run.summary else None
+        resumed = processes_note(run.summary.get("processes")) if run.summary else ""  # a resumed run: its processes
+        wall_cell = _fmt(wall / 60, 1) + " min" if wall is not None else "—"
+        if resumed:  # "52.0 min (resumed 2x)", each process's steps and minutes on hover
+            wall_cell = f"<span title='{html.escape(resumed)}'>{wall_cell} ({resumed.split(':')[0]})</span>"
         status = "finished" if run.summary else "no summary.json (running or stopped)"
         engine = run.config.get("rollout.engine", "—")
         rows.append(
             f"<tr>{_run_cell(run)}<td class='mono'>{html.escape(str(run.path))}</td>"
             f"<td class='num'>{run.last_train_step if run.last_train_step is not None else '—'}</td>"
-            f"<td class='num'>{_fmt(wall / 60, 1) + ' min' if wall is not None else '—'}</td>"
+            f"<td class='num'>{wall_cell}</td>"
             f"<td class='num'>{world_sizes(run)}</td><td>{html.escape(str(engine))}</td>"
             f"<td>{status}</td><td class='num'>{len(run.inspect_pages)}</td></tr>"
         )

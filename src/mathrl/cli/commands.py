@@ -131,6 +131,9 @@ def config(ns: argparse.Namespace, console: Console) -> int:
         shown = f"{value!r}" + (f" (default {values[e.key]!r})" if value != values[e.key] else "")
         allowed = f"  [{e.domain}]" if e.domain else ""
         print(f"{e.key}: {e.type} = {shown}{allowed}" + (f"  # {e.doc}" if e.doc else ""))
+        for item in e.items:  # a list of entries: the keys of each, with a new entry's defaults
+            allowed = f"  [{item.domain}]" if item.domain else ""
+            print(f"  {item.key}: {item.type} = {item.default!r}{allowed}" + (f"  # {item.doc}" if item.doc else ""))
     return 0
 
 
@@ -179,7 +182,7 @@ def inspect(ns: argparse.Namespace, console: Console) -> int:
 
 
 def plan(ns: argparse.Namespace, console: Console) -> int:
-    from mathrl.model.plan import estimate_memory, format_plan
+    from mathrl.model.plan import estimate_memory, format_plan, setup_time
 
     recipe, overrides = _split_recipe(ns.args)
     cfg = load_config(recipe, overrides, check_paths=False)  # planning needs the architecture, not the data
@@ -188,6 +191,7 @@ def plan(ns: argparse.Namespace, console: Console) -> int:
     trainer_gpus = list(range(ns.trainer_gpus)) if ns.trainer_gpus is not None and gpus else None
     plan = estimate_memory(cfg, gpus=gpus, gpu_mem_gib=ns.gpu_mem, trainer_gpus=trainer_gpus, host_mem_gib=ns.host_mem)
     print(format_plan(plan, cfg.model.path), flush=True)
+    print(setup_time(cfg), flush=True)
     return 0 if plan.fits else EXIT_ERROR
 
 

@@ -500,7 +500,7 @@ class EvalConfig:
 
 @dataclass
 class LogConfig:
-    rollouts_per_step: NonNeg[int] = 8  # samples of rollouts (with per-token logprobs) written to rollouts.jsonl
+    rollouts_per_step: NonNeg[int] = 8  # samples of rollouts (with per-token logprobs) written to rollouts.jsonl per step; a step that kept no group writes its dropped samples, marked "dropped": true
     reflection_words: list[str] = field(default_factory=lambda: ["wait", "Wait", "verify", "double-check"])  # markers counted by rollout/reflection_rate
     tensorboard: bool = False  # also write <run_dir>/tensorboard (pip install tensorboard)
     wandb: bool = False  # also log to Weights & Biases (pip install wandb; WANDB_MODE=offline keeps it local)

@@ -8,6 +8,7 @@ import torch
 
 from mathrl.config import Config
 from mathrl.model.dtypes import DTYPES
+from mathrl.model.paths import looks_like_hub_id
 
 
 class ModelLoadError(ValueError):
@@ -38,7 +39,8 @@ def load_model_and_tokenizer(path: str | Path, *, dtype: str = "float32", device
         except ValueError as e:
             raise ModelLoadError(f"model.path {str(path)!r}: {e}") from None
     local = Path(path)
-    if not local.exists() and (str(path).startswith((".", "/", "~")) or local.suffix):
+    # a suffix marks a file name (model.bin), but not in a hub id: "Qwen/Qwen2.5-0.5B" has the suffix ".5-0"
+    if not local.exists() and (str(path).startswith((".", "/", "~")) or (local.suffix and not looks_like_hub_id(str(path)))):
         raise ModelLoadError(f"model.path {str(path)!r} does not exist; give a Hugging Face model directory or hub id")
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path))

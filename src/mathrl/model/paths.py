@@ -23,7 +23,7 @@ from mathrl.registry import ARCHITECTURES
 if TYPE_CHECKING:
     from mathrl.model.tiny import PretrainingText
 
-__all__ = ["TINY_BASE", "context_length", "model_path_problem", "resolve_model_path", "shipped_architecture_of"]
+__all__ = ["TINY_BASE", "context_length", "looks_like_hub_id", "model_path_problem", "resolve_model_path", "shipped_architecture_of"]
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # org/name
 _OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
@@ -54,9 +54,15 @@ def resolve_model_path(cfg: Config, console: Console, *, pretraining_text: Pretr
     return str(path)
 
 
+def looks_like_hub_id(path: str) -> bool:
+    """Whether `path` reads as a Hugging Face hub id `org/name` rather than a local path."""
+    return not path.startswith(("/", ".", "~")) and bool(_HUB_ID.match(path))
+
+
 def model_path_problem(path: str) -> str | None:
     """Why `path` cannot be a model to load, or None: a local Hugging Face directory (with config.json),
-    or a hub id `org/name` (which must be in the local cache when HF_HUB_OFFLINE is set). Checked before
+    or a hub id `org/name` (which must be in the local cache when the hub cannot be reached: HF_HUB_OFFLINE
+    set, or no connection to it). Checked before
     anything loads: a bare name that is neither would otherwise be tried against the hub, with retries."""
     local = Path(path).expanduser()
     if local.is_dir():
@@ -67,15 +73,36 @@ def model_path_problem(path: str) -> str | None:
     if local.exists():
         return "is a file; give a Hugging Face model directory (with config.json) or a hub id such as Qwen/Qwen2.5-Math-1.5B"
     hint = f"give a Hugging Face model directory, a hub id such as Qwen/Qwen2.5-Math-1.5B, or {TINY_BASE}"
-    if path.startswith(("/", ".", "~")) or not _HUB_ID.match(path) or Path(path.split("/")[0]).is_dir():
+    if not looks_like_hub_id(path) or Path(path.split("/")[0]).is_dir():
         return f"does not exist ({hint})"
-    if any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on") for v in _OFFLINE_VARS):
-        try:
-            from huggingface_hub import try_to_load_from_cache
-        except ImportError:  # pragma: no cover - transformers depends on it
-            return None
-        if not isinstance(try_to_load_from_cache(path, "config.json"), str):
-            return "is a hub id that is not in the local cache, and HF_HUB_OFFLINE is set (download it first, or unset it)"
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # pragma: no cover - transformers depends on it
+        return None
+    if isinstance(try_to_load_from_cache(path, "config.json"), str):
+        return None  # cached: loads without the network
+    offline = next((v for v in _OFFLINE_VARS if os.environ.get(v, "").lower() in ("1", "true", "yes", "on")), None)
+    why = f"offline: {offline} is set" if offline else hub_unreachable()
+    if why is None:
+        return None  # the hub answers: the model is downloaded when the run loads it
+    return (f"looks like a hub id but is not in the local Hugging Face cache and the hub is unreachable ({why}): "
+            f"download it first with `huggingface-cli download {path}` where the hub is reachable (copy the cache, "
+            "HF_HUB_CACHE, here if that is another machine), or give a local model directory")
+
+
+def hub_unreachable(timeout_s: float = 3.0) -> str | None:
+    """Why the Hugging Face hub (HF_ENDPOINT) cannot be reached from here, or None when a TCP connection
+    to it opens within `timeout_s`. Checked only for a hub id that is not cached: without it an offline
+    machine would fail after the run directory was made, and name the id a missing path."""
+    import socket
+    from urllib.parse import urlparse
+
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = endpoint.hostname or "huggingface.co", endpoint.port or (80 if endpoint.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as e:
+        return f"offline: no connection to {host}:{port}, {e.strerror or type(e).__name__}"
     return None
 
 

@@ -78,9 +78,9 @@ def render_chat(question: str, tokenizer: Any, *, system: str | None = None, too
     """
     if not getattr(tokenizer, "chat_template", None):
         name = getattr(tokenizer, "name_or_path", type(tokenizer).__name__)
-        raise ValueError(
-            f"tokenizer {name!r} has no chat template (probably a base model): use "
-            "render_prompt(question, template='zero' or 'plain') instead"
+        raise ValueError(  # data.template is the field behind both spellings; the command line is where it is set
+            f"tokenizer {name!r} has no chat template (probably a base model): use a text template instead, "
+            "data.template=zero (or plain) on the command line or in the recipe; mathrl eval: --template zero"
         )
     messages = []
     if system is not None:

@@ -20,6 +20,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Column, Table
 
+from mathrl.run_dir import processes_note
+
 PIPE_WIDTH = 1000  # columns of a console whose output is not a terminal: wide enough never to cut a table
 
 
@@ -168,8 +170,12 @@ class StepProgress:
         self._progress.update(self._task, advance=1, info=info)
 
 
-def summary_table(base: dict, final: dict, *, wall_seconds: float, n: int) -> Table:
-    table = Table(title=f"held-out results (n={n} samples per problem; wall time {wall_seconds / 60:.1f} min)")
+def summary_table(base: dict, final: dict, *, wall_seconds: float, n: int, processes: list[dict] | None = None) -> Table:
+    """Base vs final held-out scores; the title has the wall time (summed over a resumed run's processes,
+    `processes`, and then each one's steps and minutes)."""
+    resumed = processes_note(processes)
+    table = Table(title=f"held-out results (n={n} samples per problem; wall time {wall_seconds / 60:.1f} min)",
+                  caption=f"wall time over {len(processes)} processes, {resumed}" if resumed else None)
     table.add_column("set")
     table.add_column("metric")
     table.add_column("base", justify="right")

@@ -71,6 +71,7 @@ class Collected:
     versions: torch.Tensor | None = None  # [N] long: the policy version that sampled each row (set by a generator, train/generator.py)
     void: list[bool] | None = None  # [N] tool episodes whose last turn has neither a call nor an answer (`void_turns`)
     drops: GroupDrops = field(default_factory=GroupDrops)  # the groups dynamic sampling dropped (the kept ones: `problems`)
+    dropped: RoundKept | None = None  # no group kept: the first round's first groups as sampled, for rollouts.jsonl
 
 
 class DynamicSamplingExhausted(RuntimeError):
@@ -169,6 +170,7 @@ def collect_rollouts(cfg: Config, step: int, *, train_stream: ProblemStream, eng
     shaping: dict[str, list[float]] = {}  # each shaping term's mean, per round
     failed: dict[str, float] = {}  # reward/<name>/errors and /timeouts, summed over the rounds
     episodes = []  # (rollout, void flags) of every round with tools: tool/* count every episode sampled
+    first_round: RoundKept | None = None  # what a step that keeps no group logs instead (log.rollouts_per_step rows)
     while kept < want and rounds < (ds.max_rounds if ds.mode != "none" else 1):
         rounds += 1
         problems, prompt_ids, prompts_text = train_stream.next_batch(want)
@@ -192,6 +194,13 @@ def collect_rollouts(cfg: Config, step: int, *, train_stream: ProblemStream, eng
         for name, mean in term_means.items():
             shaping.setdefault(name, []).append(mean)
         keep, dropped = kept_groups(ds, total, group_ids, correct)
+        if first_round is None:
+            groups = range(min(len(problems), -(-cfg.log.rollouts_per_step // n)))  # enough whole groups for the log
+            rows = [g * n + j for g in groups for j in range(n)]
+            first_round = RoundKept([problems[g] for g in groups], [prompts_text[g] for g in groups],
+                                    select_rollout_rows(rollout, rows), [texts[i] for i in rows],
+                                    [scores.results[i] for i in rows], rewards[rows], correct[rows], scores.select(rows),
+                                    [void[i] for i in rows])
         keep, drops = keep[: want - kept], drops + dropped
         kept += len(keep)
         rows = [g * n + j for g in keep for j in range(n)]
@@ -217,7 +226,7 @@ def collect_rollouts(cfg: Config, step: int, *, train_stream: ProblemStream, eng
             f"{ds.max_rounds} generation rounds; raise max_rounds, widen the band, or set on_exhausted=train_smaller"
         )
     return joined(parts, tokenizer.pad_token_id, metrics=metrics, rollout_seconds=t_gen, reward_seconds=t_rew,
-                  scores=kept_scores, drops=drops)
+                  scores=kept_scores, drops=drops, dropped=first_round if kept == 0 else None)
 
 
 def joined(parts: list[RoundKept], pad_token_id: int, **rest) -> Collected:

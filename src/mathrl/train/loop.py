@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -189,11 +188,14 @@ def finish(trainer: Trainer) -> TrainResult:
     if t.critic is not None:
         save_hf_model(t.critic, None, t.run.final / "critic", ranks=t.ranks)
     t.tracker.close()
-    wall = time.time() - t.t_start
+    processes = t.wall_processes(cfg.train.steps)  # a resumed run: every process that ran it
+    wall = sum(p["wall_seconds"] for p in processes)
     if not t.ranks.main:
         return TrainResult(run_dir=t.run.path, base={}, final={}, wall_seconds=wall)
-    (t.run.final / "trainer_state.json").write_text(json.dumps({"step": cfg.train.steps, **t.state()}, indent=2))
-    t.run.write_summary(summary(wall_seconds=wall, steps=cfg.train.steps, base=t.base_results, final=t.latest))
-    console.print(summary_table(t.base_results, t.latest, wall_seconds=wall, n=cfg.eval.n))
+    (t.run.final / "trainer_state.json").write_text(json.dumps({"step": cfg.train.steps, **t.state(), "processes": processes},
+                                                               indent=2))
+    t.run.write_summary({**summary(wall_seconds=wall, steps=cfg.train.steps, base=t.base_results, final=t.latest),
+                         "processes": processes})
+    console.print(summary_table(t.base_results, t.latest, wall_seconds=wall, n=cfg.eval.n, processes=processes))
     console.print(f"[bold]run directory[/bold] {t.run.path}")
     return TrainResult(run_dir=t.run.path, base=t.base_results, final=t.latest, wall_seconds=wall)

@@ -117,6 +117,12 @@ def skip(trainer: Trainer, step: int, got: Collected) -> StepResult:
     if trainer.cfg.generator_workers:  # version `step` is the unchanged weights: the generators count versions by sends
         push_weights(trainer, step)
     trainer.tracker.log(step, got.metrics)
+    if trainer.ranks.main and got.dropped is not None:  # what was sampled and dropped: the samples to read when no group is kept
+        d = got.dropped
+        trainer.run.append_rollouts(rollout_records(step, d.problems, d.prompts_text, d.texts, d.results, d.rollout,
+                                                    trainer.tokenizer, trainer.cfg.rollout.n, trainer.cfg.log.rollouts_per_step,
+                                                    scores=d.scores if trainer.rewarder.logs_components else None,
+                                                    dropped=True))
     return StepResult(trained=False, groups=GroupOutcomes(kept=0, kept_all_wrong=0, kept_all_correct=0, dropped=got.drops),
                       collapse=None, metrics=got.metrics)
 
@@ -383,9 +389,10 @@ def group_outcomes(got: Collected, n: int) -> GroupOutcomes:
 
 
 def rollout_records(step, problems, prompts_text, texts, results, rollout: RolloutBatch, tokenizer, n: int, limit: int,
-                    scores: Scores | None = None):
+                    scores: Scores | None = None, dropped: bool = False):
     """The first `limit` samples of a step, with per-token ids, strings and logprobs, for rollouts.jsonl;
-    with `scores`, each sample's component scores too."""
+    with `scores`, each sample's component scores too; `dropped`: samples of groups dynamic sampling
+    dropped (a step that kept none), marked "dropped": true."""
     records = []
     for i in range(min(limit, len(texts))):
         length = int(rollout.context_mask[i].sum())
@@ -409,6 +416,8 @@ def rollout_records(step, problems, prompts_text, texts, results, rollout: Rollo
             records[-1]["tool_calls"] = int(rollout.tool_calls[i])
         if scores is not None:
             records[-1]["components"] = {name: values[i] for name, values in scores.values.items()}
+        if dropped:
+            records[-1]["dropped"] = True
     return records
 
 

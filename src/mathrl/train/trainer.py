@@ -93,6 +93,9 @@ class Trainer:
     stop: StopSignal = field(default_factory=StopSignal)  # SIGTERM's request to stop between steps (train/preempt.py)
     last_save: float = field(default_factory=time.monotonic)  # when the last checkpoint was written (train.save_every_minutes)
     saved_step: int | None = None  # the step of the last checkpoint this process wrote
+    # a resumed run's earlier processes, from its checkpoint: {"first_step", "last_step", "wall_seconds"} each, their
+    # seconds counted up to the checkpoint they saved (a kill's lost work is not counted: it is redone, and counted, here)
+    processes: list[dict] = field(default_factory=list)
 
     @property
     def optimizers(self) -> dict[str, Any]:
@@ -117,6 +120,12 @@ class Trainer:
         scalers = {"policy": self.scaler, "critic": self.critic_scaler}
         return {name: s.state_dict() for name, s in scalers.items() if s is not None}
 
+    def wall_processes(self, step: int) -> list[dict]:
+        """Every process that has run this run, up to step `step`: the earlier ones and this one so far
+        (from `build_trainer`'s start). Checkpoints record it, so the run's wall time sums over resumes."""
+        return [*self.processes, {"first_step": self.start_step, "last_step": step,
+                                  "wall_seconds": round(time.time() - self.t_start, 3)}]
+
     @contextlib.contextmanager
     def reference(self) -> Iterator[Any]:
         """The KL reference model to score with: the loaded copy, or with LoRA the policy itself with its
@@ -140,7 +149,8 @@ class Trainer:
         # no checkpoint while updates are being skipped: the last one stays the last good one
         due = force or save_due(self.cfg, step, last=self.cfg.train.steps)
         if due and not self.skips.in_a_row and self.saved_step != step:
-            save_checkpoint(self.run.checkpoints, step, model=self.model, tokenizer=self.tokenizer, state=self.state(),
+            save_checkpoint(self.run.checkpoints, step, model=self.model, tokenizer=self.tokenizer,
+                            state={**self.state(), "processes": self.wall_processes(step)},
                             keep_last=self.cfg.train.keep_last, keep_every=self.cfg.keep_every_steps,
                             critic=self.critic, ranks=self.ranks, **self.optimizers,
                             extra_tensors=self.generator_versions(step))
@@ -294,6 +304,7 @@ def _restore(t: Trainer) -> None:
         if t.ptx is not None:
             t.ptx.load_state_dict(state["ptx"])
         t.skips.total = int(state.get("skipped_steps", 0))
+        t.processes = list(state.get("processes", []))  # absent in checkpoints of earlier versions: not counted
     else:  # staged growth (e.g. a longer rollout.max_new_tokens): optimizer, schedule, controllers kept
         if t.ranks.main:
             t.run.write_parent(parent, state["step"])
