@@ -63,7 +63,7 @@ def _offload_worker(rank: int, world_size: int, init_file: str, out_file: str) -
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
-    from mathrl.rollout.base import full_tensor
+    from mathrl.model.io import full_tensor
     from mathrl.train.dist import close_distributed, exit_rank, total_norm
 
     # the CPU half of a CUDA job's mixed group, named the way init_distributed names it there

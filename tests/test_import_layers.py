@@ -26,7 +26,8 @@ LAYERS = [
     {"analysis"},
     {"cli"},
 ]
-PEER_BANS = {("algo", "model"), ("algo", "rollout"), ("algo", "tasks"), ("reward", "model"), ("reward", "rollout")}
+PEER_BANS = {("algo", "model"), ("algo", "rollout"), ("algo", "tasks"), ("reward", "model"), ("reward", "rollout"),
+             ("model", "rollout")}  # engines use models; a model never needs an engine
 # Known exceptions (file, room), each with its reason; none today.
 KNOWN: set[tuple[str, str]] = set()
 ENTRY_POINTS = {"__main__.py"}  # `python -m mathrl.train` starts the command line
@@ -216,3 +217,46 @@ def test_the_check_sees_a_circle_behind_deferred_and_type_checking_imports(tmp_p
     (pkg / "trainer.py").write_text("class Trainer:\n    pass\n")
     (pkg / "loop.py").write_text("")
     assert cycles(module_graph(tmp_path)) == []
+
+
+# ---- two-way pairs between folders --------------------------------------------------------------------
+
+
+def room_graph(root: Path, package: str = "mathrl") -> dict[str, dict[str, str]]:
+    """{room: {imported room: "module:line" of the first import}} over the package under `root`: the
+    module graph with each module replaced by its room (mathrl.train.step -> train). Entry points
+    (`python -m mathrl.train` starts the command line) are not a room's own imports."""
+    graph: dict[str, dict[str, str]] = {}
+    for module, edges in module_graph(root, package).items():
+        if module.rpartition(".")[2] + ".py" in ENTRY_POINTS:
+            continue
+        src = module.split(".")[1] if "." in module else module
+        graph.setdefault(src, {})
+        for target, line in edges.items():
+            dst = target.split(".")[1] if "." in target else target
+            if dst != src:
+                graph[src].setdefault(dst, f"{module}:{line}")
+    return graph
+
+
+def test_no_two_folders_import_each_other():
+    # a circle between rooms (evaluation -> train -> evaluation; model -> rollout -> model) is a layer
+    # that runs two ways, even when no module circle closes
+    graph = room_graph(PACKAGE.parent)
+    found = cycles({room: dict.fromkeys(edges, 0) for room, edges in graph.items()})
+    described = ["; ".join(f"{a} imports {b} ({graph[a][b]})" for a in sorted(c) for b in sorted(graph[a]) if b in c)
+                 for c in found]
+    assert described == [], "folders that import each other:\n" + "\n".join(described)
+
+
+def test_the_check_sees_a_two_way_pair_of_folders(tmp_path):
+    # no module circle here: a.x -> b.y and b.z -> a.w, four modules, one circle between two folders
+    for path, text in {"mathrl/__init__.py": "", "mathrl/a/__init__.py": "", "mathrl/b/__init__.py": "",
+                       "mathrl/a/x.py": "from mathrl.b.y import f\n", "mathrl/a/w.py": "def g(): pass\n",
+                       "mathrl/b/y.py": "def f(): pass\n", "mathrl/b/z.py": "def h():\n    from mathrl.a.w import g\n"}.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    assert cycles(module_graph(tmp_path)) == []
+    graph = room_graph(tmp_path)
+    assert graph["a"] == {"b": "mathrl.a.x:1"} and graph["b"] == {"a": "mathrl.b.z:2"}
+    assert cycles({room: dict.fromkeys(edges, 0) for room, edges in graph.items()}) == [frozenset({"a", "b"})]

@@ -216,14 +216,14 @@ def test_settings_out_of_their_domain_are_refused(override, fragment):
 
 
 def test_plan_counts_the_adapters_and_no_reference_copy(make_tiny_qwen2):
-    from mathrl.model.plan import architecture_of, estimate_memory
+    from mathrl.train.plan import architecture_of, estimate_memory
 
     cfg = load_config(None, ["model.lora.r=8", "algo.kl.use=loss"])
     arch = architecture_of(cfg)
-    # the adapters peft builds on the tiny base's architecture (same numbers as model.plan's Qwen2Config)
+    # the adapters peft builds on the tiny base's architecture (same numbers as train.plan's Qwen2Config)
     from transformers import AutoModelForCausalLM
 
-    from mathrl.model.plan import _hf_config
+    from mathrl.train.plan import _hf_config
 
     real = adapter_params(add_adapters(AutoModelForCausalLM.from_config(_hf_config(cfg)), cfg.model.lora))
     assert arch.lora_params == sum(p.numel() for p in real) and arch.lora_param_tensors == len(real)

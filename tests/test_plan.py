@@ -10,7 +10,7 @@ import torch
 from mathrl.cli import main
 from mathrl.config import load_config
 from mathrl.model.init import CONFIG_DIR, build_random_model
-from mathrl.model.plan import (
+from mathrl.train.plan import (
     GIB,
     activation_bytes_per_token,
     architecture_of,
@@ -215,8 +215,8 @@ def _tiny_buckets(bucket_mb: float = 256.0):
     """The weight buckets train/generator.py cuts the tiny model's state dict into (built on the meta device)."""
     from transformers import AutoModelForCausalLM
 
-    from mathrl.model.plan import _hf_config
     from mathrl.rollout import weight_sync as ws
+    from mathrl.train.plan import _hf_config
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(_hf_config(load_config(None, [])))
@@ -346,8 +346,8 @@ def test_cli_plans_the_generators(capsys):
 def test_plan_states_the_setup_time_of_the_base_model(tmp_path, monkeypatch, capsys):
     # Bug story: the tool recipes' base-model builds (5.5 and 17.5 min) were stated only in docs/findings.md,
     # and `mathrl plan` on them reported GPU memory only. Its last line now says what the run does first.
-    from mathrl.model.plan import MEASURED_BUILDS, setup_time
     from mathrl.model.tiny import recipe_hash
+    from mathrl.train.plan import MEASURED_BUILDS, setup_time
 
     monkeypatch.setenv("MATHRL_CACHE", str(tmp_path / "empty-cache"))  # nothing built here
     for recipe, minutes in [("recipes/arith_tools.yaml", "5.5 min"), ("recipes/arith_tools_mul.yaml", "17.5 min")]:

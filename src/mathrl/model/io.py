@@ -1,4 +1,5 @@
-"""Load and save Hugging Face causal LMs (safetensors weights, tokenizer files beside them)."""
+"""Load and save Hugging Face causal LMs (safetensors weights, tokenizer files beside them); `full_tensor`
+gathers a sharded (FSDP2) tensor whole, for saving and for the engines' weight sync."""
 
 from __future__ import annotations
 
@@ -13,6 +14,12 @@ from mathrl.model.paths import looks_like_hub_id
 
 class ModelLoadError(ValueError):
     pass
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor behind `t` (a DTensor, e.g. an FSDP2-sharded parameter, is gathered; a
+    collective, so every rank must call it in the same order)."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def load_model_and_tokenizer(path: str | Path, *, dtype: str = "float32", device: str | torch.device = "cpu",

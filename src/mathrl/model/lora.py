@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from mathrl.rollout.base import full_tensor
+from mathrl.model.io import full_tensor
 
 __all__ = ["ADAPTER_CONFIG", "add_adapters", "adapter_params", "has_adapter", "is_lora", "load_adapter_weights",
            "merge_lora", "merged_weights", "plain_weights", "stream_plain_weights", "unwrap"]

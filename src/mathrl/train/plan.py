@@ -451,9 +451,9 @@ def _trainer_engine(cfg: Config, a: Architecture, *, n: int, pb: int, cb: int, g
         vb = _vllm_bytes(cfg)
         weights = a.params * vb
         if gpu_mem_gib is None:  # vLLM on a CPU: a fixed KV cache, not a share of all host memory
-            from mathrl.rollout.vllm_engine import _CPU_DEFAULT_KV_GB
+            from mathrl.rollout.vllm_engine import CPU_DEFAULT_KV_GB
 
-            kv_gb = v.kv_cache_gb if v.kv_cache_gb is not None else _CPU_DEFAULT_KV_GB
+            kv_gb = v.kv_cache_gb if v.kv_cache_gb is not None else CPU_DEFAULT_KV_GB
             c[key] = weights + int(kv_gb * GIB)
             notes[key] = f"on the CPU: weights {a.params:,} x {vb} B + KV cache {kv_gb:g} GiB (rollout.vllm.kv_cache_gb)"
             return c, notes, c[key], c[key]
@@ -498,9 +498,9 @@ def _generator_engine(cfg: Config, a: Architecture, index: int, gpu: int | None,
             util = v.gpu_memory_utilization
             return GeneratorUse(index, gpu, "vLLM", int(util * gpu_mem_gib * GIB), util,
                                 f"gpu_memory_utilization {util:g} x {gpu_mem_gib:g} GiB (weights, KV cache, activations)")
-        from mathrl.rollout.vllm_engine import _CPU_DEFAULT_KV_GB
+        from mathrl.rollout.vllm_engine import CPU_DEFAULT_KV_GB
 
-        kv_gb = v.kv_cache_gb if v.kv_cache_gb is not None else _CPU_DEFAULT_KV_GB
+        kv_gb = v.kv_cache_gb if v.kv_cache_gb is not None else CPU_DEFAULT_KV_GB
         vb = _vllm_bytes(cfg)
         return GeneratorUse(index, None, "vLLM", a.params * vb + int(kv_gb * GIB), None,
                             f"weights {a.params:,} x {vb} B + KV cache {kv_gb:g} GiB (rollout.vllm.kv_cache_gb)")
