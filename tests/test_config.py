@@ -365,7 +365,7 @@ def test_ppo_with_a_critic_needs_no_groups():
 
 
 # --------------------------------------------------------------------------------------------------
-# the domain of every field (declared on the field: `steps: Count = 50`, see config_schema)
+# the domain of every field (declared on the field: `steps: Count = 50`, see config/schema.py)
 # --------------------------------------------------------------------------------------------------
 def _leaf_fields(cls=Config, prefix=""):
     """(key, annotation with its domain) of every field, sections descended; the fields of a list of
@@ -395,7 +395,7 @@ def _is_numeric(tp) -> bool:
 def test_every_numeric_field_has_a_domain():
     # A new int or float field without a declared range is how `train.max_grad_norm=-1` got through:
     # torch clips to a negative norm by flipping the gradient's sign. Declare its domain on the field.
-    from mathrl.config_schema import domain_of
+    from mathrl.config.schema import domain_of
 
     # rollout.tools entries are checked by config.tool_entry_problems, which tools.ToolPool shares for
     # specs built in code (no config type checked those), with messages of its own
@@ -406,7 +406,7 @@ def test_every_numeric_field_has_a_domain():
 
 def test_every_field_is_documented_and_every_default_is_in_its_domain():
     # `mathrl config` prints these docs (the `#` comments in config/tree.py); the defaults must pass their own checks.
-    from mathrl.config_schema import check_domains, reference
+    from mathrl.config.schema import check_domains, reference
 
     undocumented = [e.key for e in reference(Config) if not e.doc]
     assert undocumented == [], f"config fields without a `#` doc comment: {undocumented}"
@@ -426,7 +426,7 @@ def _with(key: str, value):
 def test_range_boundaries_are_exact():
     # For every numeric range: its closed end passes, its open end and the value one step beyond fail,
     # and NaN never passes (NaN compares false with everything, so a `v < low` check alone lets it in).
-    from mathrl.config_schema import Range, check_domains, domains
+    from mathrl.config.schema import Range, check_domains, domains
 
     checked = 0
     for key, dom in domains(Config).items():
@@ -527,7 +527,7 @@ def test_recipe_errors_name_the_file(tmp_path, content, message):
 
 def test_mathrl_config_lists_every_key_with_type_default_domain_and_doc(capsys):
     from mathrl.cli import main
-    from mathrl.config_schema import reference
+    from mathrl.config.schema import reference
 
     assert main(["config", "rollout.n=4"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -541,7 +541,7 @@ def test_mathrl_config_lists_every_key_with_type_default_domain_and_doc(capsys):
 
 def test_config_changes_name_every_changed_key():
     # Resuming with a changed config used to warn without saying which fields changed.
-    from mathrl.config_schema import config_changes
+    from mathrl.run_dir import config_changes
 
     old = to_dict(load_config(None, ["rollout.n=8", "train.lr=2e-4"]))
     new = to_dict(load_config(None, ["rollout.n=4", "train.lr=1e-4", "data.eval=[arith, arith]"]))

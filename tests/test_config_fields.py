@@ -14,7 +14,7 @@ from typing import Annotated
 import pytest
 
 from mathrl.config import Config, ConfigError, load_config
-from mathrl.config_schema import Count, Finite, Positive, Range, check_domains, domain_of, domains, reference
+from mathrl.config.schema import Count, Finite, Positive, Range, check_domains, domain_of, domains, reference
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "mathrl"
 

@@ -19,7 +19,6 @@ LAYERS = [
     {"seeds"},
     {"shards"},
     {"registry"},
-    {"config_schema"},
     {"config", "run_dir"},
     {"tasks", "reward", "rollout", "algo", "model", "track", "tools"},
     {"train", "evaluation"},

@@ -330,9 +330,20 @@ def _config_changes(old: str, new: str) -> list[str]:
         return []
     import yaml
 
-    from mathrl.config_schema import config_changes
-
     return config_changes(yaml.safe_load(old) or {}, yaml.safe_load(new) or {})
+
+
+def config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """`key: old -> new` for every leaf that differs between two config trees (e.g. two config.yaml files
+    loaded with yaml.safe_load), keys in the new tree's order; keys only one side has count as changes."""
+    changes = []
+    for key in list(new) + [k for k in old if k not in new]:
+        a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
+        if isinstance(a, dict) and isinstance(b, dict):
+            changes += config_changes(a, b, f"{prefix}{key}.")
+        elif a != b:
+            changes.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return changes
 
 
 def _open_locked(run: RunDir, *, config_text: str, resume: bool, console: Console) -> tuple[RunDir, Path | None]:

@@ -112,7 +112,7 @@ def sft(ns: argparse.Namespace, console: Console) -> int:
 
 def config(ns: argparse.Namespace, console: Console) -> int:
     from mathrl.config import dump_yaml
-    from mathrl.config_schema import plain, reference
+    from mathrl.config.schema import plain, reference
 
     recipe, overrides = _split_recipe(ns.args)
     cfg = load_config(recipe, overrides, check_paths=False)

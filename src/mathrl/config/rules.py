@@ -18,6 +18,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
+from mathrl.config.schema import check_domains
 from mathrl.config.shared import (
     CUT_NOTE,
     DATA_FILE_SUFFIXES,
@@ -27,7 +28,6 @@ from mathrl.config.shared import (
     ConfigError,
     parse_config_path,
 )
-from mathrl.config_schema import check_domains
 from mathrl.registry import (
     ADVANTAGE_ESTIMATORS,
     ARCHITECTURES,

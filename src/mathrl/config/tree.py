@@ -5,7 +5,7 @@
 
 The type is what a recipe or override must give (`Literal` choices, int/float/bool/str, optional,
 lists); the domain (`typing.Annotated` metadata: `Count` is `Annotated[int, at_least(1)]`, see
-mathrl/config_schema.py) is what the value must be, checked before anything loads; the `#` comment
+mathrl/config/schema.py) is what the value must be, checked before anything loads; the `#` comment
 is the doc `mathrl config` prints. The defaults ARE the embedded default experiment
 (`recipes/arith_grpo.yaml` spells them out). Derived sizes are properties of `Config`; `validate` and
 the rules that tie fields together are methods it inherits from rules.py (`ConfigRules`).
@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from mathrl.config.rules import ConfigRules
-from mathrl.config.shared import DEFAULT_REWARD_FN, TINY_BASE
-from mathrl.config_schema import (
+from mathrl.config.schema import (
     INF,
     Count,
     Finite,
@@ -36,6 +35,7 @@ from mathrl.config_schema import (
     positive,
     unit,
 )
+from mathrl.config.shared import DEFAULT_REWARD_FN, TINY_BASE
 from mathrl.registry import ADVANTAGE_ESTIMATORS, ARITH_SOURCES, ENGINES, POLICY_LOSSES, PROMPT_TEMPLATES, TOOL_FORMATS
 
 # --------------------------------------------------------------------------------------------------

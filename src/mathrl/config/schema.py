@@ -16,7 +16,7 @@ The docs are the `#` comments beside the fields (and each section's docstring); 
 source once, so the tree stays the one place where a field is declared.
 
     from mathrl.config import Config
-    from mathrl.config_schema import reference
+    from mathrl.config.schema import reference
     for entry in reference(Config): print(entry.key, entry.type, entry.default, entry.domain, entry.doc)
 """
 
@@ -41,7 +41,7 @@ from mathrl.registry import Registry
 
 __all__ = [
     "COUNT", "FINITE", "NONNEG", "NON_EMPTY", "SEED", "Count", "Domain", "FieldInfo", "Finite", "NonNeg", "Positive",
-    "Range", "Registered", "Rule", "Seed", "Text", "ZeroToOne", "at_least", "check_domains", "config_changes",
+    "Range", "Registered", "Rule", "Seed", "Text", "ZeroToOne", "at_least", "check_domains",
     "domain_of", "domains", "field_docs", "plain", "positive", "reference", "unit",
 ]
 
@@ -228,19 +228,6 @@ def check_domains(cfg: Any) -> list[str]:
     for where, item in _items(cfg):
         errors += [f"{where}: {key}={value!r} {problem}" for key, value, problem in _problems(item)]
     return errors
-
-
-def config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
-    """`key: old -> new` for every leaf that differs between two config trees (e.g. two config.yaml files
-    loaded with yaml.safe_load), keys in the new tree's order; keys only one side has count as changes."""
-    changes = []
-    for key in list(new) + [k for k in old if k not in new]:
-        a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
-        if isinstance(a, dict) and isinstance(b, dict):
-            changes += config_changes(a, b, f"{prefix}{key}.")
-        elif a != b:
-            changes.append(f"{prefix}{key}: {a!r} -> {b!r}")
-    return changes
 
 
 # --------------------------------------------------------------------------------------------------
