@@ -42,3 +42,36 @@ def test_every_module_has_a_line_in_the_file_list():
 
 def test_the_file_list_names_no_module_that_is_gone():
     assert sorted(p for p in listed_paths() if not (PACKAGE / p).exists()) == []
+
+
+def listed_repo_entries() -> list[str]:
+    """The first word of every line of the file list: a path from the repository root (src/mathrl's
+    modules are relative to it), a folder ending in /, or a glob such as recipes/findings/*.yaml."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    block = text.split("## Files", 1)[1].split("```", 2)[1]
+    entries = []
+    for line in block.splitlines():
+        if line.strip() and not line.startswith(" "):  # "a.md, b.md   what they are": the paths listed first
+            for word in line.split():
+                entries.append(word.rstrip(","))
+                if not word.endswith(","):
+                    break
+    return entries
+
+
+def test_every_benchmark_script_recipe_and_doc_has_a_line():
+    # the map covers the repository's other folders too: a new benchmark, script, recipe or page
+    # without a line fails here
+    import fnmatch
+
+    entries = listed_repo_entries()
+
+    def listed(path: str) -> bool:
+        return any(path == e or (e.endswith("/") and path.startswith(e)) or fnmatch.fnmatch(path, e) for e in entries)
+
+    files = [*ROOT.glob("benchmarks/*.py"), *ROOT.glob("scripts/*"), *ROOT.glob("recipes/**/*.yaml"),
+             *ROOT.glob("docs/*.md")]
+    paths = sorted(str(p.relative_to(ROOT)) + ("/" if p.is_dir() else "") for p in files
+                   if p.name != "__pycache__" and not p.name.startswith("."))
+    assert len(paths) > 40  # the walk found the folders
+    assert [p for p in paths if not listed(p)] == []
