@@ -3,8 +3,8 @@
 import os
 
 # OpenMP threads (torch's intra-op pool, libgomp) that wait at a barrier sleep instead of spinning. Spinning
-# threads hold their cores while they wait, so two runs on one machine each burn the cores the other needs:
-# with libgomp's default, two runs on 2 cores each went about 100x slower than one alone instead of 2x.
+# threads hold their cores while they wait, so two runs on one machine each burn the cores the other needs
+# and both go far slower than twice one alone (docs/performance.md, benchmarks/concurrent_runs.py).
 # libgomp reads the variable once, when torch loads it: hence here, before any mathrl module imports torch;
 # every process mathrl starts (torchrun ranks, generator, reward and tool workers) inherits it. A value
 # the user set (OMP_WAIT_POLICY=ACTIVE: spin, for a machine the run has to itself) is kept.
