@@ -196,24 +196,25 @@ EVAL_ARGS = [*SMALL_BASE, "data.arith.max_digits=2", "data.eval_size=64", "eval.
 NOTHING_SAVED = "mathrl: stopped by SIGTERM before the first step; nothing was saved: rerun the same command to start over"
 
 
-def term_at(tmp_path: Path, argv: list[str], marker: str, cache: Path) -> tuple[int, list[str], list[str]]:
-    """`mathrl <argv>` as a subprocess, SIGTERM as soon as a line of its output starts with `marker`
-    (the phase it names has begun); (exit code, output lines, stderr lines). Output that never shows
-    the marker fails the test."""
+def term_at(tmp_path: Path, argv: list[str], marker: str, cache: Path, *, on_stderr: bool = False) -> tuple[int, list[str], list[str]]:
+    """`mathrl <argv>` as a subprocess, SIGTERM as soon as a line of its output (`on_stderr`: of its
+    stderr, where `mathrl base` reports) starts with `marker` (the phase it names has begun); (exit
+    code, output lines, stderr lines). Output that never shows the marker fails the test."""
     env = {**os.environ, "MATHRL_CACHE": str(cache)}
-    err_path = tmp_path / f"stderr-{len(list(tmp_path.glob('stderr-*')))}"
-    with err_path.open("w") as err:
-        job = subprocess.Popen([sys.executable, "-m", "mathrl.cli", *argv], env=env, stdout=subprocess.PIPE,
-                               stderr=err, text=True)
-        out, sent = [], False
-        for line in job.stdout:
-            out.append(line.rstrip("\n"))
+    other = tmp_path / f"other-{len(list(tmp_path.glob('other-*')))}"
+    with other.open("w") as rest:
+        job = subprocess.Popen([sys.executable, "-m", "mathrl.cli", *argv], env=env, text=True,
+                               stdout=rest if on_stderr else subprocess.PIPE, stderr=subprocess.PIPE if on_stderr else rest)
+        watched, sent = [], False
+        for line in job.stderr if on_stderr else job.stdout:
+            watched.append(line.rstrip("\n"))
             if not sent and line.startswith(marker):
                 job.send_signal(signal.SIGTERM)
                 sent = True
         code = job.wait(timeout=60)
-    assert sent, f"{marker!r} never appeared:\n" + "\n".join(out[-20:])
-    return code, out, err_path.read_text().splitlines()
+    assert sent, f"{marker!r} never appeared:\n" + "\n".join(watched[-20:])
+    unwatched = other.read_text().splitlines()
+    return (code, unwatched, watched) if on_stderr else (code, watched, unwatched)
 
 
 def mathrl(argv: list[str], cache: Path) -> subprocess.CompletedProcess:
@@ -248,6 +249,16 @@ def test_sigterm_during_the_base_models_build_leaves_no_half_written_cache_entry
     assert "building the tiny base model" in again.stdout and "RL step 1/1" in again.stdout
     entries = [p for p in (cache / "base").iterdir()]
     assert len(entries) == 1 and is_built(entries[0]), entries
+
+
+@pytest.mark.slow
+def test_sigterm_stops_mathrl_base_during_the_build_and_caches_nothing(tmp_path):
+    cache = tmp_path / "cache"
+    code, out, err = term_at(tmp_path, ["base", *SMALL_BASE], "pretraining ", cache, on_stderr=True)
+    assert code == 143, "\n".join(err)
+    assert err[-1] == "mathrl: stopped by SIGTERM; mathrl base did not finish, nothing was cached (the next use builds the base model)"
+    assert out == []  # no path printed
+    assert [p.relative_to(cache).as_posix() for p in cache.rglob("*")] == ["base"]
 
 
 @pytest.mark.slow
