@@ -190,8 +190,8 @@ def test_sigterm_at_two_ranks_saves_exits_143_and_the_rerun_matches_an_uninterru
 # ---- SIGTERM before the first step: it stops where it is, nothing is saved, the next run starts over ----
 SMALL_BASE = ["base.steps=300", "base.max_digits=1", "base.hidden_size=32", "base.intermediate_size=64",
               "base.num_layers=2", "base.num_heads=2", "base.num_kv_heads=1"]
-# the start's evaluation lasts seconds (64 problems x 8 samples), long enough to be found running
-EVAL_ARGS = [*SMALL_BASE, "data.arith.max_digits=2", "data.eval_size=64", "eval.n=8", "train.steps=1",
+# the start's evaluation lasts seconds (64 problems x 32 samples), long enough to be found running
+EVAL_ARGS = [*SMALL_BASE, "data.arith.max_digits=2", "data.eval_size=64", "eval.n=32", "train.steps=1",
              "rollout.prompts_per_step=4", "rollout.n=4", "train.mini_batch_size=8", "reward.num_workers=0"]
 NOTHING_SAVED = "mathrl: stopped by SIGTERM before the first step; nothing was saved: rerun the same command to start over"
 
@@ -221,6 +221,15 @@ def mathrl(argv: list[str], cache: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "MATHRL_CACHE": str(cache)}
     return subprocess.run([sys.executable, "-m", "mathrl.cli", *argv], env=env, capture_output=True, text=True,
                           timeout=300)
+
+
+@pytest.fixture(scope="module")
+def small_base_cache(tmp_path_factory) -> Path:
+    """A MATHRL_CACHE holding SMALL_BASE's base model, built once for the tests that stop a run after the build."""
+    cache = tmp_path_factory.mktemp("cache")
+    built = mathrl(["base", *SMALL_BASE], cache)
+    assert built.returncode == 0, built.stderr[-3000:]
+    return cache
 
 
 def assert_stopped_before_the_first_step(code: int, out: list[str], err: list[str], run_dir: Path) -> None:
@@ -262,10 +271,8 @@ def test_sigterm_stops_mathrl_base_during_the_build_and_caches_nothing(tmp_path)
 
 
 @pytest.mark.slow
-def test_sigterm_during_the_starts_evaluation_stops_it_and_the_same_command_starts_over(tmp_path):
-    cache, run_dir = tmp_path / "cache", tmp_path / "run"
-    built = mathrl(["base", *SMALL_BASE], cache)
-    assert built.returncode == 0, built.stderr[-3000:]
+def test_sigterm_during_the_starts_evaluation_stops_it_and_the_same_command_starts_over(tmp_path, small_base_cache):
+    cache, run_dir = small_base_cache, tmp_path / "run"
     argv = ["train", *EVAL_ARGS, "--run-dir", str(run_dir)]
     code, out, err = term_at(tmp_path, argv, "evaluating the base model", cache)
     assert_stopped_before_the_first_step(code, out, err, run_dir)
@@ -275,13 +282,11 @@ def test_sigterm_during_the_starts_evaluation_stops_it_and_the_same_command_star
 
 
 @pytest.mark.slow
-def test_sigterm_while_the_generators_start_stops_the_run_and_ends_them(tmp_path):
+def test_sigterm_while_the_generators_start_stops_the_run_and_ends_them(tmp_path, small_base_cache):
     """rollout.max_staleness=1: the start's evaluation (short here) and the wait for the generator's
     first batch (its model loading and first version) save nothing; SIGTERM ends either, and the
     generator with them."""
-    cache, run_dir = tmp_path / "cache", tmp_path / "run"
-    built = mathrl(["base", *SMALL_BASE], cache)
-    assert built.returncode == 0, built.stderr[-3000:]
+    cache, run_dir = small_base_cache, tmp_path / "run"
     argv = ["train", *EVAL_ARGS, "data.eval_size=4", "eval.n=2", "train.steps=2", "rollout.max_staleness=1",
             "--run-dir", str(run_dir)]
     code, out, err = term_at(tmp_path, argv, "generating while training", cache)
