@@ -1,8 +1,11 @@
 """SIGTERM is a preemption: the run ends its step, saves it, prints the resume line and exits 143; the
-same command then resumes to the metrics of a run that was never stopped. Also the time-based
-checkpoint decision (train.save_every_minutes) and the SIGTERM handler itself.
+same command then resumes to the metrics of a run that was never stopped. Before the first step it
+stops at once (the base model's build, the start's evaluation, the generators' start), saves nothing,
+leaves no half-built cache entry, and the same command starts over. Also the time-based checkpoint
+decision (train.save_every_minutes) and the SIGTERM handler itself.
 
-Each run is a separate process (`python DRIVER ...`), so the signal is a real SIGTERM of a real run.
+Each run is a separate process (`python DRIVER ...` or `python -m mathrl.cli ...`), so the signal is a
+real SIGTERM of a real run; the ones sent from outside wait for the line that says the phase began.
 """
 
 from __future__ import annotations
@@ -12,13 +15,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from mathrl.run_dir import RunDir, latest_checkpoint
 from mathrl.train.dist import Ranks
-from mathrl.train.preempt import Preempted, StopSignal, agree, time_save_due
+from mathrl.train.preempt import Preempted, StopSignal, Terminated, agree, time_save_due
 
 DRIVER = r'''
 import json, os, signal, sys
@@ -100,6 +104,21 @@ def test_save_every_minutes_is_due_once_that_many_minutes_have_passed():
 def test_one_process_agrees_with_itself():
     assert agree(True, False, Ranks()) == (True, False)
     assert agree(False, True, Ranks()) == (False, True)
+
+
+def test_sigterm_inside_at_once_raises_there_and_a_recorded_one_raises_on_entry():
+    with StopSignal() as stop:
+        with pytest.raises(Terminated) as raised:
+            with stop.at_once():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # never reached in full: the handler raises at the next bytecode
+        assert raised.value.exit_code == 143 and stop.requested
+    with StopSignal() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)  # outside at_once: recorded only
+        assert stop.requested
+        with pytest.raises(Terminated):
+            with stop.at_once():
+                pass
 
 
 def test_sigterm_sets_the_flag_and_the_handler_is_restored():
