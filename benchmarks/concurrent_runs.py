@@ -11,7 +11,7 @@ Arms (`--policies`), each started as `mathrl train` starts (its own run director
 thread settings unless --threads):
 - unset:   libgomp's default, as before mathrl set a policy: the run's interpreter imports torch before
            mathrl (libgomp reads OMP_WAIT_POLICY once, when torch loads it) and then removes the variable
-           mathrl set, so the processes it starts see none either;
+           mathrl set (the default run's only child, its reward worker, does no torch work);
 - passive: mathrl's default (mathrl/__init__.py sets OMP_WAIT_POLICY=PASSIVE unless it is set);
 - active:  OMP_WAIT_POLICY=ACTIVE set by the user (threads spin for as long as they wait).
 Each arm runs one run alone, then two at once. The base model is built (or found) first, in --cache
