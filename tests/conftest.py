@@ -9,6 +9,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+# before torch loads libgomp, which reads it once: waiting OpenMP threads sleep instead of spinning on
+# cores that other jobs need (the same default as `import mathrl`, mathrl/__init__.py)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import pytest
 import torch
 

@@ -1,8 +1,11 @@
 """SIGTERM is a preemption: the run ends its step, saves it, prints the resume line and exits 143; the
-same command then resumes to the metrics of a run that was never stopped. Also the time-based
-checkpoint decision (train.save_every_minutes) and the SIGTERM handler itself.
+same command then resumes to the metrics of a run that was never stopped. Before the first step it
+stops at once (the base model's build, the start's evaluation, the generators' start), saves nothing,
+leaves no half-built cache entry, and the same command starts over. Also the time-based checkpoint
+decision (train.save_every_minutes) and the SIGTERM handler itself.
 
-Each run is a separate process (`python DRIVER ...`), so the signal is a real SIGTERM of a real run.
+Each run is a separate process (`python DRIVER ...` or `python -m mathrl.cli ...`), so the signal is a
+real SIGTERM of a real run; the ones sent from outside wait for the line that says the phase began.
 """
 
 from __future__ import annotations
@@ -12,13 +15,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from mathrl.run_dir import latest_checkpoint
+from mathrl.run_dir import RunDir, latest_checkpoint
 from mathrl.train.dist import Ranks
-from mathrl.train.preempt import Preempted, StopSignal, agree, time_save_due
+from mathrl.train.preempt import Preempted, StopSignal, Terminated, agree, time_save_due
 
 DRIVER = r'''
 import json, os, signal, sys
@@ -100,6 +104,21 @@ def test_save_every_minutes_is_due_once_that_many_minutes_have_passed():
 def test_one_process_agrees_with_itself():
     assert agree(True, False, Ranks()) == (True, False)
     assert agree(False, True, Ranks()) == (False, True)
+
+
+def test_sigterm_inside_at_once_raises_there_and_a_recorded_one_raises_on_entry():
+    with StopSignal() as stop:
+        with pytest.raises(Terminated) as raised:
+            with stop.at_once():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # never reached in full: the handler raises at the next bytecode
+        assert raised.value.exit_code == 143 and stop.requested
+    with StopSignal() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)  # outside at_once: recorded only
+        assert stop.requested
+        with pytest.raises(Terminated):
+            with stop.at_once():
+                pass
 
 
 def test_sigterm_sets_the_flag_and_the_handler_is_restored():
@@ -185,3 +204,109 @@ def test_sigterm_at_two_ranks_saves_exits_143_and_the_rerun_matches_an_uninterru
     resumed = launch_two_ranks(tmp_path, run_dir)  # the same command again
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert training_rows(run_dir) == training_rows(tmp_path / "uninterrupted")
+
+
+# ---- SIGTERM before the first step: it stops where it is, nothing is saved, the next run starts over ----
+SMALL_BASE = ["base.steps=300", "base.max_digits=1", "base.hidden_size=32", "base.intermediate_size=64",
+              "base.num_layers=2", "base.num_heads=2", "base.num_kv_heads=1"]
+# the start's evaluation lasts seconds (64 problems x 32 samples), long enough to be found running
+EVAL_ARGS = [*SMALL_BASE, "data.arith.max_digits=2", "data.eval_size=64", "eval.n=32", "train.steps=1",
+             "rollout.prompts_per_step=4", "rollout.n=4", "train.mini_batch_size=8", "reward.num_workers=0"]
+NOTHING_SAVED = "mathrl: stopped by SIGTERM before the first step; nothing was saved: rerun the same command to start over"
+
+
+def term_at(tmp_path: Path, argv: list[str], marker: str, cache: Path, *, on_stderr: bool = False) -> tuple[int, list[str], list[str]]:
+    """`mathrl <argv>` as a subprocess, SIGTERM as soon as a line of its output (`on_stderr`: of its
+    stderr, where `mathrl base` reports) starts with `marker` (the phase it names has begun); (exit
+    code, output lines, stderr lines). Output that never shows the marker fails the test."""
+    env = {**os.environ, "MATHRL_CACHE": str(cache)}
+    other = tmp_path / f"other-{len(list(tmp_path.glob('other-*')))}"
+    with other.open("w") as rest:
+        job = subprocess.Popen([sys.executable, "-m", "mathrl.cli", *argv], env=env, text=True,
+                               stdout=rest if on_stderr else subprocess.PIPE, stderr=subprocess.PIPE if on_stderr else rest)
+        watched, sent = [], False
+        for line in job.stderr if on_stderr else job.stdout:
+            watched.append(line.rstrip("\n"))
+            if not sent and line.startswith(marker):
+                job.send_signal(signal.SIGTERM)
+                sent = True
+        code = job.wait(timeout=60)
+    assert sent, f"{marker!r} never appeared:\n" + "\n".join(watched[-20:])
+    unwatched = other.read_text().splitlines()
+    return (code, unwatched, watched) if on_stderr else (code, watched, unwatched)
+
+
+def mathrl(argv: list[str], cache: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "MATHRL_CACHE": str(cache)}
+    return subprocess.run([sys.executable, "-m", "mathrl.cli", *argv], env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module")
+def small_base_cache(tmp_path_factory) -> Path:
+    """A MATHRL_CACHE holding SMALL_BASE's base model, built once for the tests that stop a run after the build."""
+    cache = tmp_path_factory.mktemp("cache")
+    built = mathrl(["base", *SMALL_BASE], cache)
+    assert built.returncode == 0, built.stderr[-3000:]
+    return cache
+
+
+def assert_stopped_before_the_first_step(code: int, out: list[str], err: list[str], run_dir: Path) -> None:
+    """Exit 143 at once, one line on stderr saying that nothing was saved; no step, no checkpoint."""
+    text = "\n".join(err)
+    assert code == 143, text[-3000:]
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text
+    assert [ln for ln in err if ln.strip()][-1] == NOTHING_SAVED
+    assert not any(ln.startswith("RL step") for ln in out)
+    assert latest_checkpoint(run_dir / "checkpoints") is None
+    assert RunDir(run_dir).trained_nothing()
+
+
+@pytest.mark.slow
+def test_sigterm_during_the_base_models_build_leaves_no_half_written_cache_entry(tmp_path):
+    from mathrl.model.tiny import is_built
+
+    cache, run_dir = tmp_path / "cache", tmp_path / "run"
+    argv = ["train", *EVAL_ARGS, "data.eval_size=4", "eval.n=2", "--run-dir", str(run_dir)]
+    code, out, err = term_at(tmp_path, argv, "pretraining ", cache)  # the build's training loop is running
+    assert_stopped_before_the_first_step(code, out, err, run_dir)
+    # no entry, no temporary build directory, no lock file: cache.build_once's cleanup ran
+    assert [p.relative_to(cache).as_posix() for p in cache.rglob("*")] == ["base"]
+    again = mathrl(argv, cache)  # the same command builds the base model and trains
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "building the tiny base model" in again.stdout and "RL step 1/1" in again.stdout
+    entries = [p for p in (cache / "base").iterdir()]
+    assert len(entries) == 1 and is_built(entries[0]), entries
+
+
+@pytest.mark.slow
+def test_sigterm_stops_mathrl_base_during_the_build_and_caches_nothing(tmp_path):
+    cache = tmp_path / "cache"
+    code, out, err = term_at(tmp_path, ["base", *SMALL_BASE], "pretraining ", cache, on_stderr=True)
+    assert code == 143, "\n".join(err)
+    assert err[-1] == "mathrl: stopped by SIGTERM; mathrl base did not finish, nothing was cached (the next use builds the base model)"
+    assert out == []  # no path printed
+    assert [p.relative_to(cache).as_posix() for p in cache.rglob("*")] == ["base"]
+
+
+@pytest.mark.slow
+def test_sigterm_during_the_starts_evaluation_stops_it_and_the_same_command_starts_over(tmp_path, small_base_cache):
+    cache, run_dir = small_base_cache, tmp_path / "run"
+    argv = ["train", *EVAL_ARGS, "--run-dir", str(run_dir)]
+    code, out, err = term_at(tmp_path, argv, "evaluating the base model", cache)
+    assert_stopped_before_the_first_step(code, out, err, run_dir)
+    again = mathrl(argv, cache)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "holds no trained step: starting over" in again.stdout and "RL step 1/1" in again.stdout
+
+
+@pytest.mark.slow
+def test_sigterm_while_the_generators_start_stops_the_run_and_ends_them(tmp_path, small_base_cache):
+    """rollout.max_staleness=1: the start's evaluation (short here) and the wait for the generator's
+    first batch (its model loading and first version) save nothing; SIGTERM ends either, and the
+    generator with them."""
+    cache, run_dir = small_base_cache, tmp_path / "run"
+    argv = ["train", *EVAL_ARGS, "data.eval_size=4", "eval.n=2", "train.steps=2", "rollout.max_staleness=1",
+            "--run-dir", str(run_dir)]
+    code, out, err = term_at(tmp_path, argv, "generating while training", cache)
+    assert_stopped_before_the_first_step(code, out, err, run_dir)

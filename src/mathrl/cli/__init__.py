@@ -14,7 +14,8 @@
 key.path=value overrides may stand anywhere after the verb, before or after options. Errors a user
 can fix (config, data, paths, models) are printed as one line each on stderr, with no traceback
 (MATHRL_DEBUG=1 shows it). Exit status: 0 done, 1 error, 2 bad command line or config, 130 Ctrl-C,
-143 SIGTERM (a preemption: the run saved its last completed step first; train/preempt.py).
+143 SIGTERM (a preemption: at once before a run's first step, after it saved its last completed step
+from then on; train/preempt.py).
 
 A new verb is one `VERBS` entry: a function in cli/arguments.py that adds its arguments to its
 sub-parser, and a handler in cli/commands.py, `(ns, console) -> int`, that calls the library. This
@@ -118,11 +119,13 @@ def _is_known(e: BaseException) -> bool:
 
 
 def interrupt_message(ns: argparse.Namespace, *, preempted: bool = False) -> str:
-    """What a Ctrl-C (or, `preempted`, a SIGTERM between steps) stopped and how to go on: the step in
+    """What a Ctrl-C (or, `preempted`, a SIGTERM) stopped and what was saved, in one line: the step in
     progress (the last completed one), and the step of the run directory's last complete checkpoint
-    that the same command resumes from."""
+    that the same command resumes from, or that nothing was saved."""
     run_dir = getattr(ns, "run_dir_used", None)
     interrupted = "stopped by SIGTERM" if preempted else "interrupted"
+    if ns.command == "base":  # cache.build_once renames only a finished build into place
+        return f"{interrupted}; mathrl base did not finish, nothing was cached (the next use builds the base model)"
     if ns.command not in ("train", "sft") or run_dir is None:
         return f"{interrupted}; mathrl {ns.command} did not finish"
     from mathrl.run_dir import RunDir, latest_checkpoint
@@ -131,6 +134,8 @@ def interrupt_message(ns: argparse.Namespace, *, preempted: bool = False) -> str
     logged = run.last_logged_step()
     if preempted and logged:
         at = f"after step {logged}"
+    elif preempted:  # SIGTERM before the first step stops where it is (train/preempt.py)
+        at = "before the first step"
     else:
         at = "before the first step" if logged is None else f"at step {logged + 1}"
     interrupted = f"{interrupted} {at}"
@@ -140,7 +145,7 @@ def interrupt_message(ns: argparse.Namespace, *, preempted: bool = False) -> str
         step = json.loads((checkpoint / "trainer_state.json").read_text())["step"]
         return f"{interrupted}; {rerun} to resume from step {step} ({checkpoint})"
     if run.trained_nothing():  # open_run_dir starts such a run over in place
-        return f"{interrupted}; nothing was trained: {rerun} to start over"
+        return f"{interrupted}; nothing was {'saved' if preempted else 'trained'}: {rerun} to start over"
     return f"{interrupted}, before the first checkpoint; rerun with --run-dir {run.path} --no-resume to start over"
 
 
@@ -165,9 +170,12 @@ def main(argv: list[str] | None = None) -> int:
     debug = mathrl.debug()
     if not debug:  # before torch loads: its C++ warnings (vLLM's NUMA binding notice, ...) are not the user's to act on
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    from mathrl.train.preempt import terminate_at_once
+
     try:
-        return VERBS[ns.command][2](ns, console)
-    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM between steps (train/preempt.py's Preempted: exit 143)
+        with terminate_at_once():  # SIGTERM stops any verb where it is; a run's steps stop between steps
+            return VERBS[ns.command][2](ns, console)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (train/preempt.py's Terminated and Preempted: exit 143)
         if getattr(e, "reported_by_rank_0", False):
             return getattr(e, "exit_code", EXIT_INTERRUPTED)
         preempted = hasattr(e, "exit_code")

@@ -13,10 +13,13 @@ With rollout.max_staleness >= 1 (or rollout.generator.workers >= 1) generator pr
 steps' batches (train/generator.py): they start before the first evaluation, `rl_step` takes each
 step's batch from them and sends them the new weights after its update.
 
-SIGTERM (a scheduler's preemption) stops the run between steps: the step in progress ends, its
-checkpoint is saved, and `Preempted` (a KeyboardInterrupt) takes the teardown below; the command line
-exits 143 with the resume line of Ctrl-C (train/preempt.py). train.save_every_minutes adds checkpoints
-by time beside train.save_every's by step count.
+SIGTERM (a scheduler's preemption) stops the run promptly (train/preempt.py). Before the first step
+(the base model's build, loading, the engine's and the generators' start, the start's evaluation, the
+wait for the generators' first batch) nothing is saved yet: it stops where it is (`stop.at_once`).
+From the first step on it stops between steps: the step in progress ends, its checkpoint is saved, and
+`Preempted` takes the teardown below. Both are KeyboardInterrupts; the command line says what was
+saved in one line and exits 143. train.save_every_minutes adds checkpoints by time beside
+train.save_every's by step count.
 
 Teardown, in this order on every rank, whether the run finished or failed:
   1. the progress display (its `with` block),
@@ -49,7 +52,7 @@ from mathrl.train.checkpoint import save_final_model, save_hf_model
 from mathrl.train.critic import pretrain_critic
 from mathrl.train.dist import DistributedError, Ranks, close_distributed, collective_failure, init_distributed
 from mathrl.train.generator import next_batch, start_generator
-from mathrl.train.preempt import Preempted, StopSignal, agree
+from mathrl.train.preempt import Preempted, StopSignal
 from mathrl.train.shared import NonFiniteError, eval_due, evals_from_log, log_evals, run_evals, summary
 from mathrl.train.step import rl_step
 from mathrl.train.trainer import Trainer, build_trainer
@@ -84,8 +87,9 @@ def train(cfg: Config, *, console: Console | None = None, resume: bool = True) -
 
 
 def _train(cfg: Config, *, console: Console, resume: bool, ranks: Ranks) -> TrainResult:
-    with StopSignal() as stop:  # SIGTERM from here on: stop between steps (train/preempt.py)
-        trainer = build_trainer(cfg, ranks, console=console, resume=resume)
+    with StopSignal(main=ranks.main) as stop:  # SIGTERM: at once until the first step, then between steps
+        with stop.at_once():  # the base model's build, loading, the engine's start: nothing to save yet
+            trainer = build_trainer(cfg, ranks, console=console, resume=resume)
         trainer.stop = stop
         try:
             result = _run(trainer)
@@ -108,7 +112,8 @@ def close_held(trainer: Trainer) -> None:
 
 def _run(trainer: Trainer) -> TrainResult:
     with trainer.rewarder:
-        trainer.generator = start_generator(trainer)  # None: the engine samples in this process
+        with trainer.stop.at_once():
+            trainer.generator = start_generator(trainer)  # None: the engine samples in this process
         try:
             _steps(trainer)
         except BaseException:  # the generators go before the verifier (teardown order above)
@@ -126,12 +131,11 @@ def _run(trainer: Trainer) -> TrainResult:
 def _steps(trainer: Trainer) -> None:
     """The starting point's evaluation, then every step with its due evaluation and checkpoint."""
     cfg, console = trainer.cfg, trainer.console
-    evaluate_start(trainer)
-    if agree(trainer.stop.requested, False, trainer.ranks)[0]:  # SIGTERM before the first step: nothing to save
-        raise Preempted(trainer.start_step - 1, main=trainer.ranks.main)
+    with trainer.stop.at_once():  # nothing to save before the first step: SIGTERM stops the evaluation where it is
+        evaluate_start(trainer)
     with StepProgress(console, total=cfg.train.steps, completed=trainer.start_step - 1) as progress:
         for step in range(trainer.start_step, cfg.train.steps + 1):
-            result = rl_step(trainer, step, next_batch(trainer, step) if cfg.generator_workers else None)
+            result = rl_step(trainer, step, generated(trainer, step) if cfg.generator_workers else None)
             # an empty step did not move the weights, but a due evaluation and checkpoint still happen:
             # on the last step they are the run's final scores and the checkpoint a finished run continues from
             evaluate_if_due(trainer, step, progress)
@@ -147,6 +151,15 @@ def _steps(trainer: Trainer) -> None:
                 continue
             trainer.skips.stop_if_over(cfg.train.max_skipped_steps, trainer.run.checkpoints)
             progress.advance(result.metrics, trainer.last_eval)
+
+
+def generated(trainer: Trainer, step: int):
+    """Step `step`'s batch from the generator processes. The first step's wait spans their start (model
+    loading, an engine's start, the first version's sampling) and saves nothing: SIGTERM stops it at once."""
+    if step > trainer.start_step:
+        return next_batch(trainer, step)
+    with trainer.stop.at_once():
+        return next_batch(trainer, step)
 
 
 def evaluate_start(trainer: Trainer) -> None:
