@@ -176,6 +176,16 @@ FINDINGS: tuple[Finding, ...] = (
             "--metrics", "eval/arith_heldout/pass@1", "tool/void_turn_rate", "actor/grad_norm", "filter/void_turn",
             "--fig", "{fig}/tools_mul_void.png"), "{fig}/tools_mul_void.png"),
     )),
+    Finding("passk_training", "passk_training", analyses=(
+        curves("passk_training", "--metrics", "eval/arith_heldout/pass@1", "eval/arith_heldout/pass@8",
+               "eval/arith_heldout/maj@8", "actor/entropy"),
+        Analysis("passk_training_passk", (*FINDINGS_CMD, "passk", "--base", BASE, *seeds("grpo", GRPO_SEEDS),
+                                          *seeds("grpo_passk", 5), *seeds("maxrl", 5),
+                                          "--group", *["GRPO"] * GRPO_SEEDS, *["pass@k advantage"] * 5,
+                                          *["MaxRL"] * 5, "--n", "64", "--limit", "100",
+                                          "--fig", "{fig}/passk_training_passk.png"),
+                 "{fig}/passk_training_passk.png"),
+    )),
     Finding("entropy_long", "entropy_long", analyses=(
         curves("entropy_long"),
         Analysis("entropy_tokens", (*FINDINGS_CMD, "entropy-tokens", *seeds("entropy_adaptive_long", 5),
