@@ -365,7 +365,7 @@ def test_ppo_with_a_critic_needs_no_groups():
 
 
 # --------------------------------------------------------------------------------------------------
-# the domain of every field (declared on the field: `steps: Count = 50`, see config/schema.py)
+# the domain of every field (declared in its type: `steps: Count = knob(50, ...)`, see config/schema.py)
 # --------------------------------------------------------------------------------------------------
 def _leaf_fields(cls=Config, prefix=""):
     """(key, annotation with its domain) of every field, sections descended; the fields of a list of
@@ -405,11 +405,11 @@ def test_every_numeric_field_has_a_domain():
 
 
 def test_every_field_is_documented_and_every_default_is_in_its_domain():
-    # `mathrl config` prints these docs (the `#` comments in config/tree.py); the defaults must pass their own checks.
+    # `mathrl config` prints these docs (each field's help, config/tree.py); the defaults must pass their own checks.
     from mathrl.config.schema import check_domains, reference
 
     undocumented = [e.key for e in reference(Config) if not e.doc]
-    assert undocumented == [], f"config fields without a `#` doc comment: {undocumented}"
+    assert undocumented == [], f"config fields without help (knob(default, \"help\")): {undocumented}"
     assert check_domains(Config()) == []
 
 

@@ -2,13 +2,13 @@
 
 The defaults ARE the embedded default experiment (`recipes/arith_grpo.yaml` spells them out): GRPO
 with the DAPO clip and token-level loss on the built-in arithmetic task, starting from the tiny base
-model. Every field is declared once, in its dataclass: type, domain, default and doc on one line.
+model. Every field is declared once, in its dataclass: type, domain, default and help side by side.
 
     cfg = load_config("recipes/arith_grpo.yaml", ["rollout.n=8", "algo.clip.eps_high=0.28"])
 
 This package is the config's public face; its modules, by concern:
 
-    tree.py    the dataclass tree (each field's type, domain, default, doc) and the derived sizes
+    tree.py    the dataclass tree (each field's type, domain, default, help) and the derived sizes
     load.py    recipes, overrides and YAML -> a typed Config (unknown keys and wrong types named)
     rules.py   Config.validate: every field in its domain, then the rules that tie fields together
     shared.py  ConfigError and the names a value is compared with (tiny-arith, config:<name>, ...)

@@ -1,19 +1,21 @@
-"""The vocabulary of field domains, the check of every field against its own, the fields' docs, and
-the reference that `mathrl config` prints.
+"""The vocabulary of field domains and help, the check of every field against its domain, and the
+reference that `mathrl config` prints.
 
 A field's domain (the values it allows: a range, a length, a rule for strings) is part of its type
-annotation in the config tree (mathrl/config/tree.py), beside its default and its `#` doc:
+annotation in the config tree (mathrl/config/tree.py); its default and its help text are the field's
+own, given by `knob` (a section's by `section`):
 
-    lr: Positive[float] = 1e-4  # AdamW learning rate
-    max_grad_norm: Annotated[float, positive("gradients are clipped to this norm; ...")] = 1.0  # ...
+    lr: Positive[float] = knob(1e-4, "AdamW learning rate")
+    max_grad_norm: Annotated[float, positive("gradients are clipped to this norm; ...")] = knob(1.0, "...")
 
-`check_domains` reads them from the annotations (`typing.Annotated` metadata) and `Config.validate`
+`check_domains` reads the domains from the annotations (`typing.Annotated` metadata) and `Config.validate`
 runs it before anything is built or loaded; each message names the key, the value and what is allowed:
 
     train.max_grad_norm=-1.0: must be > 0 (gradients are clipped to this norm; a negative limit flips their sign)
 
-The docs are the `#` comments beside the fields (and each section's docstring); they are read from the
-source once, so the tree stays the one place where a field is declared.
+The help is the field's metadata (`dataclasses.field(metadata={"help": ...})`, as Hugging Face's
+argument dataclasses write it); a section without help of its own is documented by its docstring.
+Nothing is read from the source, so the docs are there wherever the package is installed.
 
     from mathrl.config import Config
     from mathrl.config.schema import reference
@@ -22,15 +24,12 @@ source once, so the tree stays the one place where a field is declared.
 
 from __future__ import annotations
 
-import ast
+import copy
 import dataclasses
 import difflib
 import functools
 import inspect
-import io
 import math
-import textwrap
-import tokenize
 import types
 import typing
 from collections.abc import Callable, Iterator
@@ -42,7 +41,7 @@ from mathrl.registry import Registry
 __all__ = [
     "COUNT", "FINITE", "NONNEG", "NON_EMPTY", "SEED", "Count", "Domain", "FieldInfo", "Finite", "NonNeg", "Positive",
     "Range", "Registered", "Rule", "Seed", "Text", "ZeroToOne", "at_least", "check_domains",
-    "domain_of", "domains", "field_docs", "plain", "positive", "reference", "unit",
+    "domain_of", "domains", "field_docs", "knob", "plain", "positive", "reference", "section", "unit",
 ]
 
 INF = math.inf
@@ -153,8 +152,8 @@ SEED = Range(0, SEED_MAX)
 NON_EMPTY = Rule(lambda v: isinstance(v, str) and bool(v.strip()), "a non-empty string")
 
 
-# The domains most fields take, as annotations: `steps: Count = 50`, `lr: Positive[float] = 1e-4`,
-# `slip_prob: ZeroToOne = 0.3`, `keep_every: NonNeg[int] | None = None`. Any other domain is written out:
+# The domains most fields take, as annotations: `steps: Count`, `lr: Positive[float]`, `slip_prob: ZeroToOne`,
+# `keep_every: NonNeg[int] | None`. Any other domain is written out:
 # `Annotated[float, Range(1, open_low=True, why="...")]`.
 _T = TypeVar("_T")
 Count = Annotated[int, COUNT]  # a size, a number of steps or samples: >= 1
@@ -233,27 +232,37 @@ def check_domains(cfg: Any) -> list[str]:
 # --------------------------------------------------------------------------------------------------
 # docs and the reference listing
 # --------------------------------------------------------------------------------------------------
-@functools.cache
+HELP = "help"  # the metadata key of a field's help text
+
+
+def knob(default: Any = dataclasses.MISSING, help: str = "", *, default_factory: Any = dataclasses.MISSING) -> Any:
+    """A config field with its default and its help text (the field's metadata, which `mathrl config` prints):
+
+        steps: Count = knob(50, "RL steps (one rollout batch each)")
+        mode: Literal["none", "tis", "mis"] = knob("none",
+            "tis: weight min(ratio, cap) (Yao et al. 2025); "
+            "mis: drop ratio > cap (Liu, Li et al. 2025)")
+
+    A list, dict or dataclass default is copied for each config (dataclasses' default_factory), so a
+    config's `data.eval` is its own; `default_factory=` gives any other factory."""
+    if default_factory is dataclasses.MISSING and (isinstance(default, (list, dict, set)) or _is_instance(default)):
+        default, default_factory = dataclasses.MISSING, functools.partial(copy.deepcopy, default)
+    return dataclasses.field(default=default, default_factory=default_factory, metadata={HELP: help})
+
+
+def section(cls: type, help: str = "") -> Any:
+    """A section of the tree, built fresh for each config: `model: ModelConfig = section(ModelConfig, "the
+    policy model")`. Without help of its own, the section's docstring is its doc."""
+    return dataclasses.field(default_factory=cls, metadata={HELP: help})
+
+
+def _is_instance(value: Any) -> bool:
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
+
+
 def field_docs(cls: type) -> dict[str, str]:
-    """{field name: the `#` comment on its line} for a dataclass defined in a source file ({} if the
-    source cannot be read, e.g. from a zip)."""
-    try:
-        source = textwrap.dedent(inspect.getsource(cls))
-    except (OSError, TypeError):
-        return {}
-    comments: dict[int, str] = {}
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == tokenize.COMMENT:
-            comments[tok.start[0]] = tok.string.lstrip("#").strip()
-    (node,) = ast.parse(source).body
-    docs = {}
-    for stmt in node.body:
-        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-            lines = range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1)
-            text = " ".join(comments[i] for i in lines if i in comments)
-            if text:
-                docs[stmt.target.id] = text
-    return docs
+    """{field name: its help} of the fields of the dataclass `cls` that have one (`knob`, `section`)."""
+    return {f.name: f.metadata[HELP] for f in dataclasses.fields(cls) if f.metadata.get(HELP)}
 
 
 @dataclass(frozen=True)
