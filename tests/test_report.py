@@ -1,4 +1,4 @@
-"""Tests of `mathrl report` (src/mathrl/analysis/report.py) on two fake run directories.
+"""Tests of `mathrl report` (src/mathrl/analysis/report.py and its parts) on two fake run directories.
 
 The runs are written by hand in the layout of src/mathrl/train/loop.py: metrics.jsonl with training
 and evaluation rows, evals.jsonl, summary.json and config.yaml, the two configs differing in
@@ -21,7 +21,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mathrl.analysis.report import build_report, flatten, format_tick, nice_ticks, run_labels
+from mathrl.analysis.charts import format_tick, nice_ticks
+from mathrl.analysis.report import build_report
+from mathrl.analysis.report_runs import run_labels
+from mathrl.track.sinks import flatten
 
 STEPS = 6
 EVAL_EVERY = 3
