@@ -150,7 +150,8 @@ def base(ns: argparse.Namespace, console: Console) -> int:
 
 
 def eval(ns: argparse.Namespace, console: Console) -> int:
-    from mathrl.evaluation.sweep import SweepSettings, TargetError, split_args, sweep
+    from mathrl.evaluation.sweep import sweep
+    from mathrl.evaluation.targets import SweepSettings, TargetError, split_args
 
     targets, overrides = split_args(ns.args)
     if not targets:
