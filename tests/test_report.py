@@ -333,8 +333,9 @@ def test_token_map_of_a_tool_episode_keeps_its_tool_marks(tmp_path):
     # tool output marked (class "t obs", its title) inside the embedded srcdoc.
     import torch
 
-    from mathrl.analysis.token_html import render_html
-    from mathrl.analysis.tokens import InspectReport, TokenScores, compare, exploration_table
+    from mathrl.analysis.token_compare import compare, exploration_table
+    from mathrl.analysis.token_html import InspectReport, render_html
+    from mathrl.analysis.tokens import TokenScores
 
     def scores(p: list[float]) -> TokenScores:
         return TokenScores(prompt="1+1=", prompt_ids=[1], token_ids=[5, 6, 7, 8], tokens=["x", "<o>", "2", "!"],
