@@ -11,6 +11,8 @@ from pathlib import Path
 
 from rich.table import Table
 
+__all__ = ["results_markdown", "results_table"]
+
 
 def _json_safe(x):
     """NaN/inf become null: strict JSON has neither, and a reader should see "unknown", not a crash."""

@@ -18,6 +18,8 @@ from mathrl.config import Config, ConfigError, load_config, parse_override
 from mathrl.model.paths import TINY_BASE
 from mathrl.run_dir import RunDir
 
+__all__ = ["Checkpoint", "SweepSettings", "TargetError", "resolve_targets", "run_checkpoints"]
+
 # Overrides that would silently do nothing here: sampling settings come from the flags, the model from TARGET.
 _FLAG_KEYS = {"eval.n": "--n", "eval.temperature": "--temperature", "eval.top_p": "--top-p",
               "eval.seed": "--seeds", "model.path": "a TARGET"}

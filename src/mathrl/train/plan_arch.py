@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 from mathrl.config import TINY_BASE, Config, parse_config_path
 
+__all__ = ["Architecture", "architecture_of"]
+
 GIB = 2**30
 RUNTIME_GIB = 1.0  # CUDA context + cuBLAS workspace + NCCL buffers per GPU: an allowance, not a derivation
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

@@ -12,6 +12,8 @@ from mathrl.config import Config
 from mathrl.registry import ENGINES
 from mathrl.train.plan_arch import BYTES, GIB, RUNTIME_GIB, Architecture
 
+__all__ = ["GeneratorUse"]
+
 
 @dataclass(frozen=True)
 class GeneratorUse:

@@ -7,6 +7,8 @@ from __future__ import annotations
 from mathrl.train.plan_arch import GIB
 from mathrl.train.plan_layout import DeviceLoad, MemoryPlan
 
+__all__ = ["format_plan"]
+
 
 def _grouped(loads: list[DeviceLoad]) -> list[tuple[str, DeviceLoad]]:
     """Adjacent GPUs holding the same parts as one row: ("GPU 1-7", load); other devices as they are."""

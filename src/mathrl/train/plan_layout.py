@@ -12,6 +12,8 @@ from mathrl.rollout.placement import generator_gpus, weight_backend
 from mathrl.train.plan_arch import BYTES, GIB, Architecture
 from mathrl.train.plan_engine import GeneratorUse, generator_engine
 
+__all__ = ["DeviceLoad", "MemoryPlan"]
+
 
 @dataclass(frozen=True)
 class DeviceLoad:

@@ -11,6 +11,8 @@ import math
 from mathrl.config import Config
 from mathrl.train.plan_arch import GIB, RUNTIME_GIB, Architecture
 
+__all__ = ["activation_bytes_per_token"]
+
 
 def activation_bytes_per_token(a: Architecture, compute_bytes: int) -> int:
     """Bytes autograd saves per token per decoder layer (HF Qwen2 layer, SDPA/flash attention).
