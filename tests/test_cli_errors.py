@@ -423,7 +423,7 @@ def test_piped_tables_and_bars_are_not_cut(capsys):
     # for non-terminals), and bars printed nothing until the end.
     from rich.table import Table
 
-    from mathrl.evaluation.sweep import PASS1_HEADER
+    from mathrl.evaluation.results import PASS1_HEADER
     from mathrl.track.console import PlainProgress, make_console, make_progress
 
     console = make_console()  # capsys: not a terminal

@@ -12,7 +12,8 @@ import pytest
 
 from mathrl.config import load_config
 from mathrl.evaluation import sweep as sweep_module
-from mathrl.evaluation.sweep import Checkpoint, SweepSettings, model_device
+from mathrl.evaluation.sweep import model_device
+from mathrl.evaluation.targets import Checkpoint, SweepSettings
 from mathrl.model import io as model_io
 
 

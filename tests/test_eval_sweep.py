@@ -1,4 +1,4 @@
-"""Tests of `mathrl eval` (mathrl.evaluation.sweep) on a fake run directory of tiny random Qwen2 models.
+"""Tests of `mathrl eval` (mathrl.evaluation.sweep, targets, results) on a fake run directory of tiny random Qwen2 models.
 
 The run directory holds three checkpoints (steps 5, 10 and 30, the step_5 directory sorting AFTER
 step_000010 by name, so ordering must come from trainer_state.json) and a config.yaml with small
@@ -23,13 +23,9 @@ from rich.console import Console
 
 from mathrl.config import dump_yaml, load_config
 from mathrl.evaluation.metrics import bootstrap_ci95, default_ks, mean_std_ci95
-from mathrl.evaluation.sweep import (
-    PASS1_HEADER,
-    SweepSettings,
-    neighbourhood_average,
-    resolve_targets,
-    sweep,
-)
+from mathrl.evaluation.results import PASS1_HEADER
+from mathrl.evaluation.sweep import neighbourhood_average, sweep
+from mathrl.evaluation.targets import SweepSettings, resolve_targets
 from mathrl.model.io import save_model
 from mathrl.reward.verify import RewardResult
 
@@ -345,7 +341,7 @@ def test_a_run_keeps_the_weights_of_every_evaluated_step_for_its_eval_curve(tmp_
 
 def test_tool_columns_appear_only_when_a_row_has_tool_metrics():
     # mathrl eval of a run with rollout.tools reports its tool calls per set; other runs keep their table
-    from mathrl.evaluation.sweep import _columns
+    from mathrl.evaluation.results import _columns
 
     def row(**extra):
         m = {k: {"mean": 0.5} for k in ("pass@2", "maj@2", "no_answer_rate", "repetitive_rate", "garbled_rate",

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mathrl.analysis.tokens import TokenScores, entropy_by_token, top_entropy_tokens
+from mathrl.analysis.entropy_probe import entropy_by_token, top_entropy_tokens
+from mathrl.analysis.tokens import TokenScores
 from mathrl.evaluation.metrics import answer_forms
 from mathrl.reward.numeric import answer_form
 

@@ -17,22 +17,16 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from mathrl.analysis.token_html import render_html, write_html
+from mathrl.analysis.entropy_probe import next_token_distribution, probe_checkpoint, top_entropy_positions
+from mathrl.analysis.token_compare import ClassSummary, classify_token, compare, exploration_table
+from mathrl.analysis.token_html import InspectReport, render_html, write_html
 from mathrl.analysis.tokens import (
-    ClassSummary,
-    InspectReport,
     TokenizerMismatchError,
     TokenScores,
     check_same_tokenizer,
-    classify_token,
-    compare,
     context_segments,
     context_text,
-    exploration_table,
-    next_token_distribution,
-    probe_checkpoint,
     token_probs,
-    top_entropy_positions,
 )
 
 PROMPT = "25+213="

@@ -216,16 +216,17 @@ def test_settings_out_of_their_domain_are_refused(override, fragment):
 
 
 def test_plan_counts_the_adapters_and_no_reference_copy(make_tiny_qwen2):
-    from mathrl.train.plan import architecture_of, estimate_memory
+    from mathrl.train.plan import estimate_memory
+    from mathrl.train.plan_arch import architecture_of
 
     cfg = load_config(None, ["model.lora.r=8", "algo.kl.use=loss"])
     arch = architecture_of(cfg)
-    # the adapters peft builds on the tiny base's architecture (same numbers as train.plan's Qwen2Config)
+    # the adapters peft builds on the tiny base's architecture (same numbers as train.plan_arch's Qwen2Config)
     from transformers import AutoModelForCausalLM
 
-    from mathrl.train.plan import _hf_config
+    from mathrl.train.plan_arch import hf_config
 
-    real = adapter_params(add_adapters(AutoModelForCausalLM.from_config(_hf_config(cfg)), cfg.model.lora))
+    real = adapter_params(add_adapters(AutoModelForCausalLM.from_config(hf_config(cfg)), cfg.model.lora))
     assert arch.lora_params == sum(p.numel() for p in real) and arch.lora_param_tensors == len(real)
     # by hand: 4 layers x (q 8*(128+128), k and v 8*(128+64) each, o 8*(128+128), gate and up 8*(128+384)
     # each, down 8*(384+128)) = 4 x (2,048 + 2 x 1,536 + 2,048 + 3 x 4,096) = 4 x 19,456

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import pytest
 
-from mathrl.analysis.report import PALETTE, build_report
+from mathrl.analysis.charts import PALETTE
+from mathrl.analysis.report import build_report
 
 # tests/ is on sys.path under pytest's default (rootdir-relative) import mode, as for conftest.py
 from test_report import write_run

@@ -18,7 +18,7 @@ the two sampling commands, the per-run numbers as JSON (same stem, .json).
 * `overconfidence` (sampling.py): how RL moved the probability of the tokens of a response: base vs
   RL probability of every token, on responses sampled from the RL model and from the base.
 * `entropy-tokens` (entropy_tokens.py): the highest-entropy (previous token, token) pairs of responses
-  sampled from a run's kept checkpoints, per step (`analysis.tokens.top_entropy_tokens`), as Markdown.
+  sampled from a run's kept checkpoints, per step (`analysis.entropy_probe.top_entropy_tokens`), as Markdown.
 * `positions` (positions.py): PPO runs' critic value and advantage by response position
   (positions.jsonl), bucketed, mean ± CI over seeds, at the given steps.
 * `all` (pipeline.py): the runs of every grid in recipes/findings (and finding 6's), then every

@@ -7,7 +7,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from mathrl.analysis.report import PALETTE
+from mathrl.analysis.charts import PALETTE
 from mathrl.evaluation.metrics import mean_std_ci95
 
 MISSING = "—"  # a metric no run of the variant logged
@@ -69,7 +69,7 @@ def write_outputs(fig_path: Path, figure, table: str) -> Path:
 
 def new_figure(panels: int, *, cols: int = 3, size: tuple[float, float] = (5.0, 3.4)):
     """(figure, axes) with one axis per panel, up to `cols` per row. Figure + FigureCanvasAgg, not
-    pyplot: no global figure state and no backend switch in the caller's process (as analysis/report.py)."""
+    pyplot: no global figure state and no backend switch in the caller's process (as analysis/charts.py)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

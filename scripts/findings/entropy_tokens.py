@@ -5,11 +5,11 @@
 
 For every run and every asked step this loads the run's checkpoint of that step (step 0: the model the
 run started from; the others: checkpoints/step_<N>/ kept by `train.keep_every`, or final/, found as
-`mathrl eval RUN` finds them, `evaluation.sweep.run_checkpoints` / `run_start`), samples one response
+`mathrl eval RUN` finds them, `evaluation.targets.run_checkpoints` / `run_start`), samples one response
 per held-out problem (the run's first eval set, the first `--limit` problems, temperature 1, the run's
 eval seed) and scores every response token under that same checkpoint (`analysis.tokens.token_probs`:
 the entropy of the full next-token distribution at temperature 1). The responses of a variant's runs
-(seeds) are pooled per step and go to `analysis.tokens.top_entropy_tokens`; the Markdown table has one
+(seeds) are pooled per step and go to `analysis.entropy_probe.top_entropy_tokens`; the Markdown table has one
 row per (previous token, token) pair in some step's top k, and per step its mean entropy (nats) and how
 many times it occurred. This is the field report's table of an entropy bonus gone wrong: the comma
 after "wait", near-deterministic at the start, climbing to a high entropy over a long run.
@@ -24,8 +24,9 @@ import torch
 
 from findings.common import group_runs, markdown_table
 from findings.sampling import device_of, held_out, load, run_config
-from mathrl.analysis.tokens import EntropyTokensOverSteps, TokenScores, token_probs, top_entropy_tokens
-from mathrl.evaluation.sweep import run_checkpoints, run_start
+from mathrl.analysis.entropy_probe import EntropyTokensOverSteps, top_entropy_tokens
+from mathrl.analysis.tokens import TokenScores, token_probs
+from mathrl.evaluation.targets import run_checkpoints, run_start
 from mathrl.rollout.factory import build_engine
 from mathrl.tasks.sources import prompt_encoder
 

@@ -7,7 +7,9 @@ Sections: 1. the probability map (base and RL side by side, background = probabi
 2. what RL changed (background = Δ log-prob; over-confident tokens outlined; the top-k moved tokens
 bold and underlined), the summary by token class, the top-k table and the exploration table;
 3. the entropy probe across checkpoints. Every token's hover title shows the token, p_base, p_rl and
-Δlogp. Definitions are in `analysis/tokens.py` and docs/inspect.md.
+Δlogp. Definitions are in `analysis/tokens.py`, `analysis/token_compare.py`, `analysis/entropy_probe.py`
+and docs/inspect.md. `InspectReport`, the record of everything `mathrl inspect` shows (on the console
+and on this page), is defined here.
 
 Tool output (a response with an observation mask) is drawn apart in every view: class "t obs", grey
 with a dashed border, titled "tool output (not sampled, in no loss)", and counted in no table. The CSS
@@ -18,9 +20,28 @@ from __future__ import annotations
 
 import html
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from mathrl.analysis.tokens import TOKEN_CLASSES, Comparison, InspectReport, context_segments
+from mathrl.analysis.entropy_probe import CheckpointProbe
+from mathrl.analysis.token_compare import TOKEN_CLASSES, Comparison, ExplorationRow
+from mathrl.analysis.tokens import context_segments
+
+
+@dataclass
+class InspectReport:
+    """Everything `mathrl inspect` shows, for the console and the HTML page."""
+
+    source: str  # where the response came from (a rollouts.jsonl record or "--prompt/--response")
+    prompt: str
+    base_path: str
+    model_path: str
+    comparison: Comparison
+    exploration: list[ExplorationRow]
+    probes: list[CheckpointProbe] = field(default_factory=list)
+    position: int | None = None  # the probed position
+    notes: list[str] = field(default_factory=list)
+
 
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 1.5em auto; max-width: 1500px;

@@ -150,7 +150,8 @@ def base(ns: argparse.Namespace, console: Console) -> int:
 
 
 def eval(ns: argparse.Namespace, console: Console) -> int:
-    from mathrl.evaluation.sweep import SweepSettings, TargetError, split_args, sweep
+    from mathrl.evaluation.sweep import sweep
+    from mathrl.evaluation.targets import SweepSettings, TargetError, split_args
 
     targets, overrides = split_args(ns.args)
     if not targets:
@@ -182,7 +183,9 @@ def inspect(ns: argparse.Namespace, console: Console) -> int:
 
 
 def plan(ns: argparse.Namespace, console: Console) -> int:
-    from mathrl.train.plan import estimate_memory, format_plan, setup_time
+    from mathrl.train.plan import estimate_memory
+    from mathrl.train.plan_format import format_plan
+    from mathrl.train.plan_setup import setup_time
 
     recipe, overrides = _split_recipe(ns.args)
     cfg = load_config(recipe, overrides, check_paths=False)  # planning needs the architecture, not the data

@@ -1,0 +1,51 @@
+"""The setup-time line of `mathrl plan`: what the run does before its first step that the memory plan does
+not show (a tiny base model to build, a hub model to download, or nothing).
+"""
+
+from __future__ import annotations
+
+from mathrl.config import TINY_BASE, Config, parse_config_path
+
+# Measured builds of the tiny base model, by its cache key (model/tiny.py:recipe_hash): minutes, and where.
+# A test checks that the shipped recipes' keys are here, so a change of the base-model recipe shows.
+MEASURED_BUILDS: dict[str, tuple[float, str]] = {
+    "710f9396d286": (1.35, "the default recipe, 800 steps: 1 min 21 s on 2 AMD EPYC cores (README)"),
+    "eb26bbf81fe3": (5.5, "recipes/arith_tools.yaml, 1500 steps: 5.5 min on 2 AMD EPYC cores (docs/findings.md)"),
+    "72ba9bbaf988": (17.5, "recipes/arith_tools_mul.yaml, 1500 steps of 192 positions: 17.5 min on one AMD EPYC core "
+                           "with the other busy (docs/findings.md)"),
+}
+_STEPS_OF_MEASURED = {"710f9396d286": 800, "eb26bbf81fe3": 1500, "72ba9bbaf988": 1500}
+
+
+def setup_time(cfg: Config) -> str:
+    """One line on what the run does before its first step: with the tiny base model, whether this
+    recipe's base is cached, else how long its build took where it was measured, or an estimate from
+    the measured builds (labelled so); with a hub id, whether it is in the local Hugging Face cache."""
+    if cfg.model.path == TINY_BASE:
+        from mathrl.model.tiny import base_model_dir, is_built, recipe_hash
+
+        path = base_model_dir(cfg.base)
+        if is_built(path):
+            return f"setup: the tiny base model of this recipe is cached ({path}): no build"
+        key = recipe_hash(cfg.base)
+        first = f"setup: the tiny base model of this recipe is not cached: the run builds it first ({cfg.base.steps} pretraining steps"
+        if key in MEASURED_BUILDS:
+            return f"{first}; measured: {MEASURED_BUILDS[key][1]}; other CPUs and loads differ)"
+        rates = [MEASURED_BUILDS[k][0] * 60 / n for k, n in _STEPS_OF_MEASURED.items()]  # seconds per pretraining step
+        low, high = (cfg.base.steps * r / 60 for r in (min(rates), max(rates)))
+        return (f"{first}; an estimate, not a measurement: {low:.0f}-{high:.0f} min, at the {min(rates):.2f}-{max(rates):.2f} s "
+                "per step of the measured builds)")
+    if parse_config_path(cfg.model.path) is not None:
+        return "setup: random weights of a shipped architecture (model.init=random): nothing to download or build"
+    from mathrl.model.paths import looks_like_hub_id
+
+    if not looks_like_hub_id(cfg.model.path):
+        return f"setup: loads {cfg.model.path} (a local directory): nothing to download or build"
+    try:
+        from huggingface_hub import try_to_load_from_cache
+        cached = isinstance(try_to_load_from_cache(cfg.model.path, "config.json"), str)
+    except Exception:  # pragma: no cover - transformers depends on it
+        cached = False
+    if cached:
+        return f"setup: {cfg.model.path} is in the local Hugging Face cache: nothing to download"
+    return f"setup: {cfg.model.path} is not in the local Hugging Face cache: the run downloads it first"
