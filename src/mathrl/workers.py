@@ -169,11 +169,8 @@ class WorkerPool:
         self._calls_done = threading.Condition(self._lock)  # close() waits on it for the calls in flight
         self._idle: list[_Worker] = []
         self._busy: set[_Worker] = set()
+        self._starting = 0  # workers being started outside the lock
         self._closed = False
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     # -- many messages from one thread -----------------------------------------------------------------
 
@@ -262,13 +259,10 @@ class WorkerPool:
 
     def _replace(self, workers: list[_Worker], worker: _Worker, *, kill: bool) -> None:
         worker.stop(kill=kill)
+        self._release([worker])
         fresh = self._new_worker()
-        with self._lock:
-            self._busy.discard(worker)
-            if self._closed:
-                fresh.stop(kill=True)
-                raise RuntimeError("the worker pool is closed")
-            self._busy.add(fresh)
+        if fresh is None:
+            raise RuntimeError("the worker pool is closed")
         workers[workers.index(worker)] = fresh
 
     # -- one message from any thread -------------------------------------------------------------------
@@ -331,7 +325,7 @@ class WorkerPool:
         else:
             self._stop(idle)
         with self._calls_done:
-            self._calls_done.wait_for(lambda: not self._busy)
+            self._calls_done.wait_for(lambda: not self._busy and not self._starting)
 
     def __enter__(self) -> WorkerPool:
         return self
@@ -347,8 +341,31 @@ class WorkerPool:
 
     # -- the bookkeeping -------------------------------------------------------------------------------
 
-    def _new_worker(self) -> _Worker:
-        return _Worker(self._context, self._start, self._name, self.start_timeout_s)
+    def _new_worker(self) -> _Worker | None:
+        """A fresh worker, counted busy; None (and no process) if the pool is closed. It starts outside
+        the lock (that takes a while), counted as starting, so that close() waits for it too."""
+        with self._lock:
+            if self._closed:
+                return None
+            self._starting += 1
+        try:
+            worker = _Worker(self._context, self._start, self._name, self.start_timeout_s)
+        except BaseException:
+            self._start_ended()
+            raise
+        with self._lock:
+            if not self._closed:
+                self._starting -= 1
+                self._busy.add(worker)
+                return worker
+        worker.stop(kill=True)  # before close() may see it no longer starting
+        self._start_ended()
+        return None
+
+    def _start_ended(self) -> None:
+        with self._lock:
+            self._starting -= 1
+            self._calls_done.notify_all()
 
     def _take_all(self) -> list[_Worker]:
         """map()'s workers: the idle ones, then fresh ones up to `size`."""
@@ -359,9 +376,10 @@ class WorkerPool:
             self._busy.update(workers)
         try:
             while len(workers) < self.size:
-                workers.append(self._new_worker())
-                with self._lock:
-                    self._busy.add(workers[-1])
+                worker = self._new_worker()
+                if worker is None:
+                    raise RuntimeError("the worker pool is closed")
+                workers.append(worker)
         except BaseException:
             self._stop(workers)
             self._release(workers)
@@ -376,13 +394,7 @@ class WorkerPool:
                 worker = self._idle.pop()
                 self._busy.add(worker)
                 return worker
-        worker = self._new_worker()  # started outside the lock: it takes a while
-        with self._lock:
-            if not self._closed:
-                self._busy.add(worker)
-                return worker
-        worker.stop(kill=True)
-        return None
+        return self._new_worker()
 
     def _give_back(self, workers: list[_Worker]) -> None:
         with self._lock:
