@@ -378,10 +378,9 @@ class Verifier:
                 raise RuntimeError("Verifier is closed; create a new one")
             if self._pool is None:
                 return [call_reward_function(c.ref, c.kwargs, c.batch) for c in calls]
-            timeouts = [c.timeout_s for c in calls]
-            replies = self._map([("call", c.ref, c.kwargs, c.batch) for c in calls], timeouts)
-            return [_result(reply, timeouts[i], lambda reason, detail: CallResult(reason, None, detail))
-                    for i, reply in enumerate(replies)]
+            replies = self._map([("call", c.ref, c.kwargs, c.batch) for c in calls], [c.timeout_s for c in calls])
+            return [reply.value if reply.status == "ok" else _failed_call(reply, call.timeout_s)
+                    for call, reply in zip(calls, replies)]
 
     def close(self) -> None:
         """Stop all workers. Safe to call twice."""
@@ -435,22 +434,27 @@ class Verifier:
             else:  # e.g. None from a broken pipeline: report it rather than crash a worker
                 results[index] = RewardResult(0.0, None, "error", "TypeError: not a str")
 
-        timeouts = [self.timeout_s] * len(messages)
-        for index, reply in enumerate(self._map(messages, timeouts)):
-            if reply is not None:
-                results[index] = _result(reply, self.timeout_s, lambda reason, detail, i=index: RewardResult(
-                    0.0, _safe_extract(completions[i]), reason, detail))
+        for index, reply in enumerate(self._map(messages, [self.timeout_s] * len(messages))):
+            if reply is None:
+                continue
+            if reply.status == "ok":
+                results[index] = reply.value
+            else:
+                reason, detail = _failure(reply, self.timeout_s)
+                results[index] = RewardResult(0.0, _safe_extract(completions[index]), reason, detail)
         return results
 
 
-def _result(reply: Reply, timeout_s: float, failed: Callable[[Reason, str], object]) -> object:
-    """A worker's reply as a result: its answer, or ``failed(reason, detail)`` for an item whose worker
-    ran past its timeout (reason ``timeout``) or died (``error``)."""
-    if reply.status == "ok":
-        return reply.value
+def _failed_call(reply: Reply, timeout_s: float) -> CallResult:
+    reason, detail = _failure(reply, timeout_s)
+    return CallResult(reason, None, detail)
+
+
+def _failure(reply: Reply, timeout_s: float) -> tuple[Reason, str]:
+    """(reason, detail) of an item whose worker ran past its timeout (``timeout``) or died (``error``)."""
     if reply.status == "timeout":
-        return failed("timeout", f"no result within {timeout_s:g} s; worker killed")
-    return failed("error", f"worker exited with code {reply.exit_code}")
+        return "timeout", f"no result within {timeout_s:g} s; worker killed"
+    return "error", f"worker exited with code {reply.exit_code}"
 
 
 def _safe_extract(completion: str) -> str | None:
