@@ -6,9 +6,9 @@
 
 Built-ins run in the pool's threads: ``python`` waits there on its sandboxed subprocess (which the
 timeout kills), ``calculator`` computes there (bounded by its digit caps). A user's tool (an import
-path) runs in a worker *process* of the pool (spawned, one call at a time each): a hang or a crash
-(``os._exit``, a segfault) costs that process, which is killed at the call's timeout or found dead
-and replaced, and the call's result says ``timeout`` or ``error``; the pool goes on.
+path) runs in a worker *process* (`mathrl.workers.WorkerPool.call`; spawned, one call at a time each):
+a hang or a crash (``os._exit``, a segfault) costs that process, which is killed at the call's timeout
+or found dead and replaced, and the call's result says ``timeout`` or ``error``; the pool goes on.
 
 Never raises for what a tool or the model does: an unknown tool name, an exception, a non-string
 result (str()-ed), a hang and a crash are all `ToolResult`s. Only a bad config raises, at
