@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "mathrl"
 # Lowest first. A room may import its own modules and any room of a lower layer; within the
 # middle layer the rooms are peers, except for the pairs in PEER_BANS.
 LAYERS = [
-    {"cache"},
+    {"cache", "workers"},
     {"seeds"},
     {"shards"},
     {"registry"},

@@ -24,15 +24,10 @@ a crashed worker, or a reference that is empty or cannot be parsed).
 
 from __future__ import annotations
 
-import collections
 import functools
 import math
-import multiprocessing
-import multiprocessing.connection
 import numbers
-import signal
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -40,6 +35,7 @@ from typing import Literal
 from mathrl.reward.equivalence import UnparsableReference, answers_equal
 from mathrl.reward.extract import BOX_POLICIES, BoxPolicy, extract_boxed, final_answers
 from mathrl.reward.latex_parse import install_two_stage_parsing
+from mathrl.workers import Reply, WorkerPool, WorkerStartError
 
 __all__ = ["CHECKERS", "DEFAULT_BOX_POLICY", "CallResult", "FunctionCall", "RewardResult", "Reason", "Verifier",
            "call_reward_function", "math_verify_plain", "verify_one"]
@@ -256,71 +252,42 @@ def _warm_up(fast_latex: bool) -> bool | None:
     return install_two_stage_parsing() if fast_latex else None
 
 
-def _worker_main(conn: multiprocessing.connection.Connection, item_fn: ItemFn, fast_latex: bool) -> None:
-    """Loop of a worker process: say ``("ready", latex fast parse)`` once warmed up, then receive
-    ``(completion, reference)`` as UTF-8 bytes and send back a ``RewardResult``; ``None`` or a closed
-    pipe ends it."""
-    # Ctrl-C goes to the whole process group; let the parent decide, instead of N tracebacks.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    conn.send(("ready", _warm_up(fast_latex)))
-    while True:
-        try:
-            message = conn.recv()
-        except (EOFError, OSError):
-            return  # parent went away
-        if message is None:
-            return
-        if message[0] == "call":  # a reward function's batch (Verifier.call)
-            conn.send(call_reward_function(*message[1:]))
-            continue
-        completion, reference = (part.decode("utf-8") for part in message)
-        try:
-            result = item_fn(completion, reference)
-        except Exception as e:  # only a custom item_fn can get here; verify_one never raises
-            result = RewardResult(0.0, None, "error", type(e).__name__)
-        conn.send(result)
+def _handle(item_fn: ItemFn, message: tuple) -> RewardResult | CallResult:
+    """A worker's answer to ``(completion, reference)`` as UTF-8 bytes, or to ``("call", ref, kwargs,
+    batch)``, a reward function's batch (`Verifier.call`)."""
+    if message[0] == "call":
+        return call_reward_function(*message[1:])
+    completion, reference = (part.decode("utf-8") for part in message)
+    try:
+        return item_fn(completion, reference)
+    except Exception as e:  # only a custom item_fn can get here; verify_one never raises
+        return RewardResult(0.0, None, "error", type(e).__name__)
 
 
-class _Worker:
-    """One worker process, the parent's end of its private pipe, and the item it is working on.
+def _start_worker(item_fn: ItemFn, fast_latex: bool) -> tuple[Callable, bool | None]:
+    """A worker's start (`mathrl.workers.serve`): warm up, then answer with `_handle`; its ready info
+    says whether LaTeX parses SLL-first there."""
+    return functools.partial(_handle, item_fn), _warm_up(fast_latex)
 
-    A private pipe per worker (rather than a shared queue) means killing a hung worker can never
-    leave a lock held or a half-written message in a channel other workers use.
-    """
 
-    def __init__(self, context: multiprocessing.context.BaseContext, item_fn: ItemFn, fast_latex: bool) -> None:
-        self.conn, child_conn = context.Pipe(duplex=True)
-        self.process = context.Process(
-            target=_worker_main, args=(child_conn, item_fn, fast_latex), name="mathrl-verifier", daemon=True
-        )
-        self.process.start()
-        child_conn.close()  # so that recv() in the parent sees EOF when the child dies
-        self.ready = False
-        self.start_deadline = time.monotonic() + _WORKER_START_TIMEOUT_S
-        self.item: int | None = None  # index into the current score() call
-        self.item_deadline = 0.0
+class _AllFast:
+    """The ready info of the Verifier's workers: whether LaTeX parses SLL-first in every one started so
+    far (None before the first)."""
 
-    def stop(self, *, kill: bool) -> None:
-        if kill:
-            self.process.kill()  # SIGKILL: a worker stuck in C code may not honour SIGTERM promptly
-        self.process.join(timeout=5.0)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join(timeout=5.0)
-        self.conn.close()
+    def __init__(self) -> None:
+        self.value: bool | None = None
 
-    def exit_detail(self) -> str:
-        self.process.join(timeout=1.0)
-        return f"worker exited with code {self.process.exitcode}"
+    def __call__(self, fast: bool | None) -> None:
+        self.value = bool(fast) and self.value is not False
 
 
 class Verifier:
     """Scores (completion, reference) pairs in worker processes with a per-item wall-clock timeout.
 
-    Workers are started lazily on the first ``score`` call and reused. Each item is sent to an idle
-    worker (up to ``num_workers`` in flight); a worker that takes longer than ``timeout_s`` on an item
-    is killed and replaced, and that item gets ``reason="timeout"``. A worker that dies is replaced
-    and its item gets ``reason="error"``. Results come back in input order.
+    Workers (`mathrl.workers.WorkerPool`) are started lazily on the first ``score`` call and reused.
+    Each item is sent to an idle worker (up to ``num_workers`` in flight); a worker that takes longer
+    than ``timeout_s`` on an item is killed and replaced, and that item gets ``reason="timeout"``. A
+    worker that dies is replaced and its item gets ``reason="error"``. Results come back in input order.
 
     Workers use the ``spawn`` start method: the parent has torch loaded with its thread pools, and
     forking a multi-threaded process can deadlock the child. Spawned children re-import the main
@@ -361,9 +328,11 @@ class Verifier:
         # A partial of a module-level function pickles by name, so spawned workers can receive it.
         self._item_fn: ItemFn = _item_fn if _item_fn is not None else functools.partial(verify_one, boxed=boxed, checker=checker)
         self._fast_latex = checker == "mathrl"  # plain math-verify parses as math-verify does
-        self._context = multiprocessing.get_context("spawn")
-        self._workers: list[_Worker] = []
-        self._latex_fast_parse: bool | None = None
+        self._all_fast = _AllFast()  # not a bound method: the pool must hold no reference to the Verifier
+        self._pool = None if num_workers == 0 else WorkerPool(
+            functools.partial(_start_worker, self._item_fn, self._fast_latex), name="mathrl-verifier",
+            size=num_workers, start_timeout_s=_WORKER_START_TIMEOUT_S,
+            on_ready=self._all_fast if self._fast_latex else None)
         self._lock = threading.Lock()
         self._closed = False
 
@@ -380,7 +349,7 @@ class Verifier:
             return None
         if self.num_workers == 0:
             return install_two_stage_parsing()
-        return self._latex_fast_parse
+        return self._all_fast.value
 
     def score(self, completions: Sequence[str], references: Sequence[str]) -> list[RewardResult]:
         """Score each completion against the reference at the same index; never raises on model text.
@@ -396,7 +365,7 @@ class Verifier:
         with self._lock:
             if self._closed:
                 raise RuntimeError("Verifier is closed; create a new one")
-            if self.num_workers == 0:
+            if self._pool is None:
                 return [_call_in_process(self._item_fn, c, r) for c, r in zip(completions, references)]
             return self._score_in_workers(completions, references)
 
@@ -407,21 +376,18 @@ class Verifier:
         with self._lock:
             if self._closed:
                 raise RuntimeError("Verifier is closed; create a new one")
-            if self.num_workers == 0:
+            if self._pool is None:
                 return [call_reward_function(c.ref, c.kwargs, c.batch) for c in calls]
-            messages = [("call", c.ref, c.kwargs, c.batch) for c in calls]
-            try:
-                return self._dispatch(messages, [None] * len(calls), [c.timeout_s for c in calls],
-                                      lambda index, reason, detail: CallResult(reason, None, detail))
-            except BaseException:
-                self._stop_all()  # as in _score_in_workers: no stale results for the next call
-                raise
+            replies = self._map([("call", c.ref, c.kwargs, c.batch) for c in calls], [c.timeout_s for c in calls])
+            return [reply.value if reply.status == "ok" else _failed_call(reply, call.timeout_s)
+                    for call, reply in zip(calls, replies)]
 
     def close(self) -> None:
         """Stop all workers. Safe to call twice."""
         with self._lock:
             self._closed = True
-            self._stop_all()
+            if self._pool is not None:
+                self._pool.close()
 
     def __enter__(self) -> Verifier:
         return self
@@ -437,33 +403,27 @@ class Verifier:
 
     # -- internals ---------------------------------------------------------------------------------
 
-    def _stop_all(self) -> None:
-        workers, self._workers = self._workers, []
-        for worker in workers:  # ask all to exit first, then wait, so shutdown is not serial
-            try:
-                worker.conn.send(None)
-            except (OSError, ValueError):
-                pass
-        for worker in workers:
-            # Busy or still importing workers would not read the request soon: kill them.
-            worker.stop(kill=worker.item is not None or not worker.ready)
-
-    def _replace(self, worker: _Worker, *, kill: bool) -> None:
-        worker.stop(kill=kill)
-        self._workers[self._workers.index(worker)] = _Worker(self._context, self._item_fn, self._fast_latex)
+    def _map(self, messages: list, timeouts: list[float]) -> list[Reply | None]:
+        """The pool's `map`, with a worker that cannot start said in the Verifier's words. On any
+        exception the pool has stopped this call's workers (no stale results for the next call), and
+        the next call restarts them."""
+        try:
+            return self._pool.map(messages, timeouts)
+        except WorkerStartError as e:
+            if e.reason == "died":
+                raise RuntimeError(
+                    f"a verifier worker died while starting (worker exited with code {e.exit_code}). Workers are "
+                    "spawned: the main script must guard its code with `if __name__ == '__main__':`, "
+                    "and `python -c 'import mathrl.reward, math_verify'` must work"
+                ) from e
+            if e.reason == "timeout":
+                raise RuntimeError(
+                    f"a verifier worker did not start within {_WORKER_START_TIMEOUT_S:.0f} s; "
+                    "the machine may be overloaded"
+                ) from e
+            raise RuntimeError(f"a verifier worker {e}") from e
 
     def _score_in_workers(
-        self, completions: Sequence[str], references: Sequence[str]
-    ) -> list[RewardResult]:
-        try:
-            return self._run_items(completions, references)
-        except BaseException:
-            # Ctrl-C or a worker that cannot start: workers may still hold items of this call, whose
-            # results would land in the next call's slots. Drop them all; the next call restarts.
-            self._stop_all()
-            raise
-
-    def _run_items(
         self, completions: Sequence[str], references: Sequence[str]
     ) -> list[RewardResult]:
         results: list[RewardResult | None] = [None] * len(completions)
@@ -474,104 +434,27 @@ class Verifier:
             else:  # e.g. None from a broken pipeline: report it rather than crash a worker
                 results[index] = RewardResult(0.0, None, "error", "TypeError: not a str")
 
-        def failed(index: int, reason: Reason, detail: str) -> RewardResult:
-            return RewardResult(0.0, _safe_extract(completions[index]), reason, detail)
-
-        return self._dispatch(messages, results, [self.timeout_s] * len(messages), failed)
-
-    def _dispatch(self, messages: list, results: list, timeouts: Sequence[float],
-                  failed: Callable[[int, Reason, str], object]) -> list:
-        """Send every message that has no result yet to the workers, one at a time each, and fill
-        `results` with their answers; `failed(index, reason, detail)` is the result of an item whose
-        worker ran past its timeout (reason ``timeout``) or died (``error``)."""
-        while len(self._workers) < self.num_workers:
-            self._workers.append(_Worker(self._context, self._item_fn, self._fast_latex))
-
-        pending: collections.deque[int] = collections.deque(i for i, r in enumerate(results) if r is None)
-        while pending or any(w.item is not None for w in self._workers):
-            # -- dispatch to idle workers ----------------------------------------------------------
-            for worker in list(self._workers):
-                if not (pending and worker.ready and worker.item is None):
-                    continue
-                index = pending.popleft()
-                try:
-                    worker.conn.send(messages[index])
-                except (OSError, ValueError):
-                    # Died while idle: not this item's fault, so requeue it.
-                    pending.appendleft(index)
-                    self._replace(worker, kill=True)
-                    continue
-                worker.item = index
-                worker.item_deadline = time.monotonic() + timeouts[index]
-
-            # -- wait for a result, a death, or the nearest deadline -------------------------------
-            now = time.monotonic()
-            deadlines = [w.item_deadline if w.ready else w.start_deadline for w in self._workers
-                         if w.item is not None or not w.ready]
-            wait_s = max(0.0, min(deadlines) - now) if deadlines else 1.0
-            waitables = [w.conn for w in self._workers] + [w.process.sentinel for w in self._workers]
-            multiprocessing.connection.wait(waitables, timeout=wait_s)
-
-            # -- collect ---------------------------------------------------------------------------
-            now = time.monotonic()
-            for worker in list(self._workers):
-                self._collect(worker, results, now, timeouts, failed)
-
-        assert all(r is not None for r in results), "every item gets a result"
+        for index, reply in enumerate(self._map(messages, [self.timeout_s] * len(messages))):
+            if reply is None:
+                continue
+            if reply.status == "ok":
+                results[index] = reply.value
+            else:
+                reason, detail = _failure(reply, self.timeout_s)
+                results[index] = RewardResult(0.0, _safe_extract(completions[index]), reason, detail)
         return results
 
-    def _collect(
-        self,
-        worker: _Worker,
-        results: list,
-        now: float,
-        timeouts: Sequence[float],
-        failed: Callable[[int, Reason, str], object],
-    ) -> None:
-        """Take whatever ``worker`` has to say: ready signal, a result, its death, or its timeout."""
-        message = None
-        got_message = False
-        try:
-            if worker.conn.poll():
-                message = worker.conn.recv()
-                got_message = True
-        except (EOFError, OSError):
-            pass  # died; handled below via is_alive
 
-        if got_message:
-            if not worker.ready:
-                worker.ready = isinstance(message, tuple) and message[0] == "ready"
-                if worker.ready and self._fast_latex:  # every worker must parse SLL-first for True
-                    self._latex_fast_parse = bool(message[1]) and self._latex_fast_parse is not False
-            elif worker.item is not None:
-                results[worker.item] = message
-                worker.item = None
-            return
+def _failed_call(reply: Reply, timeout_s: float) -> CallResult:
+    reason, detail = _failure(reply, timeout_s)
+    return CallResult(reason, None, detail)
 
-        if not worker.process.is_alive():
-            if not worker.ready:
-                raise RuntimeError(
-                    f"a verifier worker died while starting ({worker.exit_detail()}). Workers are "
-                    "spawned: the main script must guard its code with `if __name__ == '__main__':`, "
-                    "and `python -c 'import mathrl.reward, math_verify'` must work"
-                )
-            if worker.item is not None:
-                results[worker.item] = failed(worker.item, "error", worker.exit_detail())
-                worker.item = None
-            self._replace(worker, kill=False)
-            return
 
-        if not worker.ready and now >= worker.start_deadline:
-            raise RuntimeError(
-                f"a verifier worker did not start within {_WORKER_START_TIMEOUT_S:.0f} s; "
-                "the machine may be overloaded"
-            )
-        if worker.item is not None and now >= worker.item_deadline:
-            results[worker.item] = failed(
-                worker.item, "timeout", f"no result within {timeouts[worker.item]:g} s; worker killed"
-            )
-            worker.item = None
-            self._replace(worker, kill=True)
+def _failure(reply: Reply, timeout_s: float) -> tuple[Reason, str]:
+    """(reason, detail) of an item whose worker ran past its timeout (``timeout``) or died (``error``)."""
+    if reply.status == "timeout":
+        return "timeout", f"no result within {timeout_s:g} s; worker killed"
+    return "error", f"worker exited with code {reply.exit_code}"
 
 
 def _safe_extract(completion: str) -> str | None:

@@ -6,9 +6,9 @@
 
 Built-ins run in the pool's threads: ``python`` waits there on its sandboxed subprocess (which the
 timeout kills), ``calculator`` computes there (bounded by its digit caps). A user's tool (an import
-path) runs in a worker *process* of the pool (spawned, one call at a time each): a hang or a crash
-(``os._exit``, a segfault) costs that process, which is killed at the call's timeout or found dead
-and replaced, and the call's result says ``timeout`` or ``error``; the pool goes on.
+path) runs in a worker *process* (`mathrl.workers.WorkerPool.call`; spawned, one call at a time each):
+a hang or a crash (``os._exit``, a segfault) costs that process, which is killed at the call's timeout
+or found dead and replaced, and the call's result says ``timeout`` or ``error``; the pool goes on.
 
 Never raises for what a tool or the model does: an unknown tool name, an exception, a non-string
 result (str()-ed), a hang and a crash are all `ToolResult`s. Only a bad config raises, at
@@ -17,12 +17,11 @@ construction (`check_tool_specs`), before any model is loaded.
 
 from __future__ import annotations
 
+import functools
 import inspect
-import multiprocessing
-import multiprocessing.connection
-import signal
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from mathrl.config import tool_entry_problems
@@ -30,6 +29,7 @@ from mathrl.registry import load_callable
 from mathrl.tools.base import ToolResult, ToolSpec
 from mathrl.tools.builtins import BUILTIN_TOOLS
 from mathrl.tools.sandbox import sandbox_mode, sandbox_problem
+from mathrl.workers import WorkerPool, WorkerStartError
 
 __all__ = ["MAX_TEXT_CHARS", "ToolPool", "check_tool_specs"]
 
@@ -76,65 +76,25 @@ def _call_user_tool(fn, args, kwargs: dict) -> tuple[str, str]:
         return "error", _one_line(f"error: {type(e).__name__}: {e}")
 
 
-def _worker_main(conn: multiprocessing.connection.Connection, refs: tuple[str, ...]) -> None:
-    """A worker process: import the user's tools, say ready, then answer ``(ref, args, kwargs)``
-    messages with ``(status, text)`` until ``None`` or a closed pipe."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the trainer decides
+def _handle(functions: dict, message: tuple) -> tuple[str, str]:
+    """A worker's answer to ``(ref, args, kwargs)``: ``(status, text)``."""
+    ref, args, kwargs = message
+    fn = functions.get(ref)
+    if fn is None or isinstance(fn, BaseException):
+        return "error", _one_line(f"error: the tool {ref!r} does not import here: {fn}")
+    return _call_user_tool(fn, args, kwargs)
+
+
+def _start_worker(refs: tuple[str, ...]) -> tuple[Callable, None]:
+    """A worker's start (`mathrl.workers.serve`): import the user's tools (one that does not import is
+    its calls' error), then answer with `_handle`."""
     functions = {}
     for ref in refs:
         try:
             functions[ref] = load_callable(ref)
         except BaseException as e:
             functions[ref] = e
-    conn.send("ready")
-    while True:
-        try:
-            message = conn.recv()
-        except (EOFError, OSError):
-            return
-        if message is None:
-            return
-        ref, args, kwargs = message
-        fn = functions.get(ref)
-        if fn is None or isinstance(fn, BaseException):
-            reply = ("error", _one_line(f"error: the tool {ref!r} does not import here: {fn}"))
-        else:
-            reply = _call_user_tool(fn, args, kwargs)
-        conn.send(reply)
-
-
-class _Worker:
-    """One worker process and the parent's end of its private pipe (a pipe per worker, so killing
-    one can never leave a lock held or half a message in a channel that others use)."""
-
-    def __init__(self, context, refs: tuple[str, ...]):
-        self.conn, child = context.Pipe(duplex=True)
-        self.process = context.Process(target=_worker_main, args=(child, refs), name="mathrl-tool", daemon=True)
-        self.process.start()
-        child.close()  # so the parent's recv sees EOF when the worker dies
-        self.ready = False
-
-    def wait_ready(self) -> str | None:
-        """None once the worker is ready, else why it is not."""
-        if self.ready:
-            return None
-        if not self.conn.poll(_WORKER_START_TIMEOUT_S):
-            return f"the tool worker did not start within {_WORKER_START_TIMEOUT_S:g} s"
-        try:
-            self.ready = self.conn.recv() == "ready"
-        except (EOFError, OSError):
-            return f"the tool worker died while starting (exit code {self._exit_code()})"
-        return None if self.ready else "the tool worker sent something unexpected while starting"
-
-    def kill(self) -> None:
-        """SIGKILL (a worker stuck in C code may not honour SIGTERM), reap, close the pipe. Idempotent."""
-        self.process.kill()
-        self.process.join(timeout=5.0)
-        self.conn.close()
-
-    def _exit_code(self):
-        self.process.join(timeout=1.0)
-        return self.process.exitcode
+    return functools.partial(_handle, functions), None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -184,12 +144,13 @@ class ToolPool:
             raise ValueError("; ".join(problems))
         self._specs = {spec.name: spec for spec in specs}
         self._user_refs = tuple(sorted({s.fn for s in specs if s.fn not in BUILTIN_TOOLS}))
-        self._context = multiprocessing.get_context("spawn")  # forking a trainer with threads can deadlock
+        # User tools: a worker process for each call in flight, spawned (forking a trainer with threads
+        # can deadlock); a user's code may leave threads behind, so close() kills idle workers too.
+        self._workers = WorkerPool(functools.partial(_start_worker, self._user_refs), name="mathrl-tool",
+                                   size=workers, start_timeout_s=_WORKER_START_TIMEOUT_S, kill_idle_on_close=True)
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mathrl-tool")
         self._stop = threading.Event()  # set by close(): running sandboxes are killed
         self._lock = threading.Lock()
-        self._idle: list[_Worker] = []
-        self._live: set[_Worker] = set()
         self._pending: set[Future] = set()
         self._closed = False
         self._prestarted = {}  # tool name -> what its built-in starts ahead of its calls (python: `warm` sandboxes)
@@ -236,21 +197,15 @@ class ToolPool:
                 return
             self._closed = True
             self._stop.set()
-            workers = list(self._live)
-        for worker in workers:
-            worker.process.kill()  # a call waiting on it sees the process end and returns
+        self._workers.close()  # a call waiting on a worker sees its process end and returns
         self._executor.shutdown(wait=True, cancel_futures=True)
         for started in self._prestarted.values():
             started.close()  # the sandboxes still waiting for a call
-        for worker in workers:
-            worker.kill()  # joined and its pipe closed once no thread waits on it
         with self._lock:
             for future in self._pending:
                 if not future.done():
                     future.set_result(_closed_result())
             self._pending.clear()
-            self._idle.clear()
-            self._live.clear()
 
     def __enter__(self) -> ToolPool:
         return self
@@ -288,69 +243,25 @@ class ToolPool:
 
     def _call_user(self, spec: ToolSpec, args: str | dict) -> ToolResult:
         start = time.perf_counter()
-        worker = self._take_worker()
-        if worker is None:
-            return _closed_result()
-        problem = worker.wait_ready()  # a worker's start-up is not part of the call's timeout
-        if problem is not None:
-            self._discard(worker)
+        try:
+            reply = self._workers.call((spec.fn, args, spec.kwargs), spec.timeout_s)
+        except WorkerStartError as e:  # a worker's start-up is not part of the call's timeout
             if self._stop.is_set():
                 return _closed_result()
-            return ToolResult(f"error: {problem}", "error", time.perf_counter() - start)
-        try:
-            worker.conn.send((spec.fn, args, spec.kwargs))
-        except Exception as e:  # unpicklable args, or the worker died while idle
-            self._discard(worker)
-            return ToolResult(_one_line(f"error: the call could not be sent to the tool: {e}"), "error",
-                              time.perf_counter() - start)
-        ready = multiprocessing.connection.wait([worker.conn, worker.process.sentinel], timeout=spec.timeout_s)
-        reply = None
-        if worker.conn in ready:
-            try:
-                reply = worker.conn.recv()
-            except (EOFError, OSError):
-                reply = None
+            return ToolResult(f"error: the tool worker {e}", "error", time.perf_counter() - start)
         seconds = time.perf_counter() - start
-        if reply is not None:
-            self._give_back(worker)
-            return ToolResult(reply[1], reply[0], seconds)
-        if self._stop.is_set():
-            self._discard(worker)
+        if reply.status == "ok":
+            return ToolResult(reply.value[1], reply.value[0], seconds)
+        if reply.status == "unsent":  # unpicklable args, or the worker died while idle
+            return ToolResult(_one_line(f"error: the call could not be sent to the tool: {reply.error}"), "error",
+                              seconds)
+        if reply.status == "closed" or self._stop.is_set():
             return _closed_result()
-        if not ready:
-            self._discard(worker)
+        if reply.status == "timeout":
             return ToolResult(f"timeout: the tool {spec.name!r} gave no result within {spec.timeout_s:g} s "
                               "and was stopped", "timeout", seconds)
-        code = worker._exit_code()
-        self._discard(worker)
-        return ToolResult(f"error: the tool {spec.name!r} crashed (its process exited with code {code})",
+        return ToolResult(f"error: the tool {spec.name!r} crashed (its process exited with code {reply.exit_code})",
                           "error", seconds)
-
-    def _take_worker(self) -> _Worker | None:
-        with self._lock:
-            if self._closed:
-                return None
-            if self._idle:
-                return self._idle.pop()
-        worker = _Worker(self._context, self._user_refs)  # started outside the lock: it takes a while
-        with self._lock:
-            if not self._closed:
-                self._live.add(worker)
-                return worker
-        worker.kill()
-        return None
-
-    def _give_back(self, worker: _Worker) -> None:
-        with self._lock:
-            if not self._closed:
-                self._idle.append(worker)
-                return
-        worker.kill()
-
-    def _discard(self, worker: _Worker) -> None:
-        with self._lock:
-            self._live.discard(worker)
-        worker.kill()
 
 
 def _closed_result() -> ToolResult:
