@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -225,12 +226,17 @@ def term_at(tmp_path: Path, argv: list[str], marker: str, cache: Path, *, on_std
         job = subprocess.Popen([sys.executable, "-m", "mathrl.cli", *argv], env=env, text=True,
                                stdout=rest if on_stderr else subprocess.PIPE, stderr=subprocess.PIPE if on_stderr else rest)
         watched, sent = [], False
-        for line in job.stderr if on_stderr else job.stdout:
-            watched.append(line.rstrip("\n"))
-            if not sent and line.startswith(marker):
-                job.send_signal(signal.SIGTERM)
-                sent = True
-        code = job.wait(timeout=60)
+        hung = threading.Timer(240, job.kill)  # a run that never exits (a child it waits for) fails, not hangs
+        hung.start()
+        try:
+            for line in job.stderr if on_stderr else job.stdout:
+                watched.append(line.rstrip("\n"))
+                if not sent and line.startswith(marker):
+                    job.send_signal(signal.SIGTERM)
+                    sent = True
+            code = job.wait(timeout=60)
+        finally:
+            hung.cancel()
     assert sent, f"{marker!r} never appeared:\n" + "\n".join(watched[-20:])
     unwatched = other.read_text().splitlines()
     return (code, unwatched, watched) if on_stderr else (code, watched, unwatched)

@@ -449,44 +449,44 @@ def start_generator(trainer: Trainer) -> Generator | None:
     announced, closed = ctx.Value("q", first - 1, lock=False), ctx.Value("b", 0, lock=False)
     stream_state = trainer.train_stream.state_dict()
     processes = []
-    for i in range(workers):
-        visible, device = child_cuda_env(placement.worker_devices[i], os.environ.get("CUDA_VISIBLE_DEVICES"))
-        spec = WorkerSpec(index=i, workers=workers, cfg=cfg, source=str(trainer.checkpoint or trainer.parent or trainer.model_path),
-                          start_step=start, first_version=first, stream_state=stream_state, host=host, port=port,
-                          backend=placement.backend, threads=placement.worker_threads, cores=placement.worker_cores[i],
-                          device=device, specs=specs, bucket_bytes=bucket_bytes, timeout_s=cfg.train.dist.timeout_s)
-        # not a daemon: a generator starts processes of its own (the verifier's worker pool), which a daemon
-        # may not; it still dies with the trainer (PR_SET_PDEATHSIG) and is joined or ended by Generator.close
-        p = ctx.Process(target=worker_main, args=(spec, out, announced, closed), name=f"mathrl-generator-{i}", daemon=False)
-        spawn_with_env(p, {"CUDA_VISIBLE_DEVICES": visible})
-        processes.append(p)
-    restore = (torch.get_num_threads(), os.sched_getaffinity(0)) if not ranks.distributed else None
-    if restore is not None:
-        torch.set_num_threads(placement.trainer_threads)
-        if placement.trainer_cores:
-            os.sched_setaffinity(0, placement.trainer_cores)
-    nccl_device = ranks.device if placement.backend == "nccl" else None
-    try:
+    try:  # SIGTERM may end the start anywhere (train/loop.py: stop.at_once): no generator outlives it
+        for i in range(workers):
+            visible, device = child_cuda_env(placement.worker_devices[i], os.environ.get("CUDA_VISIBLE_DEVICES"))
+            spec = WorkerSpec(index=i, workers=workers, cfg=cfg, source=str(trainer.checkpoint or trainer.parent or trainer.model_path),
+                              start_step=start, first_version=first, stream_state=stream_state, host=host, port=port,
+                              backend=placement.backend, threads=placement.worker_threads, cores=placement.worker_cores[i],
+                              device=device, specs=specs, bucket_bytes=bucket_bytes, timeout_s=cfg.train.dist.timeout_s)
+            # not a daemon: a generator starts processes of its own (the verifier's worker pool), which a daemon
+            # may not; it still dies with the trainer (PR_SET_PDEATHSIG) and is joined or ended by Generator.close
+            p = ctx.Process(target=worker_main, args=(spec, out, announced, closed), name=f"mathrl-generator-{i}", daemon=False)
+            spawn_with_env(p, {"CUDA_VISIBLE_DEVICES": visible})
+            processes.append(p)
+        restore = (torch.get_num_threads(), os.sched_getaffinity(0)) if not ranks.distributed else None
+        if restore is not None:
+            torch.set_num_threads(placement.trainer_threads)
+            if placement.trainer_cores:
+                os.sched_setaffinity(0, placement.trainer_cores)
+        nccl_device = ranks.device if placement.backend == "nccl" else None
         group = _join_watching(processes, host, port, world_size=workers + 1, backend=placement.backend,
                                timeout_s=cfg.train.dist.timeout_s, device=nccl_device)
+        buckets = ws.plan_buckets(specs, bucket_bytes=bucket_bytes)
+        sender = (ws.StagedSender(group, buckets, staging_device=nccl_device, timeout_s=cfg.train.dist.timeout_s)
+                  if nccl_device is not None else None)
+        gen = Generator(cfg=cfg, processes=processes, queue=out, announced=announced, closed=closed, group=group,
+                        specs=specs, buckets=buckets, last_step=cfg.train.steps, sender=sender, restore=restore)
+        where = ", ".join(f"{d}" + (f" cores {c}" if c else "") for d, c in zip(placement.worker_devices, placement.worker_cores))
+        trainer.console.print(f"generating while training: {workers} generator(s) ({where}; {placement.worker_threads} "
+                              f"thread(s) each), trainer {placement.trainer_threads} thread(s); rollout.max_staleness={lag} "
+                              f"{cfg.rollout.async_mode}")
+        for v in range(first, start - 1):
+            gen.send_restored(v, [older[f"{v}:{s.name}"] for s in specs])
+        gen.push(start - 1, [t for _, t in named])
+        return gen
     except BaseException:
         for p in processes:
             p.kill()
             p.join(timeout=10)
         raise
-    buckets = ws.plan_buckets(specs, bucket_bytes=bucket_bytes)
-    sender = (ws.StagedSender(group, buckets, staging_device=nccl_device, timeout_s=cfg.train.dist.timeout_s)
-              if nccl_device is not None else None)
-    gen = Generator(cfg=cfg, processes=processes, queue=out, announced=announced, closed=closed, group=group,
-                    specs=specs, buckets=buckets, last_step=cfg.train.steps, sender=sender, restore=restore)
-    where = ", ".join(f"{d}" + (f" cores {c}" if c else "") for d, c in zip(placement.worker_devices, placement.worker_cores))
-    trainer.console.print(f"generating while training: {workers} generator(s) ({where}; {placement.worker_threads} "
-                          f"thread(s) each), trainer {placement.trainer_threads} thread(s); rollout.max_staleness={lag} "
-                          f"{cfg.rollout.async_mode}")
-    for v in range(first, start - 1):
-        gen.send_restored(v, [older[f"{v}:{s.name}"] for s in specs])
-    gen.push(start - 1, [t for _, t in named])
-    return gen
 
 
 def check_layout(cfg: Config, *, trainer_gpus: list[int], gpus: int) -> None:
