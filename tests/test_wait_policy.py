@@ -18,7 +18,9 @@ SPIN = re.compile(r"GOMP_SPINCOUNT = '(\d+)'")
 
 def spin_counts(code: str, **env: str) -> list[int]:
     """The spin counts of every libgomp that the Python `code` (and the processes it starts) loaded."""
-    environ = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    # (LD_PRELOAD: vLLM's CPU worker preloads torch's libgomp for the processes started after it, which then
+    # loads before any Python runs; a test process that built a vLLM engine earlier carries it)
+    environ = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "LD_PRELOAD")}
     environ.update(OMP_DISPLAY_ENV="verbose", **env)
     done = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
