@@ -1,5 +1,5 @@
 """Two runs on one machine: seconds per RL step of one `mathrl train` alone and of two started at once,
-under OpenMP's old wait policy (libgomp's default: waiting threads spin) and mathrl's (PASSIVE: they sleep).
+under libgomp's default wait (waiting threads spin 300000 turns), mathrl's (10000 turns) and PASSIVE (none).
 
     # the measurement: an otherwise idle machine; up to ~25 min (the unset arm's two runs may take the whole cap),
     # plus the default base model's build when it is not cached yet
@@ -10,9 +10,11 @@ under OpenMP's old wait policy (libgomp's default: waiting threads spin) and mat
 Arms (`--policies`), each started as `mathrl train` starts (its own run directory and MATHRL_CACHE, no
 thread settings unless --threads):
 - unset:   libgomp's default, as before mathrl set a policy: the run's interpreter imports torch before
-           mathrl (libgomp reads OMP_WAIT_POLICY once, when torch loads it) and then removes the variable
-           mathrl set (the default run's only child, its reward worker, does no torch work);
-- passive: mathrl's default (mathrl/__init__.py sets OMP_WAIT_POLICY=PASSIVE unless it is set);
+           mathrl (libgomp reads its environment once, when torch loads it) and then removes the spin
+           count mathrl set (the default run's only child, its reward worker, does no torch work);
+- default: mathrl's (mathrl/__init__.py sets GOMP_SPINCOUNT=10000 unless a policy or spin count is set:
+           waiting threads spin 10000 turns, then sleep);
+- passive: OMP_WAIT_POLICY=PASSIVE set by the user (waiting threads sleep at once);
 - active:  OMP_WAIT_POLICY=ACTIVE set by the user (threads spin for as long as they wait).
 Each arm runs one run alone, then two at once. The base model is built (or found) first, in --cache
 (default: mathrl's own cache), and copied into every run's cache, so that only training is timed.
@@ -52,14 +54,15 @@ from mathrl.train.launch import available_cpus
 DEFAULTS = ["data.eval_size=32", "eval.n=1", "eval.every=1000", "train.save_every=0"]
 # the interpreter of an `unset` run: torch (libgomp) loads before mathrl sets the policy, which it then removes
 UNSET_DRIVER = ("import os, sys\nimport torch\nimport mathrl\n"
-                "os.environ.pop('OMP_WAIT_POLICY', None)\nfrom mathrl.cli import main\nsys.exit(main())\n")
+                "os.environ.pop('GOMP_SPINCOUNT', None)\nfrom mathrl.cli import main\nsys.exit(main())\n")
 
 
 def run_env(policy: str, cache: Path, threads: int | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     env.update(MATHRL_CACHE=str(cache), CUDA_VISIBLE_DEVICES="")
-    if policy == "active":
-        env["OMP_WAIT_POLICY"] = "ACTIVE"
+    if policy in ("active", "passive"):
+        env["OMP_WAIT_POLICY"] = policy.upper()
     if threads is not None:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
     return env
@@ -150,7 +153,8 @@ def arm(policy: str, root: Path, entry: Path, overrides: list[str], *, steps: in
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--policies", nargs="+", choices=["unset", "passive", "active"], default=["unset", "passive"])
+    p.add_argument("--policies", nargs="+", choices=["unset", "default", "passive", "active"],
+                   default=["unset", "default", "passive"])
     p.add_argument("--steps", type=int, default=10, help="RL steps per run (the first is not timed)")
     p.add_argument("--cap-s", type=float, default=900, help="seconds a run may take before it is stopped (SIGTERM)")
     p.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of every run (default: unset)")
