@@ -17,7 +17,7 @@ A tool function's contract (built-ins and the user's alike)::
         ...   # args: a code block's body, or a JSON tool call's arguments; kwargs: the spec's kwargs
 
 Modules: `calculator` (exact arithmetic, no eval), `sandbox` (model-written python in a subprocess
-under bubblewrap, unshare or resource limits alone; `sandbox_mode()` says which), `pool` (`ToolPool`,
+under bubblewrap, or for trusted code the unsafe unshare and rlimit modes; `sandbox_mode()` says which), `pool` (`ToolPool`,
 `check_tool_specs`), `base` (the records), `builtins` (the built-in tools). docs/tools.md says what each sandbox mode guarantees.
 """
 
