@@ -26,18 +26,9 @@ import pytest
 
 from mathrl.tools import BUILTIN_TOOLS, run_python, sandbox_mode, sandbox_problem, sandbox_works
 from mathrl.tools.sandbox import WarmSandboxes, check_python_kwargs
+from sandbox_helpers import MODES, interpreter_for, run_started
 
-MODES = ("bwrap", "unshare_unsafe", "rlimit_unsafe")
 ROOT = os.geteuid() == 0
-
-
-def interpreter_for(mode: str) -> str | None:
-    """sys.executable, else /usr/bin/python3: as root, the unsafe modes run the code as an
-    unprivileged uid, which cannot read an interpreter under /root (bwrap binds it in)."""
-    for python in (sys.executable, "/usr/bin/python3"):
-        if os.access(python, os.X_OK) and sandbox_works(mode, python=python):
-            return python
-    return None
 
 
 @pytest.fixture(params=MODES)
@@ -51,21 +42,8 @@ def mode(request) -> dict:
 
 @pytest.fixture(params=["cold", "warm"])
 def start(request):
-    """How the call's sandbox starts: now ("cold"), or ahead of the call ("warm": a `WarmSandboxes` of
-    one, started with the call's settings). Returns a function (code, **kwargs) -> ToolResult that runs
-    the call that way, and for "warm" checks that the pre-started sandbox ran it and none is left."""
-    def run(code, **kwargs):
-        if request.param == "cold":
-            return run_python(code, **kwargs)
-        stock = WarmSandboxes({k: v for k, v in kwargs.items() if k != "timeout_s"}, 1)
-        try:
-            assert stock.ready() == 1
-            result = run_python(code, prestarted=stock, **kwargs)
-            assert stock.taken == 1, "the call did not run in the pre-started sandbox"
-        finally:
-            stock.close()
-        return result
-    return run
+    """How the call's sandbox starts: now ("cold"), or ahead of the call ("warm")."""
+    return lambda code, **kwargs: run_started(request.param, code, **kwargs)
 
 
 def marked_processes(marker: str) -> list[int]:

@@ -22,10 +22,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from mathrl.tools import run_python, sandbox_memory, sandbox_problem, sandbox_works
-from mathrl.tools.sandbox import WarmSandboxes
+from mathrl.tools import run_python, sandbox_memory, sandbox_problem
+from sandbox_helpers import MODES, interpreter_for, run_started
 
-MODES = ("bwrap", "unshare_unsafe", "rlimit_unsafe")
 ROOT = os.geteuid() == 0
 
 NO_MOUNT_NS = "no mount namespace: the code sees the host's world-readable files and world-writable directories"
@@ -45,13 +44,6 @@ HELD = {
 }
 
 
-def interpreter_for(mode: str) -> str | None:
-    for python in (sys.executable, "/usr/bin/python3"):
-        if os.access(python, os.X_OK) and sandbox_works(mode, python=python):
-            return python
-    return None
-
-
 @pytest.fixture(params=MODES)
 def mode(request) -> dict:
     python = interpreter_for(request.param)
@@ -62,17 +54,7 @@ def mode(request) -> dict:
 
 @pytest.fixture(params=["cold", "warm"])
 def start(request):
-    def run(code, **kwargs):
-        if request.param == "cold":
-            return run_python(code, **kwargs)
-        stock = WarmSandboxes({k: v for k, v in kwargs.items() if k != "timeout_s"}, 1)
-        try:
-            result = run_python(code, prestarted=stock, **kwargs)
-            assert stock.taken == 1, "the call did not run in the pre-started sandbox"
-        finally:
-            stock.close()
-        return result
-    return run
+    return lambda code, **kwargs: run_started(request.param, code, **kwargs)
 
 
 def held_or_skip(mode: dict, name: str) -> None:
