@@ -129,7 +129,7 @@ def test_opo_estimator_counts_generated_tokens_not_the_loss_mask():
     x = AdvantageInputs(rewards=torch.tensor([1.0, 0.0]), response_mask=response.float(),
                         loss_mask=torch.tensor([[1.0, 1, 1, 0], [0, 0, 0, 0]]), kl_rewards=torch.zeros(2, 4),
                         group_ids=ids(0, 0))
-    out = ADVANTAGE_ESTIMATORS.get("opo").fn(x, cfg).advantages
+    out = ADVANTAGE_ESTIMATORS.get("opo").fn(x, cfg.algo).advantages
     assert_close(out, torch.tensor([[0.25, 0.25, 0.25, 0], [0, 0, 0, 0]]))
 
 
@@ -228,15 +228,16 @@ def gdpo_cfg(*extra: str):
                               "reward.functions=[{name: acc, fn: math}, {name: fmt, fn: format, weight: 0.5}]", *extra])
 
 
-def test_gdpo_estimator_reads_the_components_and_their_configured_weights():
+def test_gdpo_estimator_reads_the_components_and_their_weights():
     # The numbers of test_gdpo_normalises_each_component_then_sums_with_weights, on every counted token;
     # the sequence reward is the weighted sum (no shaping), so nothing else is added.
     h = math.sqrt(3) / 2
     acc, fmt = torch.tensor([1.0, 1, 0, 0]), torch.tensor([1.0, 0, 1, 1])
     mask = lengths_mask(2, 1, 3, 0).float()
     x = AdvantageInputs(rewards=acc + 0.5 * fmt, response_mask=mask, loss_mask=mask, kl_rewards=torch.zeros(4, 4),
-                        group_ids=ids(0, 0, 0, 0), components={"acc": acc, "fmt": fmt})
-    out = ADVANTAGE_ESTIMATORS.get("gdpo").fn(x, gdpo_cfg("algo.adv.gdpo_whiten=false")).advantages
+                        group_ids=ids(0, 0, 0, 0), components={"acc": acc, "fmt": fmt},
+                        component_weights={"acc": 1.0, "fmt": 0.5})
+    out = ADVANTAGE_ESTIMATORS.get("gdpo").fn(x, gdpo_cfg("algo.adv.gdpo_whiten=false").algo).advantages
     seq = torch.tensor([h + 0.25, h - 0.75, -h + 0.25, -h + 0.25])
     assert_close(out, seq[:, None] * mask, atol=1e-5, rtol=1e-5)  # eps = 1e-6 in the std
 
@@ -248,7 +249,7 @@ def test_gdpo_estimator_whitens_over_the_batch_tokens():
     mask = lengths_mask(2, 1, width=2).float()
     x = AdvantageInputs(rewards=torch.tensor([1.0, 0.0]), response_mask=mask, loss_mask=mask,
                         kl_rewards=torch.zeros(2, 2), group_ids=ids(0, 0), components=None)
-    out = ADVANTAGE_ESTIMATORS.get("gdpo").fn(x, load_config(None, ["algo.adv.estimator=gdpo"])).advantages
+    out = ADVANTAGE_ESTIMATORS.get("gdpo").fn(x, load_config(None, ["algo.adv.estimator=gdpo"]).algo).advantages
     r3 = 1 / math.sqrt(3)
     assert_close(out, torch.tensor([[r3, r3], [-2 * r3, 0]]), atol=1e-5, rtol=1e-5)
 
@@ -259,7 +260,7 @@ def test_gdpo_estimator_with_one_component_and_no_whitening_is_the_grpo_estimato
     x = AdvantageInputs(rewards=r, response_mask=mask, loss_mask=mask, kl_rewards=torch.zeros(4, 4),
                         group_ids=ids(0, 0, 1, 1), components={"math": r})
     cfg = load_config(None, ["algo.adv.estimator=gdpo", "algo.adv.gdpo_whiten=false"])
-    assert_close(ADVANTAGE_ESTIMATORS.get("gdpo").fn(x, cfg).advantages, ADVANTAGE_ESTIMATORS.get("grpo").fn(x, cfg).advantages)
+    assert_close(ADVANTAGE_ESTIMATORS.get("gdpo").fn(x, cfg.algo).advantages, ADVANTAGE_ESTIMATORS.get("grpo").fn(x, cfg.algo).advantages)
 
 
 # ------------------------------------------------------------------------------- all six estimators
@@ -274,17 +275,17 @@ def random_inputs(seed: int, *, n_groups: int = 3, n: int = 4) -> AdvantageInput
     loss_mask = mask * (torch.rand(size, 1, generator=gen) > 0.2)  # some rows filtered out of the loss
     return AdvantageInputs(rewards=acc + 0.5 * fmt, response_mask=mask, loss_mask=loss_mask,
                            kl_rewards=torch.zeros_like(mask), group_ids=torch.arange(n_groups).repeat_interleave(n),
-                           components={"acc": acc, "fmt": fmt})
+                           components={"acc": acc, "fmt": fmt}, component_weights={"acc": 1.0, "fmt": 0.5})
 
 
 def run(name: str, x: AdvantageInputs) -> torch.Tensor:
-    return ADVANTAGE_ESTIMATORS.get(name).fn(x, gdpo_cfg(f"algo.adv.estimator={name}")).advantages
+    return ADVANTAGE_ESTIMATORS.get(name).fn(x, gdpo_cfg(f"algo.adv.estimator={name}").algo).advantages
 
 
 def permuted(x: AdvantageInputs, perm: torch.Tensor, relabel=lambda g: g) -> AdvantageInputs:
     return AdvantageInputs(rewards=x.rewards[perm], response_mask=x.response_mask[perm], loss_mask=x.loss_mask[perm],
                            kl_rewards=x.kl_rewards[perm], group_ids=relabel(x.group_ids[perm]),
-                           components={k: v[perm] for k, v in x.components.items()})
+                           components={k: v[perm] for k, v in x.components.items()}, component_weights=x.component_weights)
 
 
 @pytest.mark.parametrize("name", NEW)

@@ -209,7 +209,7 @@ def critic_update(micro_batch_tokens: int):
     batch.old_values = torch.randn(batch.response_mask.shape, generator=g) * 0.1 * batch.response_mask
     batch.returns = (torch.rand(batch.response_mask.shape, generator=g) > 0.5).float() * batch.response_mask
     before = [p.detach().clone() for p in critic.parameters()]
-    metrics = update_critic(critic, optimizer, scheduler, batch, cfg, step=1)
+    metrics = update_critic(critic, optimizer, scheduler, batch, cfg, step=1).metrics
     return [b - p.detach() for b, p in zip(before, critic.parameters())], metrics
 
 

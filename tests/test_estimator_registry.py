@@ -90,7 +90,7 @@ def test_the_group_estimators_are_the_group_functions_on_every_token(name):
     cfg = load_config(None, [])
     x = inputs([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0], n=4)
     seq = (group_advantages(x.rewards, x.group_ids) if name == "grpo" else rloo_advantages(x.rewards, x.group_ids))
-    out = ADVANTAGE_ESTIMATORS.get(name).fn(x, cfg)
+    out = ADVANTAGE_ESTIMATORS.get(name).fn(x, cfg.algo)
     assert_close(out.advantages, seq[:, None] * x.loss_mask)
     assert out.returns is None
 

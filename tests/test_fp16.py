@@ -49,7 +49,9 @@ def test_overflowing_gradient_skips_the_step_halves_the_scale_and_is_logged():
     before = [p.detach().clone() for p in model.parameters()]
     coefs = {"entropy": 0.0, "kl": 0.0}
 
-    m = update_policy(model, optimizer, scheduler, huge, cfg, step=1, coefs=coefs, ptx=None, scaler=scaler)
+    updated = update_policy(model, optimizer, scheduler, huge, cfg, step=1, coefs=coefs, ptx=None, scaler=scaler)
+    m = updated.metrics
+    assert updated.skipped == 0  # the loss scaler's own skip is not a non-finite update
     assert math.isfinite(m["actor/pg_loss"])  # the loss itself was fine: an overflow of the scaled gradient
     assert m["actor/skipped_inf_steps"] == 1.0 and m["actor/updates"] == 0.0
     assert m["perf/skipped_updates"] == 0.0  # expected under dynamic scaling: not a non-finite step
@@ -57,7 +59,7 @@ def test_overflowing_gradient_skips_the_step_halves_the_scale_and_is_logged():
     assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
     assert scheduler.last_epoch == 0
 
-    m = update_policy(model, optimizer, scheduler, batch, cfg, step=2, coefs=coefs, ptx=None, scaler=scaler)
+    m = update_policy(model, optimizer, scheduler, batch, cfg, step=2, coefs=coefs, ptx=None, scaler=scaler).metrics
     assert m["actor/skipped_inf_steps"] == 0.0 and m["actor/updates"] == 1.0
     assert m["actor/loss_scale"] == 2.0**15  # growth only after growth_interval (2000) good steps
     assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))

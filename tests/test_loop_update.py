@@ -58,7 +58,7 @@ def one_update(agg: str, micro_batch_tokens: int) -> tuple[list[torch.Tensor], d
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     before = [p.detach().clone() for p in model.parameters()]
     metrics = update_policy(model, optimizer, scheduler, random_batch(), cfg, step=1,
-                            coefs={"entropy": 0.05, "kl": 0.1}, ptx=None)
+                            coefs={"entropy": 0.05, "kl": 0.1}, ptx=None).metrics
     return [b - p.detach() for b, p in zip(before, model.parameters())], metrics
 
 
@@ -88,7 +88,8 @@ def test_non_finite_gradient_skips_the_optimizer_step():
     batch.advantages = batch.advantages.clone()
     batch.advantages[0, 0] = float("nan")
     before = [p.detach().clone() for p in model.parameters()]
-    metrics = update_policy(model, optimizer, scheduler, batch, cfg, step=1, coefs={"entropy": 0.0, "kl": 0.0}, ptx=None)
-    assert metrics["perf/skipped_updates"] == 1.0 and metrics["actor/updates"] == 0.0
+    updated = update_policy(model, optimizer, scheduler, batch, cfg, step=1, coefs={"entropy": 0.0, "kl": 0.0}, ptx=None)
+    assert updated.skipped == 1 and updated.metrics["perf/skipped_updates"] == 1.0
+    assert updated.metrics["actor/updates"] == 0.0
     assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
     assert scheduler.last_epoch == 0  # the schedule does not advance on a skipped step

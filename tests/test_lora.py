@@ -106,7 +106,8 @@ def test_only_the_adapters_get_gradients_and_move(make_tiny_qwen2, char_tokenize
     batch = engine_batch(engine, char_tokenizer, seed=0)
     grads = {}
     hooks = [p.register_hook(lambda g, n=n: grads.__setitem__(n, g)) for n, p in model.named_parameters() if p.requires_grad]
-    metrics = update_policy(model, optimizer, scheduler, batch, config(), step=1, coefs={"entropy": 0.0, "kl": 0.0}, ptx=None)
+    metrics = update_policy(model, optimizer, scheduler, batch, config(), step=1, coefs={"entropy": 0.0, "kl": 0.0},
+                            ptx=None).metrics
     for h in hooks:
         h.remove()
     assert metrics["actor/updates"] == 2 and metrics["perf/skipped_updates"] == 0

@@ -72,7 +72,7 @@ def test_update_is_the_same_with_engine_or_recomputed_old_logprobs(make_tiny_qwe
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
         b = copy.copy(batch)
         b.old_logprobs = old
-        metrics = update_policy(m, optimizer, scheduler, b, cfg, step=1, coefs={"entropy": 0.0, "kl": 0.0}, ptx=None)
+        metrics = update_policy(m, optimizer, scheduler, b, cfg, step=1, coefs={"entropy": 0.0, "kl": 0.0}, ptx=None).metrics
         results.append((metrics, [p.detach().clone() for p in m.parameters()]))
     (m_re, p_re), (m_en, p_en) = results
     assert m_re["actor/updates"] == 2

@@ -765,7 +765,7 @@ def reinforce_with_nll(logprobs, old_logprobs, advantages, mask, *, weights=None
 @pytest.fixture
 def outside_loss():
     OUTSIDE_CALLS.clear()
-    POLICY_LOSSES.register("test_outside", PolicyLoss(reinforce_with_nll, params=lambda cfg: {"beta": 0.01}))
+    POLICY_LOSSES.register("test_outside", PolicyLoss(reinforce_with_nll, params=lambda algo: {"beta": 0.01}))
     yield OUTSIDE_CALLS
     POLICY_LOSSES.remove("test_outside")
 

@@ -218,13 +218,12 @@ def _update_once(overrides, old, rollout_lp, mask, adv):
                        response_ids=torch.zeros(n, t, dtype=torch.long), response_mask=mask.clone(),
                        loss_mask=mask.clone(), old_logprobs=old, advantages=adv, ref_logprobs=torch.zeros(n, t),
                        ref_entropy=torch.zeros(n, t), correct=torch.zeros(n), rollout_logprobs=rollout_lp)
-    metrics: dict = {}
-    batch.is_weights, batch.loss_mask = importance_weights(cfg, batch.old_logprobs, batch.rollout_logprobs,
-                                                           batch.response_mask, batch.loss_mask, metrics)
+    batch.is_weights, batch.loss_mask, metrics = importance_weights(cfg, batch.old_logprobs, batch.rollout_logprobs,
+                                                                    batch.response_mask, batch.loss_mask)
     logprobs = (old + 0.1).clone().requires_grad_(True)  # pi_theta moved a little away from the proximal policy
-    x = TermInputs(cfg, batch, logprobs, torch.zeros(n, t), batch.loss_mask, float(batch.loss_mask.sum()),
-                   float(n), 0.0, 0.0, {"entropy": 0.0, "kl": 0.0}, {})
-    loss, _ = pg_term(x, step=1)
+    x = TermInputs(cfg.algo, cfg.rollout.max_new_tokens, 0, batch, logprobs, torch.zeros(n, t), batch.loss_mask,
+                   float(batch.loss_mask.sum()), float(n), 0.0, 0.0, {"entropy": 0.0, "kl": 0.0}, {})
+    loss, _ = pg_term(x)
     loss.backward()
     return float(loss.detach()), logprobs.grad, metrics, batch
 
@@ -430,17 +429,16 @@ def test_opsm_is_applied_after_the_advantages():
     from mathrl.train.step import Scored, advantage_masks, importance_weights
 
     cfg = load_config(None, ["algo.rollout_correction.masks=[opsm]", "algo.rollout_correction.rejected=drop"])
-    metrics: dict = {}
     # opsm is not applied with the rules that need no advantages (there are none yet) ...
-    is_weights, loss_mask = importance_weights(cfg, OPSM_OLD, ROLLOUT, MASK, MASK.clone(), metrics)
+    is_weights, loss_mask, metrics = importance_weights(cfg, OPSM_OLD, ROLLOUT, MASK, MASK.clone())
     assert is_weights is None and torch.equal(loss_mask, MASK)
     assert "rollout_corr/k1_kl" in metrics and "rollout_corr/opsm_rejected" not in metrics
     # ... but once they are: row 1 (negative, mean log(pi_rollout / pi_old) = ln3 > 0.5) goes, and with drop leaves the mask
     scored = Scored(old_logprobs=OPSM_OLD, entropy=None, ref_logprobs=None, ref_entropy=None, ref_kl=None,
-                    is_weights=is_weights, loss_mask=loss_mask)
+                    is_weights=is_weights, loss_mask=loss_mask, metrics=metrics)
     got = SimpleNamespace(rollout=SimpleNamespace(logprobs=ROLLOUT))
     prep = SimpleNamespace(batch=SimpleNamespace(response_mask=MASK), checks=SimpleNamespace(loss_mask=MASK))
-    out = advantage_masks(cfg, scored, Advantages(-torch.ones(2, 3) * MASK), got, prep, metrics=metrics)
+    out, metrics = advantage_masks(cfg, scored, Advantages(-torch.ones(2, 3) * MASK), got, prep)
     assert_close(out.is_weights * MASK, torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]))  # padding: never in the loss
     assert_close(out.loss_mask, torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]))
     assert metrics["rollout_corr/opsm_rejected"] == pytest.approx(2 / 5)
@@ -450,8 +448,7 @@ def test_a_default_run_has_no_correction_and_no_new_metric():
     from mathrl.config import load_config
     from mathrl.train.step import importance_weights
 
-    metrics: dict = {}
-    is_weights, loss_mask = importance_weights(load_config(None, []), OLD, ROLLOUT, MASK, MASK, metrics)
+    is_weights, loss_mask, metrics = importance_weights(load_config(None, []), OLD, ROLLOUT, MASK, MASK)
     assert is_weights is None and loss_mask is MASK and metrics == {}
 
 
@@ -476,10 +473,9 @@ def test_bypass_takes_the_rollout_logprobs_as_old_without_a_scoring_pass(monkeyp
     trainer = SimpleNamespace(cfg=cfg, model=None)
     got = SimpleNamespace(rollout=SimpleNamespace(logprobs=rollout_lp))
     prep = SimpleNamespace(batch=batch, checks=SimpleNamespace(loss_mask=MASK.clone()), rows=None)
-    metrics: dict = {}
-    scored = step.score(trainer, got, prep, metrics=metrics)
+    scored = step.score(trainer, got, prep)
     assert torch.equal(scored.old_logprobs, rollout_lp * MASK)  # old == rollout on every sampled token
-    assert scored.entropy is None and scored.is_weights is None and metrics == {}
+    assert scored.entropy is None and scored.is_weights is None and scored.metrics == {}
 
 
 @pytest.mark.parametrize("overrides, fragment", [

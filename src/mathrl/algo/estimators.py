@@ -4,7 +4,7 @@
 A new estimator is one function and one registration, here or in any module imported before the
 config is loaded (tests/test_estimator_registry.py registers one and trains with it):
 
-    def my_advantages(x: AdvantageInputs, cfg) -> Advantages:
+    def my_advantages(x: AdvantageInputs, algo) -> Advantages:
         seq = x.rewards - x.rewards.mean()                                  # [N]
         return Advantages(expand_to_tokens(seq, x.loss_mask))               # [N, T]
 
@@ -48,6 +48,7 @@ class AdvantageInputs:
     group_ids: Tensor  # [N] the prompt each response answers (groups of rollout.n)
     values: Tensor | None = None  # [N, T] critic values at sampling time (estimators with needs_critic)
     components: dict[str, Tensor] | None = None  # reward.functions[].name -> [N] its raw (unweighted) score; None: not kept (gdpo)
+    component_weights: dict[str, float] | None = None  # reward.functions[].name -> its weight (1.0 where absent)
 
 
 @dataclass
@@ -59,7 +60,7 @@ class Advantages:
 
 @dataclass(frozen=True)
 class Estimator:
-    fn: Callable[[AdvantageInputs, Any], Advantages]  # (inputs, config) -> advantages
+    fn: Callable[[AdvantageInputs, Any], Advantages]  # (inputs, the config's algo section) -> advantages
     needs_critic: bool = False  # a learned value model is built, trained and its values passed in
     needs_groups: bool = True  # rollout.n must be > 1 (a group baseline of one sample is the sample)
 
@@ -69,33 +70,33 @@ def sequence_rewards(x: AdvantageInputs) -> Tensor:
     return x.rewards + x.kl_rewards.sum(-1)
 
 
-def grpo(x: AdvantageInputs, cfg) -> Advantages:
+def grpo(x: AdvantageInputs, algo) -> Advantages:
     """GRPO (Shao et al. 2024): the group-normalised sequence reward on every token; algo.adv.std_normalize
     off is Dr. GRPO (Liu et al. 2025), std_scope=batch normalises by the batch's std."""
-    adv = cfg.algo.adv
+    adv = algo.adv
     seq = group_advantages(sequence_rewards(x), x.group_ids, std_normalize=adv.std_normalize, std_scope=adv.std_scope)
     return Advantages(expand_to_tokens(seq, x.loss_mask))
 
 
-def rloo(x: AdvantageInputs, cfg) -> Advantages:
+def rloo(x: AdvantageInputs, algo) -> Advantages:
     """RLOO (Ahmadian et al. 2024): the reward minus the mean of the group's other rewards, on every token."""
     return Advantages(expand_to_tokens(rloo_advantages(sequence_rewards(x), x.group_ids), x.loss_mask))
 
 
-def reinforce_pp(x: AdvantageInputs, cfg) -> Advantages:
+def reinforce_pp(x: AdvantageInputs, algo) -> Advantages:
     """REINFORCE++ (Hu 2025): per-token returns (the sequence reward minus the KL penalty still to go)
     whitened over all the batch's counted tokens."""
     return Advantages(reinforce_pp_advantages(x.rewards, x.response_mask, kl_rewards=x.kl_rewards, loss_mask=x.loss_mask))
 
 
-def ppo_gae(x: AdvantageInputs, cfg) -> Advantages:
+def ppo_gae(x: AdvantageInputs, algo) -> Advantages:
     """PPO with a learned critic: token-level GAE from the sampling-time values, the outcome reward on the
     last token plus the KL penalty per token.
 
     Decoupled GAE (VC-PPO): lam_actor for the advantages, lam_critic for the value targets; with
     algo.critic.length_adaptive_alpha the policy lambda is VAPO's 1 - 1/(alpha * length) per response.
     metrics: actor/gae_lambda, the mean policy lambda."""
-    crit, mask = cfg.algo.critic, x.response_mask
+    crit, mask = algo.critic, x.response_mask
     token_rewards = outcome_token_rewards(x.rewards, mask) + x.kl_rewards
     if crit.length_adaptive_alpha is not None:
         lam_actor = length_adaptive_lambda(mask.sum(-1), crit.length_adaptive_alpha)  # [N]
@@ -118,48 +119,48 @@ ADVANTAGE_ESTIMATORS.register("gae", Estimator(ppo_gae, needs_critic=True, needs
 # verl sums token_level_rewards) through one pure function of algo/advantages.py, on every counted token.
 
 
-def grpo_passk(x: AdvantageInputs, cfg) -> Advantages:
+def grpo_passk(x: AdvantageInputs, algo) -> Advantages:
     """Pass@k with k = rollout.n (Tang et al. 2025; verl grpo_passk): only each group's unique best response
     gets an advantage, (r_max - r_second_max) / (std + eps); algo.adv.std_normalize and std_scope as in grpo."""
-    adv = cfg.algo.adv
+    adv = algo.adv
     seq = passk_advantages(sequence_rewards(x), x.group_ids, std_normalize=adv.std_normalize, std_scope=adv.std_scope)
     return Advantages(expand_to_tokens(seq, x.loss_mask))
 
 
-def reinforce_pp_baseline(x: AdvantageInputs, cfg) -> Advantages:
+def reinforce_pp_baseline(x: AdvantageInputs, algo) -> Advantages:
     """REINFORCE++-baseline (Hu et al. 2025; verl reinforce_plus_plus_baseline): the reward minus its group mean
     on every token, whitened over all the batch's counted tokens."""
     return Advantages(reinforce_pp_baseline_advantages(sequence_rewards(x), x.group_ids, x.loss_mask))
 
 
-def opo(x: AdvantageInputs, cfg) -> Advantages:
+def opo(x: AdvantageInputs, algo) -> Advantages:
     """OPO (Hao et al. 2025; verl opo): the reward minus the group's length-weighted mean reward, lengths
     counted in generated tokens (response_mask)."""
     seq = opo_advantages(sequence_rewards(x), x.group_ids, x.response_mask.sum(-1))
     return Advantages(expand_to_tokens(seq, x.loss_mask))
 
 
-def gpg(x: AdvantageInputs, cfg) -> Advantages:
+def gpg(x: AdvantageInputs, algo) -> Advantages:
     """GPG (Chu et al. 2025; verl gpg): alpha * (reward - group mean), alpha by algo.adv.gpg_alpha."""
-    seq = gpg_advantages(sequence_rewards(x), x.group_ids, alpha=cfg.algo.adv.gpg_alpha)
+    seq = gpg_advantages(sequence_rewards(x), x.group_ids, alpha=algo.adv.gpg_alpha)
     return Advantages(expand_to_tokens(seq, x.loss_mask))
 
 
-def maxrl(x: AdvantageInputs, cfg) -> Advantages:
+def maxrl(x: AdvantageInputs, algo) -> Advantages:
     """MaxRL (Tajwar et al. 2026; prime-rl max_rl, SkyRL maxrl): (reward - group mean) / group mean."""
     return Advantages(expand_to_tokens(maxrl_advantages(sequence_rewards(x), x.group_ids), x.loss_mask))
 
 
-def gdpo(x: AdvantageInputs, cfg) -> Advantages:
+def gdpo(x: AdvantageInputs, algo) -> Advantages:
     """GDPO (Liu et al. 2026; verl gdpo): each reward.functions component normalised within its group, summed
     with reward.functions[].weight, then (algo.adv.gdpo_whiten) whitened over the batch's counted tokens.
 
     The rest of the sequence reward (shaping terms, reward.incorrect, the KL penalty) is centred on its group
     mean and added unscaled (`gdpo_advantages`). Without per-component scores the sequence reward is the one
     component, as in verl's fallback: then gdpo is grpo, whitened."""
-    adv, total = cfg.algo.adv, sequence_rewards(x)  # [N]
+    adv, total = algo.adv, sequence_rewards(x)  # [N]
     if x.components:
-        weight_of = {f.name: f.weight for f in cfg.reward.functions}
+        weight_of = x.component_weights or {}
         components = torch.stack([x.components[name].to(total) for name in x.components])  # [K, N]
         weights = torch.tensor([weight_of.get(name, 1.0) for name in x.components], dtype=total.dtype)  # [K]
         shaping = total - (weights[:, None] * components).sum(0)  # [N]

@@ -15,7 +15,7 @@ The per-token loss is then reduced by `losses.aggregate` with the entry's own ag
 algo.loss_agg where the entry has none:
 
     entry = POLICY_LOSSES.get("gspo")
-    token_loss, stats = entry.fn(lp, old_lp, adv, mask, **entry.params(cfg))
+    token_loss, stats = entry.fn(lp, old_lp, adv, mask, **entry.params(cfg.algo))
     loss = aggregate(token_loss, mask, mode=entry.agg or cfg.algo.loss_agg, num_tokens=..., num_seqs=...)
 
 A loss with a sequence-level ratio (gspo, geo_mean) gives every token of a row the row's loss: its
@@ -37,7 +37,7 @@ is loaded (tests/test_policy_losses.py registers one from outside and trains wit
         loss = -advantages * logprobs + beta * (logprobs - old_logprobs) ** 2          # [B, T]
         return weigh(loss, mask, weights), {}
 
-    POLICY_LOSSES.register("mine", PolicyLoss(my_loss, params=lambda cfg: {"beta": 0.1}))
+    POLICY_LOSSES.register("mine", PolicyLoss(my_loss, params=lambda algo: {"beta": 0.1}))
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class PolicyLoss:
     """A registered policy loss: its function, the keyword arguments a config gives it, and what it is."""
 
     fn: Callable[..., tuple[Tensor, dict[str, Tensor]]]
-    params: Callable[[Any], dict[str, Any]] = lambda cfg: {}  # config -> the fn's hyperparameters
+    params: Callable[[Any], dict[str, Any]] = lambda algo: {}  # the config's algo section -> the fn's hyperparameters
     agg: str | None = None  # its own aggregation (losses.AGG_MODES); None: algo.loss_agg
     sequence_ratio: bool = False  # one importance ratio per sequence: no token of a row has its own gradient weight
     dual_clip: bool = False  # reads algo.clip.dual_clip_c
@@ -379,30 +379,30 @@ def top_entropy_mask(entropy: Tensor, mask: Tensor, *, quantile: float) -> Tenso
 
 
 # ----------------------------------------------------------------------------- the registry
-def _clip(cfg) -> dict[str, float]:
-    return {"eps_low": cfg.algo.clip.eps_low, "eps_high": cfg.algo.clip.eps_high}
+def _clip(algo) -> dict[str, float]:
+    return {"eps_low": algo.clip.eps_low, "eps_high": algo.clip.eps_high}
 
 
-def _dppo_params(cfg) -> dict[str, float]:
-    d = cfg.algo.dppo
+def _dppo_params(algo) -> dict[str, float]:
+    d = algo.dppo
     return {"delta_low": d.delta_low, "delta_high": d.delta_high, "trunc_c": d.trunc_c}
 
 
 POLICY_LOSSES.register("ppo_clip", PolicyLoss(
-    ppo_clip, params=lambda cfg: {**_clip(cfg), "dual_clip_c": cfg.algo.clip.dual_clip_c}, dual_clip=True))
+    ppo_clip, params=lambda algo: {**_clip(algo), "dual_clip_c": algo.clip.dual_clip_c}, dual_clip=True))
 POLICY_LOSSES.register("gspo", PolicyLoss(gspo, params=_clip, agg=SEQ_AGG, sequence_ratio=True))
 POLICY_LOSSES.register("gspo_token", PolicyLoss(gspo_token, params=_clip, agg=SEQ_AGG))
 POLICY_LOSSES.register("cispo", PolicyLoss(cispo, params=_clip))
 POLICY_LOSSES.register("sapo", PolicyLoss(
-    sapo, params=lambda cfg: {"tau_pos": cfg.algo.sapo.tau_pos, "tau_neg": cfg.algo.sapo.tau_neg}, agg=SEQ_AGG))
+    sapo, params=lambda algo: {"tau_pos": algo.sapo.tau_pos, "tau_neg": algo.sapo.tau_neg}, agg=SEQ_AGG))
 POLICY_LOSSES.register("geo_mean", PolicyLoss(geo_mean, params=_clip, agg=SEQ_AGG, sequence_ratio=True))
 POLICY_LOSSES.register("dppo_tv", PolicyLoss(dppo_tv, params=_dppo_params))
 POLICY_LOSSES.register("dppo_kl", PolicyLoss(dppo_kl, params=_dppo_params))
 POLICY_LOSSES.register("clip_cov", PolicyLoss(
-    clip_cov, params=lambda cfg: {**_clip(cfg), "cov_ratio": cfg.algo.cov.ratio, "cov_lb": cfg.algo.cov.lb,
-                                  "cov_ub": cfg.algo.cov.ub},
+    clip_cov, params=lambda algo: {**_clip(algo), "cov_ratio": algo.cov.ratio, "cov_lb": algo.cov.lb,
+                                  "cov_ub": algo.cov.ub},
     needs_generator=True))
 POLICY_LOSSES.register("kl_cov", PolicyLoss(
-    kl_cov, params=lambda cfg: {"cov_ratio": cfg.algo.cov.ratio, "kl_coef": cfg.algo.cov.kl_coef}))
+    kl_cov, params=lambda algo: {"cov_ratio": algo.cov.ratio, "kl_coef": algo.cov.kl_coef}))
 POLICY_LOSSES.register("gpg", PolicyLoss(gpg))
-POLICY_LOSSES.register("dro", PolicyLoss(dro, params=lambda cfg: {"beta": cfg.algo.dro.beta}))
+POLICY_LOSSES.register("dro", PolicyLoss(dro, params=lambda algo: {"beta": algo.dro.beta}))

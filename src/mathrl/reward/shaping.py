@@ -11,7 +11,7 @@ sequence reward:
     r = r + length_schedule_reward(lengths, correct, step=s,
                                    schedule=sched, coef=c)               # reward.length_schedule
 
-A new term is a pure function and one `SHAPING_TERMS.register(name, ShapingTerm(enabled(cfg), fn))`
+A new term is a pure function and one `SHAPING_TERMS.register(name, ShapingTerm(enabled(cfg.reward), fn))`
 (the registry of mathrl.registry, so a term from outside the package needs no patching), with its
 config field and test; terms are added in registration order and each one's batch mean is logged as
 reward/<name>.
@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from mathrl.algo.groups import group_stats
-from mathrl.config import Config
+from mathrl.config import Config, RewardConfig
 from mathrl.registry import SHAPING_TERMS
 
 __all__ = [
@@ -201,9 +201,10 @@ def length_schedule_reward(
 # ----------------------------------------------------------------------------- the terms by name
 @dataclass(frozen=True)
 class ShapingInputs:
-    """What a shaping term sees of one generation round's N samples."""
+    """What a shaping term sees of one generation round's N samples, and the config section it reads."""
 
-    cfg: Config
+    reward: RewardConfig  # cfg.reward
+    max_len: int  # rollout.max_new_tokens
     step: int  # the RL step
     lengths: Tensor  # [N] response lengths in model tokens
     correct: Tensor  # [N] 1.0 where the answer is right
@@ -215,36 +216,36 @@ class ShapingTerm:
     """One term added to the sequence reward: `fn` returns it, [N]; its mean is logged as reward/<name>
     (the name it is registered under)."""
 
-    enabled: Callable[[Config], bool]
+    enabled: Callable[[RewardConfig], bool]  # from cfg.reward
     fn: Callable[[ShapingInputs], Tensor]
 
 
 def overlong_term(x: ShapingInputs) -> Tensor:
     """DAPO's soft overlong punishment over the last reward.overlong.cache_len tokens before the limit."""
-    return soft_overlong_punishment(x.lengths, max_len=x.cfg.rollout.max_new_tokens, cache_len=x.cfg.reward.overlong.cache_len)
+    return soft_overlong_punishment(x.lengths, max_len=x.max_len, cache_len=x.reward.overlong.cache_len)
 
 
 def kimi_term(x: ShapingInputs) -> Tensor:
     """Kimi k1.5's length penalty within each group, times reward.kimi_length_coef."""
-    return kimi_length_penalty(x.lengths, x.correct, x.group_ids, coef=x.cfg.reward.kimi_length_coef)
+    return kimi_length_penalty(x.lengths, x.correct, x.group_ids, coef=x.reward.kimi_length_coef)
 
 
 def bonus_term(x: ShapingInputs) -> Tensor:
     """reward.length_bonus_coef x length / rollout.max_new_tokens (ablation only)."""
-    return length_bonus(x.lengths, coef=x.cfg.reward.length_bonus_coef, max_len=x.cfg.rollout.max_new_tokens)
+    return length_bonus(x.lengths, coef=x.reward.length_bonus_coef, max_len=x.max_len)
 
 
 def schedule_term(x: ShapingInputs) -> Tensor:
     """The distance of a correct answer's length from reward.length_schedule's target (ablation only)."""
-    schedule = [(int(a), int(b)) for a, b in x.cfg.reward.length_schedule]
-    return length_schedule_reward(x.lengths, x.correct, step=x.step, schedule=schedule, coef=x.cfg.reward.length_schedule_coef)
+    schedule = [(int(a), int(b)) for a, b in x.reward.length_schedule]
+    return length_schedule_reward(x.lengths, x.correct, step=x.step, schedule=schedule, coef=x.reward.length_schedule_coef)
 
 
 # summed in this order
-SHAPING_TERMS.register("overlong_penalty", ShapingTerm(lambda cfg: cfg.reward.overlong.soft_punishment, overlong_term))
-SHAPING_TERMS.register("length_penalty", ShapingTerm(lambda cfg: bool(cfg.reward.kimi_length_coef), kimi_term))
-SHAPING_TERMS.register("length_bonus", ShapingTerm(lambda cfg: bool(cfg.reward.length_bonus_coef), bonus_term))
-SHAPING_TERMS.register("length_schedule", ShapingTerm(lambda cfg: bool(cfg.reward.length_schedule), schedule_term))
+SHAPING_TERMS.register("overlong_penalty", ShapingTerm(lambda reward: reward.overlong.soft_punishment, overlong_term))
+SHAPING_TERMS.register("length_penalty", ShapingTerm(lambda reward: bool(reward.kimi_length_coef), kimi_term))
+SHAPING_TERMS.register("length_bonus", ShapingTerm(lambda reward: bool(reward.length_bonus_coef), bonus_term))
+SHAPING_TERMS.register("length_schedule", ShapingTerm(lambda reward: bool(reward.length_schedule), schedule_term))
 
 
 def shape_rewards(cfg: Config, step: int, lengths: Tensor, correct: Tensor, group_ids: Tensor,
@@ -256,9 +257,9 @@ def shape_rewards(cfg: Config, step: int, lengths: Tensor, correct: Tensor, grou
     lengths, correct, group_ids: [N] (see `ShapingInputs`)."""
     incorrect, base = cfg.reward.incorrect, correct if total is None else total
     r = base.clone() if incorrect == 0 else base + (1 - correct) * incorrect  # [N]
-    x, means = ShapingInputs(cfg, step, lengths, correct, group_ids), {}
+    x, means = ShapingInputs(cfg.reward, cfg.rollout.max_new_tokens, step, lengths, correct, group_ids), {}
     for name, term in SHAPING_TERMS.items():
-        if term.enabled(cfg):
+        if term.enabled(cfg.reward):
             value = term.fn(x)  # [N]
             r, means[name] = r + value, float(value.mean())
     return r, means

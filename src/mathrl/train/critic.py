@@ -13,6 +13,8 @@ from rich.console import Console
 from mathrl.algo.critic import explained_variance, gae, outcome_token_rewards, value_loss
 from mathrl.algo.losses import aggregate, dp_scale, global_counts, masked_mean
 from mathrl.config import Config
+from mathrl.model.dtypes import autocast
+from mathrl.model.scoring import input_device
 from mathrl.model.value import response_values
 from mathrl.seeds import CRITIC_STREAM, derive_seed
 from mathrl.tasks.sources import ProblemStream
@@ -20,7 +22,7 @@ from mathrl.train import dist as tdist
 from mathrl.train.batching import TrainBatch
 from mathrl.train.collect import SINGLE, collect_rollouts, prepare
 from mathrl.train.dist import Ranks
-from mathrl.train.update import backward, per_token_pass, run_updates
+from mathrl.train.update import Updated, UpdateLog, backward, mini_batches, optimizer_step, per_token_pass
 
 
 def value_pass(critic, batch: TrainBatch, cfg: Config, *, rows: list[int] | None = None) -> torch.Tensor:
@@ -34,26 +36,30 @@ def value_pass(critic, batch: TrainBatch, cfg: Config, *, rows: list[int] | None
 
 
 def update_critic(critic, optimizer, scheduler, batch: TrainBatch, cfg: Config, *, step: int,
-                  rows: list[int] | None = None, scaler=None) -> dict[str, float]:
+                  rows: list[int] | None = None, scaler=None) -> Updated:
     """Mini-batches x epochs of clipped value-loss updates (token mean over the whole mini-batch);
     `scaler`: the critic's own loss scaler (model.dtype=float16, `update.loss_scaler`)."""
     crit = cfg.algo.critic
     sums = {"clipped": 0.0, "tokens": 0.0}
-
-    def micro_step(micro: TrainBatch, counts) -> dict[str, float]:
-        num_tokens, num_seqs = counts
-        values = response_values(critic, micro.prompt_ids, micro.prompt_mask, micro.response_ids, micro.context_mask)
-        token_loss, is_clipped = value_loss(values, micro.old_values, micro.returns, micro.loss_mask,
-                                            clip_eps=crit.value_clip)
-        loss = aggregate(token_loss, micro.loss_mask, mode="token_mean", num_tokens=num_tokens, num_seqs=num_seqs)
-        backward(loss * dp_scale(), scaler)
-        sums["clipped"] += float(is_clipped.sum())
-        sums["tokens"] += float(micro.loss_mask.sum())
-        return {"value_loss": loss.item()}
-
-    log = run_updates(critic, optimizer, scheduler, batch, cfg, seed=derive_seed(cfg.seed, step + CRITIC_STREAM),
-                      mini_batch_counts=lambda mini: global_counts(mini.loss_mask), micro_step=micro_step, rows=rows,
-                      scaler=scaler)
+    log, device = UpdateLog(), input_device(critic)
+    for mini in mini_batches(batch, cfg, seed=derive_seed(cfg.seed, step + CRITIC_STREAM), rows=rows):
+        num_tokens, num_seqs = global_counts(mini.rows.loss_mask)
+        total = 0.0
+        with autocast(cfg.model.dtype, device):
+            for micro in mini.micros:
+                micro = micro.to(device)
+                values = response_values(critic, micro.prompt_ids, micro.prompt_mask, micro.response_ids,
+                                         micro.context_mask)
+                token_loss, is_clipped = value_loss(values, micro.old_values, micro.returns, micro.loss_mask,
+                                                    clip_eps=crit.value_clip)
+                loss = aggregate(token_loss, micro.loss_mask, mode="token_mean", num_tokens=num_tokens,
+                                 num_seqs=num_seqs)
+                backward(loss * dp_scale(), scaler)
+                sums["clipped"] += float(is_clipped.sum())
+                sums["tokens"] += float(micro.loss_mask.sum())
+                total += loss.item()
+            terms = tdist.all_reduce_sums({"value_loss": total})
+        optimizer_step(critic, optimizer, scheduler, cfg, log, terms, {}, scaler=scaler)
     sums = tdist.all_reduce_sums(sums)
     m = batch.loss_mask
     losses = log.terms["value_loss"]
@@ -72,7 +78,7 @@ def update_critic(critic, optimizer, scheduler, batch: TrainBatch, cfg: Config, 
     explained = explained_variance(batch.old_values, batch.returns, m)
     if math.isfinite(explained):  # undefined when every target is equal (e.g. every answer right)
         metrics["critic/explained_var"] = explained
-    return metrics
+    return Updated(metrics, skipped=log.skipped - log.inf_skipped)
 
 
 def pretrain_critic(cfg: Config, critic, optimizer, scheduler, *, train_stream: ProblemStream, engine, tokenizer,
@@ -92,7 +98,7 @@ def pretrain_critic(cfg: Config, critic, optimizer, scheduler, *, train_stream: 
         token_rewards = outcome_token_rewards(got.rewards, prep.batch.response_mask)
         _, returns = gae(token_rewards, values, prep.batch.response_mask, gamma=crit.gamma, lam=1.0)
         batch = replace(prep.batch, old_values=values, returns=returns)  # no policy update: its fields stay unset
-        last = update_critic(critic, optimizer, scheduler, batch, cfg, step=-k, rows=prep.rows, scaler=scaler)
+        last = update_critic(critic, optimizer, scheduler, batch, cfg, step=-k, rows=prep.rows, scaler=scaler).metrics
         first = last["critic/value_loss"] if first is None else first
         console.print(f"critic pretraining {k}/{crit.pretrain_steps}: value loss {last['critic/value_loss']:.4f}")
     out = {"critic/pretrain_steps": float(crit.pretrain_steps)}

@@ -9,7 +9,8 @@
 train/generator.py) hands it in as `collected` and the rest of the step is unchanged.
 
 Each stage hands the next a typed value (`Prepared`, `Scored`, `Advantages`, then the `TrainBatch`
-the updates read); the metrics dict only collects the log line.
+the updates read, and the updates' `Updated`) and returns its own metrics; `rl_step` merges them once
+into the step's log line, which nothing reads back (the skipped-update count is `Updated.skipped`).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class Scored:
     ref_kl: float | None  # mean (old - reference) logprob over the loss mask's tokens: the KL controller's input
     is_weights: torch.Tensor | None  # [N, T] the policy-gradient term's importance weights; None: no correction
     loss_mask: torch.Tensor  # [N, T] the sample filters' mask, less the tokens the correction drops
+    metrics: dict[str, float]  # actor/ref_*, the correction's and the rejection rules' (rollout_corr/*, actor/rollout_is_*)
 
 
 def rl_step(trainer: Trainer, step: int, collected: Collected | None = None) -> StepResult:
@@ -76,33 +78,33 @@ def rl_step(trainer: Trainer, step: int, collected: Collected | None = None) -> 
         return skip(trainer, step, got)
     trainer.engine.sleep()  # rollout.vllm.enable_sleep_mode: its KV cache is freed until the next generate
     prep = prepare(cfg, got, trainer.ranks)  # sample filters (loss mask), the rows the passes read, this rank's rows
-    metrics = {**got.metrics, **prep.checks.metrics}
 
     # ---- score: old logprobs (training model), reference logprobs and entropy ---------------------
-    scored = score(trainer, got, prep, metrics=metrics)
+    scored = score(trainer, got, prep)
+    staleness = {}
     if got.versions is not None:  # sampled by a generator process: how old its policy was
-        metrics.update(staleness_metrics(step, got.versions, got.rollout.logprobs, scored.old_logprobs, scored.loss_mask))
+        staleness = staleness_metrics(step, got.versions, got.rollout.logprobs, scored.old_logprobs, scored.loss_mask)
 
     # ---- advantages: coefficients, KL reward penalty, the estimator -------------------------------
     coefs, mean_entropy = step_coefs(trainer, scored, rows=len(prep.batch))
-    adv, values = advantages(trainer, got, prep, scored, coefs=coefs, metrics=metrics)
-    scored = advantage_masks(cfg, scored, adv, got, prep, metrics=metrics)  # opsm: it reads the advantages
+    adv, values, adv_metrics = advantages(trainer, got, prep, scored, coefs=coefs)
+    scored, mask_metrics = advantage_masks(cfg, scored, adv, got, prep)  # opsm: it reads the advantages
     batch = train_batch(prep, scored, adv, values)
     if trainer.critic is not None and trainer.ranks.main:  # the critic read by position (VC-PPO's figures)
         trainer.run.append_positions(value_advantage_positions(step, batch))
 
     # ---- update: mini-batches x epochs of the policy (and the critic) -----------------------------
-    update(trainer, batch, step, coefs=coefs, mean_entropy=mean_entropy, rows=prep.rows, metrics=metrics)
+    update_metrics = update(trainer, batch, step, coefs=coefs, mean_entropy=mean_entropy, rows=prep.rows)
 
     # ---- sync: the engine (and the generators) sample the updated policy from now on (in memory) ---
     t_train = time.time()
     trainer.engine.update_weights(trainer.engine_weights())
     sent = push_weights(trainer, step) if cfg.generator_workers else {}  # train/generator.py, async
-    metrics["perf/weight_sync_seconds"] = time.time() - t_train
-    if sent:
-        metrics["perf/weight_sync_bytes"] = sent["perf/weight_sync_bytes"]
+    sync = {"perf/weight_sync_seconds": time.time() - t_train, **sent}
 
-    # ---- log ---------------------------------------------------------------------------------------
+    # ---- log: the stages' metrics, merged once ------------------------------------------------------
+    metrics = {**got.metrics, **prep.checks.metrics, **scored.metrics, **staleness, **adv_metrics, **mask_metrics,
+               **update_metrics, **sync}
     log_step(trainer, step, got, batch, metrics, t0=t0, t_train=t_train)
     return StepResult(trained=True, groups=group_outcomes(got, cfg.rollout.n), collapse=prep.checks.collapse,
                       metrics=metrics)
@@ -148,7 +150,7 @@ def collect(trainer: Trainer, step: int) -> Collected:
                             tokenizer=trainer.tokenizer, verifier=trainer.rewarder, ranks=trainer.ranks)
 
 
-def score(trainer: Trainer, got: Collected, prep: Prepared, *, metrics: dict) -> Scored:
+def score(trainer: Trainer, got: Collected, prep: Prepared) -> Scored:
     """The old policy's logprobs (and entropy, when a scoring pass computes them), the reference's
     logprobs and entropy when a term needs them, and the importance weights of the correction."""
     cfg, batch, loss_mask = trainer.cfg, prep.batch, prep.checks.loss_mask
@@ -159,22 +161,24 @@ def score(trainer: Trainer, got: Collected, prep: Prepared, *, metrics: dict) ->
     else:
         old_logprobs, entropy = scoring_pass(trainer.model, batch, cfg, with_entropy=True, rows=prep.rows)
     ref_logprobs = ref_entropy = ref_kl = None
+    metrics: dict[str, float] = {}
     if cfg.needs_reference:  # the loaded reference copy, or the LoRA policy with its adapters disabled
         with trainer.reference() as ref_model:
             ref_logprobs, ref_entropy = scoring_pass(ref_model, batch, cfg, with_entropy=True, rows=prep.rows)
         ref_kl = float(masked_mean(old_logprobs - ref_logprobs, loss_mask))
         metrics["actor/ref_kl"] = ref_kl
         metrics["actor/ref_entropy"] = float(masked_mean(ref_entropy, loss_mask))
-    is_weights, loss_mask = importance_weights(cfg, old_logprobs, got.rollout.logprobs, batch.response_mask, loss_mask,
-                                               metrics)
-    is_weights = forking_tokens(cfg, entropy, loss_mask, is_weights, metrics)
+    is_weights, loss_mask, corr_metrics = importance_weights(cfg, old_logprobs, got.rollout.logprobs,
+                                                             batch.response_mask, loss_mask)
+    is_weights, fork_metrics = forking_tokens(cfg, entropy, loss_mask, is_weights)
     return Scored(old_logprobs=old_logprobs, entropy=entropy, ref_logprobs=ref_logprobs, ref_entropy=ref_entropy,
-                  ref_kl=ref_kl, is_weights=is_weights, loss_mask=loss_mask)
+                  ref_kl=ref_kl, is_weights=is_weights, loss_mask=loss_mask,
+                  metrics={**metrics, **corr_metrics, **fork_metrics})
 
 
 def importance_weights(cfg, old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, response_mask: torch.Tensor,
-                       loss_mask: torch.Tensor, metrics: dict) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """(is_weights, loss_mask): the policy-gradient term's weights between the trainer's old logprobs and
+                       loss_mask: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
+    """(is_weights, loss_mask, metrics): the policy-gradient term's weights between the trainer's old logprobs and
     the sampling ones (Config.correction: algo.off_policy or algo.rollout_correction; None when neither
     is on), times the keep mask of the rejection rules that compare the two (algo.rollout_correction.masks
     but opsm, which waits for the advantages: `advantage_masks`), and the loss mask, less the rejected
@@ -182,9 +186,9 @@ def importance_weights(cfg, old_logprobs: torch.Tensor, rollout_logprobs: torch.
     gap itself is logged (rollout_corr/k1_kl, k3_kl over the sample filters' loss mask)."""
     c, rc = cfg.correction(), cfg.algo.rollout_correction
     if c is None and not rc.masks:
-        return None, loss_mask
+        return None, loss_mask, {}
     k1, k3 = mismatch_kl(old_logprobs, rollout_logprobs, loss_mask)
-    metrics["rollout_corr/k1_kl"], metrics["rollout_corr/k3_kl"] = float(k1), float(k3)
+    metrics = {"rollout_corr/k1_kl": float(k1), "rollout_corr/k3_kl": float(k3)}
     is_weights, filtered = None, loss_mask
     if c is not None:
         is_weights, rejected = correction_weights(old_logprobs, rollout_logprobs, response_mask,
@@ -195,24 +199,28 @@ def importance_weights(cfg, old_logprobs: torch.Tensor, rollout_logprobs: torch.
             loss_mask = loss_mask * (1.0 - rejected)
     keeps = rule_keeps(old_logprobs, rollout_logprobs, response_mask, [r for r in rc.masks if r not in ADVANTAGE_RULES],
                        **rule_settings(rc))
-    return rejection(keeps, is_weights, loss_mask, filtered=filtered, drop=rc.rejected == "drop", metrics=metrics)
+    is_weights, loss_mask, rejected_metrics = rejection(keeps, is_weights, loss_mask, filtered=filtered,
+                                                        drop=rc.rejected == "drop")
+    return is_weights, loss_mask, {**metrics, **rejected_metrics}
 
 
-def advantage_masks(cfg, scored: Scored, adv: Advantages, got: Collected, prep: Prepared, *, metrics: dict) -> Scored:
+def advantage_masks(cfg, scored: Scored, adv: Advantages, got: Collected,
+                    prep: Prepared) -> tuple[Scored, dict[str, float]]:
     """The rejection rules that read the advantages (opsm, DeepSeek-V3.2's off-policy sequence masking),
-    applied once they are computed: the scored weights and loss mask, less the tokens they reject. Applied
+    applied once they are computed: the scored weights and loss mask, less the tokens they reject, and
+    each rule's rejected share (rollout_corr/<rule>_rejected). Applied
     here, between the advantages and the batch, it uses the trainer's old logprobs as the current policy
     (algo/rollout_correction.py:opsm_keep says when that equals TRL's per-micro-batch mask), and the
     update stays one loss with one weight per token."""
     rc = cfg.algo.rollout_correction
     rules = [r for r in rc.masks if r in ADVANTAGE_RULES]
     if not rules:
-        return scored
+        return scored, {}
     keeps = rule_keeps(scored.old_logprobs, got.rollout.logprobs, prep.batch.response_mask, rules,
                        advantages=adv.advantages, **rule_settings(rc))
-    is_weights, loss_mask = rejection(keeps, scored.is_weights, scored.loss_mask, filtered=prep.checks.loss_mask,
-                                      drop=rc.rejected == "drop", metrics=metrics)
-    return replace(scored, is_weights=is_weights, loss_mask=loss_mask)
+    is_weights, loss_mask, metrics = rejection(keeps, scored.is_weights, scored.loss_mask,
+                                               filtered=prep.checks.loss_mask, drop=rc.rejected == "drop")
+    return replace(scored, is_weights=is_weights, loss_mask=loss_mask), metrics
 
 
 def rule_settings(rc) -> dict:
@@ -222,33 +230,34 @@ def rule_settings(rc) -> dict:
 
 
 def rejection(keeps: dict[str, torch.Tensor], is_weights: torch.Tensor | None, loss_mask: torch.Tensor, *,
-              filtered: torch.Tensor, drop: bool, metrics: dict) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """Log each rule's share of the sample filters' loss tokens (`filtered`) that it rejects
+              filtered: torch.Tensor, drop: bool) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
+    """Measure each rule's share of the sample filters' loss tokens (`filtered`) that it rejects
     (rollout_corr/<rule>_rejected, each rule on its own), then chain the rules: a token is kept only if
     every rule keeps it. A rejected token's weight becomes 0 (a zero term); with `drop` it also leaves the
-    loss mask, so the normalisers (verl's rejection). Returns (is_weights, loss_mask), [N, T] each."""
+    loss mask, so the normalisers (verl's rejection). Returns (is_weights, loss_mask), [N, T] each, and the
+    shares."""
     if not keeps:
-        return is_weights, loss_mask
-    for rule, keep in keeps.items():
-        metrics[f"rollout_corr/{rule}_rejected"] = float(masked_mean((~keep).to(filtered.dtype), filtered))
+        return is_weights, loss_mask, {}
+    metrics = {f"rollout_corr/{rule}_rejected": float(masked_mean((~keep).to(filtered.dtype), filtered))
+               for rule, keep in keeps.items()}
     keep = chain(keeps.values(), like=loss_mask).to(loss_mask.dtype)  # [N, T] 1 = kept by every rule
     is_weights = keep if is_weights is None else is_weights * keep
-    return is_weights, (loss_mask * keep if drop else loss_mask)
+    return is_weights, (loss_mask * keep if drop else loss_mask), metrics
 
 
-def forking_tokens(cfg, entropy: torch.Tensor | None, loss_mask: torch.Tensor, is_weights: torch.Tensor | None,
-                   metrics: dict) -> torch.Tensor | None:
+def forking_tokens(cfg, entropy: torch.Tensor | None, loss_mask: torch.Tensor,
+                   is_weights: torch.Tensor | None) -> tuple[torch.Tensor | None, dict[str, float]]:
     """algo.top_entropy_quantile (80/20 tokens): the policy-gradient weights times 1 on the step's tokens
     whose old-policy entropy is in the top share, 0 elsewhere (kept tokens: actor/top_entropy_frac). The
     share is of the whole step's loss tokens, so it does not depend on the micro-batch or rank split."""
     q = cfg.algo.top_entropy_quantile
     if q is None:
-        return is_weights
+        return is_weights, {}
     if entropy is None:
         raise RuntimeError("algo.top_entropy_quantile needs the scoring pass's entropy; set train.old_logprobs=recompute")
     keep = top_entropy_mask(entropy, loss_mask, quantile=q)  # [N, T]
-    metrics["actor/top_entropy_frac"] = float(masked_mean(keep, loss_mask))
-    return keep if is_weights is None else is_weights * keep
+    metrics = {"actor/top_entropy_frac": float(masked_mean(keep, loss_mask))}
+    return (keep if is_weights is None else is_weights * keep), metrics
 
 
 def step_coefs(trainer: Trainer, scored: Scored, *, rows: int) -> tuple[dict[str, float], float | None]:
@@ -262,12 +271,13 @@ def step_coefs(trainer: Trainer, scored: Scored, *, rows: int) -> tuple[dict[str
     return coefs, mean_entropy
 
 
-def advantages(trainer: Trainer, got: Collected, prep: Prepared, scored: Scored, *, coefs: dict[str, float],
-               metrics: dict) -> tuple[Advantages, torch.Tensor | None]:
-    """algo.adv.estimator's advantages (with a critic, also its value targets), and the critic's values
-    [N, T] of the sampled responses (None without a critic)."""
+def advantages(trainer: Trainer, got: Collected, prep: Prepared, scored: Scored, *,
+               coefs: dict[str, float]) -> tuple[Advantages, torch.Tensor | None, dict[str, float]]:
+    """algo.adv.estimator's advantages (with a critic, also its value targets), the critic's values
+    [N, T] of the sampled responses (None without a critic), and the metrics of both."""
     cfg, response_mask = trainer.cfg, prep.batch.response_mask
     kl_rewards = torch.zeros_like(response_mask)  # [N, T]
+    metrics: dict[str, float] = {}
     if cfg.algo.kl.use == "reward":
         kl_tok = kl_penalty(scored.old_logprobs, scored.ref_logprobs, estimator=cfg.algo.kl.estimator)
         kl_rewards = apply_kl_reward_penalty(torch.zeros_like(kl_tok), kl_tok, scored.loss_mask, coef=coefs["kl"])
@@ -277,10 +287,10 @@ def advantages(trainer: Trainer, got: Collected, prep: Prepared, scored: Scored,
     components = None if got.scores is None else {  # [N] each reward component's raw score (gdpo normalises each)
         name: torch.tensor([0.0 if v is None else v for v in vs], dtype=torch.float32) for name, vs in got.scores.values.items()}
     inputs = AdvantageInputs(rewards=got.rewards, response_mask=response_mask, loss_mask=scored.loss_mask,
-                             kl_rewards=kl_rewards, group_ids=group_ids, values=values, components=components)
-    out = ADVANTAGE_ESTIMATORS.get(cfg.algo.adv.estimator).fn(inputs, cfg)
-    metrics.update(out.metrics)
-    return out, values
+                             kl_rewards=kl_rewards, group_ids=group_ids, values=values, components=components,
+                             component_weights={f.name: f.weight for f in cfg.reward.functions})
+    out = ADVANTAGE_ESTIMATORS.get(cfg.algo.adv.estimator).fn(inputs, cfg.algo)
+    return out, values, {**metrics, **out.metrics}
 
 
 def train_batch(prep: Prepared, scored: Scored, adv: Advantages, values: torch.Tensor | None) -> TrainBatch:
@@ -304,21 +314,24 @@ def value_advantage_positions(step: int, batch: TrainBatch) -> dict:
 
 
 def update(trainer: Trainer, batch: TrainBatch, step: int, *, coefs: dict[str, float], mean_entropy: float | None,
-           rows, metrics: dict) -> None:
-    """The policy (and critic) updates on the batch; counts the optimizer steps skipped for a non-finite value."""
+           rows) -> dict[str, float]:
+    """The policy (and critic) updates on the batch; counts the policy's optimizer steps skipped for a
+    non-finite value (the run stops after too many: train/monitors.py). Returns the updates' metrics."""
     cfg, t = trainer.cfg, trainer
-    metrics.update(update_policy(t.model, t.optimizer, t.scheduler, batch, cfg, step=step, coefs=coefs, ptx=t.ptx, rows=rows,
-                                 scaler=t.scaler))
+    policy = update_policy(t.model, t.optimizer, t.scheduler, batch, cfg, step=step, coefs=coefs, ptx=t.ptx, rows=rows,
+                           scaler=t.scaler)
+    metrics = dict(policy.metrics)
     if t.critic is not None:
         metrics.update(update_critic(t.critic, t.critic_optimizer, t.critic_scheduler, batch, cfg, step=step, rows=rows,
-                                     scaler=t.critic_scaler))
-    t.skips.record(step, int(metrics["perf/skipped_updates"]), t.console)
+                                     scaler=t.critic_scaler).metrics)
+    t.skips.record(step, policy.skipped, t.console)
     metrics["perf/skipped_steps"] = float(t.skips.total)
     metrics["actor/entropy_coef"] = coefs["entropy"]
     if mean_entropy is not None:
         metrics["actor/rollout_entropy"] = mean_entropy
     if cfg.algo.kl.use != "none":
         metrics["actor/kl_coef"] = coefs["kl"]
+    return metrics
 
 
 def log_step(trainer: Trainer, step: int, got: Collected, batch: TrainBatch, metrics: dict, *, t0: float,

@@ -1,5 +1,5 @@
-"""Updates on one rollout batch: the mini-batch x epoch x micro-batch runner shared by the policy and
-critic updates, the policy update itself, and the no-grad per-token passes (old/reference logprobs).
+"""Updates on one rollout batch: the mini-batches and the optimizer step shared by the policy and critic
+updates, the policy update itself, and the no-grad per-token passes (old/reference logprobs).
 
 A rollout batch is shuffled (a generator seeded by the step), cut into mini-batches of
 train.mini_batch_size rows (one optimizer step each), and those into micro-batches of at most
@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
 from mathrl.algo.entropy import entropy_bonus_mask
 from mathrl.algo.kl import kl_penalty
 from mathrl.algo.losses import aggregate, dp_scale, global_counts, positive_example_lm_loss
-from mathrl.config import Config
+from mathrl.config import AlgoConfig, Config
 from mathrl.model.dtypes import autocast
 from mathrl.model.scoring import input_device, next_token_logprobs, response_logprobs
 from mathrl.registry import LOSS_TERMS, POLICY_LOSSES
@@ -90,10 +90,10 @@ def scoring_pass(model, batch: TrainBatch, cfg: Config, *, with_entropy: bool,
     return logprobs, entropy
 
 
-# ----------------------------------------------------------------------------- the runner
+# ----------------------------------------------------------------------------- mini-batches and optimizer steps
 @dataclass
 class UpdateLog:
-    """What a run of `run_updates` did, one entry per optimizer step (skipped ones included)."""
+    """What one update did, one entry per optimizer step (skipped ones included)."""
 
     terms: dict[str, list[float]] = field(default_factory=dict)  # each loss term summed over a step's micro-batches
     extra: dict[str, list[float]] = field(default_factory=dict)  # terms added after the micro-batches (PTX)
@@ -102,6 +102,14 @@ class UpdateLog:
     inf_skipped: int = 0  # ... of which the loss scaler's: finite losses, a non-finite scaled gradient
     loss_scale: float = 0.0  # the loss scaler's scale after the last optimizer step (0: no scaler)
     lr: float = 0.0  # learning rate of the last optimizer step
+
+
+@dataclass(frozen=True)
+class Updated:
+    """An update's result: its log line (actor/* or critic/*) and what the run decides on."""
+
+    metrics: dict[str, float]
+    skipped: int  # optimizer steps skipped for a non-finite loss or gradient, the loss scaler's own skips not counted
 
 
 def loss_scaler(cfg: Config, device: torch.device, *, distributed: bool):
@@ -123,75 +131,64 @@ def backward(loss: torch.Tensor, scaler) -> None:
     (loss if scaler is None else scaler.scale(loss)).backward()
 
 
-def run_updates(
-    model, optimizer, scheduler, batch: TrainBatch, cfg: Config, *, seed: int,
-    mini_batch_counts: Callable[[TrainBatch], Any],
-    micro_step: Callable[[TrainBatch, Any], dict[str, float]],
-    after_micro_batches: Callable[[], dict[str, float]] | None = None,
-    rows: list[int] | None = None,
-    scaler=None,
-) -> UpdateLog:
-    """train.epochs passes over `batch` in mini-batches of train.mini_batch_size rows, each one
-    optimizer step (gradients clipped to train.max_grad_norm; a step whose loss terms or gradient norm
-    are not finite is skipped, not taken).
+@dataclass
+class MiniBatch:
+    """One optimizer step's share of a rollout batch on this rank."""
 
-    mini_batch_counts(mini) is called once per mini-batch (the normalisers, a collective when
-    distributed); micro_step(micro, counts) runs forward + backward of one micro-batch and returns its
-    loss terms as floats; after_micro_batches(), if given, adds more gradient before the step (PTX)
-    and returns its terms.
+    rows: TrainBatch  # this rank's rows of the mini-batch (all of it in one process)
+    micros: list[TrainBatch]  # its micro-batches (CPU), padded with zero-loss stand-ins to the largest count of any rank
+
+
+def mini_batches(batch: TrainBatch, cfg: Config, *, seed: int, rows: list[int] | None = None) -> Iterator[MiniBatch]:
+    """train.epochs passes over `batch`, shuffled by a generator seeded with `seed`, in mini-batches of
+    train.mini_batch_size rows, each cut into micro-batches of at most train.micro_batch_tokens tokens.
 
     Data parallel: `batch` is the whole step's batch on every rank and `rows` this rank's rows. The
-    shuffle is over the whole batch (the same on every rank), so a mini-batch holds the same samples
-    as in one process; each rank runs forward/backward on its own rows of it (padding with zero-loss
-    micro-batches to the largest count, so every rank makes the same sharded-model calls), and the
-    loss terms and the skip decision are taken over all ranks.
-
-    model.dtype=float16: the forward passes run under float16 autocast and `scaler` (`loss_scaler`),
-    which micro_step's and after_micro_batches' backward go through (`backward`), is unscaled before the
-    clip; a step whose scaled gradient overflowed is skipped (counted in `inf_skipped`) and the scale
-    halves (torch.amp.GradScaler's dynamic scaling).
-    """
-    log = UpdateLog()
+    shuffle is over the whole batch (the same on every rank), so a mini-batch holds the same samples as
+    in one process; each rank gets its own rows of it, and a rank with fewer micro-batches than another
+    gets zero-loss stand-ins, so every rank makes the same sharded-model calls."""
     order_gen = torch.Generator().manual_seed(seed)
     owned = torch.ones(len(batch), dtype=torch.bool)
     if rows is not None:
         owned = torch.zeros(len(batch), dtype=torch.bool)
         owned[torch.as_tensor(rows, dtype=torch.long)] = True
-    device = input_device(model)
     for _epoch in range(cfg.train.epochs):
         order = torch.randperm(len(batch), generator=order_gen)
         for start in range(0, len(batch), cfg.train.mini_batch_size):
             chunk = order[start : start + cfg.train.mini_batch_size]
             mini = batch.select(chunk[owned[chunk]])
-            counts = mini_batch_counts(mini)
             micros = micro_batches(mini, cfg.train.micro_batch_tokens) if len(mini) else []
             filler = tdist.all_reduce_max(len(micros)) - len(micros)
-            if filler:  # zero-loss stand-ins: this rank holds fewer micro-batches than another
+            if filler:
                 blank = batch.select(chunk[:1]).trimmed()
                 blank.loss_mask = torch.zeros_like(blank.loss_mask)
                 micros += [blank] * filler
-            totals: dict[str, float] = {}
-            with autocast(cfg.model.dtype, device):
-                for micro in micros:
-                    for k, v in micro_step(micro.to(device), counts).items():
-                        totals[k] = totals.get(k, 0.0) + v
-                totals = tdist.all_reduce_sums(totals)
-                extra = after_micro_batches() if after_micro_batches is not None else {}
-            if scaler is not None:
-                scaler.unscale_(optimizer)  # the clip and the norm see the true gradient
-            grad_norm = tdist.total_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm))
-            log.lr = optimizer.param_groups[0]["lr"]
-            if not step_if_finite(optimizer, scheduler, grad_norm, totals.values(), scaler=scaler):
-                log.skipped += 1
-                log.inf_skipped += scaler is not None and all(math.isfinite(v) for v in totals.values())
-            if scaler is not None:
-                log.loss_scale = scaler.get_scale()
-            for k, v in totals.items():
-                log.terms.setdefault(k, []).append(v)
-            for k, v in extra.items():
-                log.extra.setdefault(k, []).append(v)
-            log.grad_norms.append(float(grad_norm))
-    return log
+            yield MiniBatch(mini, micros)
+
+
+def optimizer_step(model, optimizer, scheduler, cfg: Config, log: UpdateLog, terms: dict[str, float],
+                   extra: dict[str, float], *, scaler=None) -> None:
+    """One optimizer step on the gradient the micro-batches left, recorded in `log` with its loss terms
+    (`terms`, summed over micro-batches and ranks; `extra`: PTX's). The gradient is clipped to
+    train.max_grad_norm; a step whose loss terms or gradient norm are not finite is skipped, not taken.
+
+    model.dtype=float16: `scaler` (`loss_scaler`) is unscaled before the clip; a step whose scaled
+    gradient overflowed is skipped (counted in `inf_skipped`) and the scale halves (torch.amp.GradScaler's
+    dynamic scaling)."""
+    if scaler is not None:
+        scaler.unscale_(optimizer)  # the clip and the norm see the true gradient
+    grad_norm = tdist.total_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm))
+    log.lr = optimizer.param_groups[0]["lr"]
+    if not step_if_finite(optimizer, scheduler, grad_norm, terms.values(), scaler=scaler):
+        log.skipped += 1
+        log.inf_skipped += scaler is not None and all(math.isfinite(v) for v in terms.values())
+    if scaler is not None:
+        log.loss_scale = scaler.get_scale()
+    for k, v in terms.items():
+        log.terms.setdefault(k, []).append(v)
+    for k, v in extra.items():
+        log.extra.setdefault(k, []).append(v)
+    log.grad_norms.append(float(grad_norm))
 
 
 def step_if_finite(optimizer, scheduler, grad_norm: torch.Tensor, losses: Iterable[float], *, scaler=None) -> bool:
@@ -222,10 +219,13 @@ def _mean(xs: list[float]) -> float:
 # ----------------------------------------------------------------------------- loss terms
 @dataclass
 class TermInputs:
-    """What a loss term sees of one micro-batch: the policy's logprobs and entropy [n, t] of its
-    sampled tokens, the micro-batch, the mini-batch's normalisers and the step's coefficients."""
+    """What a loss term sees of one micro-batch: the config's algo section, the policy's logprobs and
+    entropy [n, t] of its sampled tokens, the micro-batch, the mini-batch's normalisers and the step's
+    coefficients."""
 
-    cfg: Config
+    algo: AlgoConfig  # cfg.algo
+    max_len: int  # rollout.max_new_tokens (the seq_mean_token_sum_norm normaliser)
+    seed: int  # the step's seed, for a loss that picks tokens at random
     micro: TrainBatch
     logprobs: torch.Tensor  # [n, t]
     entropy: torch.Tensor  # [n, t]
@@ -239,7 +239,7 @@ class TermInputs:
 
     def aggregate(self, token_loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """algo.loss_agg over the whole mini-batch's counts."""
-        return aggregate(token_loss, mask, mode=self.cfg.algo.loss_agg, max_len=self.cfg.rollout.max_new_tokens,
+        return aggregate(token_loss, mask, mode=self.algo.loss_agg, max_len=self.max_len,
                          num_tokens=self.num_tokens, num_seqs=self.num_seqs)
 
 
@@ -247,15 +247,15 @@ class TermInputs:
 class LossTerm:
     """One term added to the policy-gradient loss, registered in mathrl.registry.LOSS_TERMS under the
     name it is logged as (actor/<name>): `fn` returns (its weighted, signed contribution or None when it
-    adds nothing this micro-batch, the value logged)."""
+    adds nothing this micro-batch, the value logged); `enabled` reads the config's algo section."""
 
-    enabled: Callable[[Config], bool]
+    enabled: Callable[[AlgoConfig], bool]
     fn: Callable[[TermInputs], tuple[torch.Tensor | None, float]]
 
 
 def entropy_term(x: TermInputs) -> tuple[torch.Tensor | None, float]:
     """- entropy_coef x entropy (an entropy bonus), without the tokens ref_gain_clip masks."""
-    ent = x.cfg.algo.entropy
+    ent = x.algo.entropy
     if x.coefs["entropy"] == 0.0:
         return None, 0.0
     bonus_mask = x.mask
@@ -270,7 +270,7 @@ def entropy_term(x: TermInputs) -> tuple[torch.Tensor | None, float]:
 
 def kl_loss_term(x: TermInputs) -> tuple[torch.Tensor | None, float]:
     """kl_coef x KL(policy || reference) as a loss (algo.kl.use=loss)."""
-    kl_term = x.aggregate(kl_penalty(x.logprobs, x.micro.ref_logprobs, estimator=x.cfg.algo.kl.estimator), x.mask)
+    kl_term = x.aggregate(kl_penalty(x.logprobs, x.micro.ref_logprobs, estimator=x.algo.kl.estimator), x.mask)
     return x.coefs["kl"] * kl_term, kl_term.item()
 
 
@@ -281,80 +281,81 @@ def pos_lm_term(x: TermInputs) -> tuple[torch.Tensor | None, float]:
         return None, 0.0
     nll, pos_mask = positive_example_lm_loss(x.logprobs, x.mask, x.micro.correct)
     pos = aggregate(nll, pos_mask, mode="token_mean", num_tokens=x.pos_tokens, num_seqs=x.pos_seqs)
-    return x.cfg.algo.pos_lm.coef * pos, pos.item()
+    return x.algo.pos_lm.coef * pos, pos.item()
 
 
 # Added to the loss in this order; a new term is one function and one registration (here or outside).
-LOSS_TERMS.register("entropy_loss", LossTerm(lambda cfg: cfg.algo.entropy.mode != "none", entropy_term))
-LOSS_TERMS.register("kl_loss", LossTerm(lambda cfg: cfg.algo.kl.use == "loss", kl_loss_term))
-LOSS_TERMS.register("pos_lm_loss", LossTerm(lambda cfg: cfg.algo.pos_lm.coef > 0, pos_lm_term))
+LOSS_TERMS.register("entropy_loss", LossTerm(lambda algo: algo.entropy.mode != "none", entropy_term))
+LOSS_TERMS.register("kl_loss", LossTerm(lambda algo: algo.kl.use == "loss", kl_loss_term))
+LOSS_TERMS.register("pos_lm_loss", LossTerm(lambda algo: algo.pos_lm.coef > 0, pos_lm_term))
 
 
 # ----------------------------------------------------------------------------- the policy update
 def update_policy(
     model, optimizer, scheduler, batch: TrainBatch, cfg: Config, *, step: int, coefs: dict[str, float],
     ptx: PretrainText | None, rows: list[int] | None = None, scaler=None,
-) -> dict[str, float]:
-    """Mini-batches x epochs of updates on one rollout batch.
+) -> Updated:
+    """Mini-batches x epochs of updates on one rollout batch, one optimizer step per mini-batch.
 
     loss = algo.policy_loss's per-token loss (times batch.is_weights, the importance weights, where set),
     aggregated, + the enabled LOSS_TERMS (entropy bonus, KL as loss, positive-example NLL), each aggregated
-    over the whole mini-batch's counts, plus ptx_coef * the token-mean pretraining NLL of one PTX batch
-    per optimizer step.
+    over the whole mini-batch's counts (all its micro-batches, all ranks: the gradient does not depend on
+    the split), plus ptx_coef * the token-mean pretraining NLL of one PTX batch per optimizer step.
     """
-    terms_on = [(name, term) for name, term in LOSS_TERMS.items() if term.enabled(cfg)]
-    sums = {k: 0.0 for k in ("entropy", *STANDARD_STATS, "tokens", "ent_masked")}
-
-    def mini_batch_counts(mini: TrainBatch):
-        # the whole mini-batch's counts (all micro-batches, all ranks) normalise every micro-batch
-        return global_counts(mini.loss_mask), global_counts(mini.loss_mask * mini.correct[:, None])
-
-    def micro_step(micro: TrainBatch, counts) -> dict[str, float]:
-        (num_tokens, num_seqs), (pos_tokens, pos_seqs) = counts
-        logprobs, entropy = response_logprobs(
-            model, micro.prompt_ids, micro.prompt_mask, micro.response_ids, micro.context_mask,
-            temperature=cfg.rollout.temperature, chunk_size=cfg.model.logprob_chunk_size,
-        )
-        x = TermInputs(cfg, micro, logprobs, entropy, micro.loss_mask, num_tokens, num_seqs, pos_tokens, pos_seqs,
-                       coefs, sums)
-        loss, stats = pg_term(x, step=step)
-        terms = {"pg_loss": loss.item(), **{name: 0.0 for name, _ in LOSS_TERMS.items()}}
-        for name, term in terms_on:
-            contribution, terms[name] = term.fn(x)
-            if contribution is not None:
-                loss = loss + contribution
-        backward(loss * dp_scale(), scaler)
-        for key, value in (("entropy", entropy.detach()), *stats.items()):
-            sums[key] = sums.get(key, 0.0) + float((value * x.mask).sum())
-        sums["tokens"] += float(x.mask.sum())
-        return terms
-
-    ptx_step = (lambda: ptx_update(model, ptx, cfg, scaler=scaler)) if ptx is not None else None
-    log = run_updates(model, optimizer, scheduler, batch, cfg, seed=derive_seed(cfg.seed, step),
-                      mini_batch_counts=mini_batch_counts, micro_step=micro_step, after_micro_batches=ptx_step, rows=rows,
-                      scaler=scaler)
-    return policy_metrics(log, tdist.all_reduce_sums(sums), cfg, terms_on=[name for name, _ in terms_on],
-                          ptx=ptx is not None)
+    terms_on = [(name, term) for name, term in LOSS_TERMS.items() if term.enabled(cfg.algo)]
+    sums = {k: 0.0 for k in ("entropy", *STANDARD_STATS, "tokens", "ent_masked")}  # token sums of the metrics
+    log, device = UpdateLog(), input_device(model)
+    seed = derive_seed(cfg.seed, step)
+    for mini in mini_batches(batch, cfg, seed=seed, rows=rows):
+        num_tokens, num_seqs = global_counts(mini.rows.loss_mask)
+        pos_tokens, pos_seqs = global_counts(mini.rows.loss_mask * mini.rows.correct[:, None])
+        totals: dict[str, float] = {}
+        with autocast(cfg.model.dtype, device):
+            for micro in mini.micros:
+                micro = micro.to(device)
+                logprobs, entropy = response_logprobs(
+                    model, micro.prompt_ids, micro.prompt_mask, micro.response_ids, micro.context_mask,
+                    temperature=cfg.rollout.temperature, chunk_size=cfg.model.logprob_chunk_size,
+                )
+                x = TermInputs(cfg.algo, cfg.rollout.max_new_tokens, seed, micro, logprobs, entropy, micro.loss_mask,
+                               num_tokens, num_seqs, pos_tokens, pos_seqs, coefs, sums)
+                loss, stats = pg_term(x)
+                terms = {"pg_loss": loss.item(), **{name: 0.0 for name, _ in LOSS_TERMS.items()}}
+                for name, term in terms_on:
+                    contribution, terms[name] = term.fn(x)
+                    if contribution is not None:
+                        loss = loss + contribution
+                backward(loss * dp_scale(), scaler)
+                for key, value in (("entropy", entropy.detach()), *stats.items()):
+                    sums[key] = sums.get(key, 0.0) + float((value * x.mask).sum())
+                sums["tokens"] += float(x.mask.sum())
+                for k, v in terms.items():
+                    totals[k] = totals.get(k, 0.0) + v
+            totals = tdist.all_reduce_sums(totals)
+            extra = ptx_update(model, ptx, cfg, scaler=scaler) if ptx is not None else {}
+        optimizer_step(model, optimizer, scheduler, cfg, log, totals, extra, scaler=scaler)
+    metrics = policy_metrics(log, tdist.all_reduce_sums(sums), cfg, terms_on=[name for name, _ in terms_on],
+                             ptx=ptx is not None)
+    return Updated(metrics, skipped=log.skipped - log.inf_skipped)
 
 
 STANDARD_STATS = ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")  # logged for every loss (0 where it has none)
 
 
-def pg_term(x: TermInputs, *, step: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def pg_term(x: TermInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """algo.policy_loss's loss, aggregated by its own mode or algo.loss_agg, and its per-token stats; each
     token's term times its importance weight (x.micro.is_weights) when a correction is on. A loss that picks
     tokens at random gets a generator seeded by the run, the step and the micro-batch's tokens (not the rank)."""
-    cfg, micro = x.cfg, x.micro
-    entry = POLICY_LOSSES.get(cfg.algo.policy_loss)
-    kwargs = entry.params(cfg)
+    algo, micro = x.algo, x.micro
+    entry = POLICY_LOSSES.get(algo.policy_loss)
+    kwargs = entry.params(algo)
     if entry.needs_generator:
         content = zlib.crc32(micro.response_ids.cpu().numpy().tobytes())
-        kwargs["generator"] = torch.Generator().manual_seed(derive_seed(derive_seed(cfg.seed, step), content))
+        kwargs["generator"] = torch.Generator().manual_seed(derive_seed(x.seed, content))
     token_loss, stats = entry.fn(x.logprobs, micro.old_logprobs, micro.advantages, x.mask, weights=micro.is_weights,
                                  **kwargs)
-    mode = entry.agg or cfg.algo.loss_agg
-    loss = aggregate(token_loss, x.mask, mode=mode, max_len=cfg.rollout.max_new_tokens, num_tokens=x.num_tokens,
-                     num_seqs=x.num_seqs)
+    mode = entry.agg or algo.loss_agg
+    loss = aggregate(token_loss, x.mask, mode=mode, max_len=x.max_len, num_tokens=x.num_tokens, num_seqs=x.num_seqs)
     return loss, stats
 
 
