@@ -145,7 +145,8 @@ def base(ns: argparse.Namespace, console: Console) -> int:
     cfg = load_config(None, ns.args)
     cfg.model.path = TINY_BASE
     _quiet_libraries()
-    print(resolve_model_path(cfg, make_console(stderr=True), pretraining_text=base_pretraining_text(cfg.base)), flush=True)  # stdout holds only the path: $(mathrl base)
+    # stdout holds only the path: $(mathrl base)
+    print(resolve_model_path(cfg, make_console(stderr=True), pretraining_text=base_pretraining_text(cfg.base)), flush=True)
     return 0
 
 

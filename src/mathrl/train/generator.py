@@ -29,7 +29,8 @@ the resumed run sends them to new generators, which regenerate those steps' batc
 Failures: a generator that raises sends its one-line error; one that dies (killed, out of memory) or
 sends nothing for train.dist.timeout_s makes `get` raise `GeneratorError` naming it; a weight broadcast
 to a dead or hung generator fails within the same timeout. A generator dies with the trainer
-(PR_SET_PDEATHSIG) and leaves SIGTERM to it (the trainer ends its step, saves it and stops: train/preempt.py), and a finished generator ends like a torchrun rank (train/dist.py): a barrier with
+(PR_SET_PDEATHSIG) and leaves SIGTERM to it (the trainer ends its step, saves it and stops:
+train/preempt.py), and a finished generator ends like a torchrun rank (train/dist.py): a barrier with
 the trainer, then `exit_rank`, without the interpreter's shutdown.
 """
 

@@ -185,7 +185,9 @@ def build_trainer(cfg: Config, ranks: Ranks, *, console: Console, resume: bool =
     run, checkpoint = _open_run(cfg, ranks, console=console, resume=resume)
     console.print(f"[bold]run directory[/bold] {run.path}" + (f" ({ranks.world_size} ranks)" if ranks.distributed else ""))
     seed_everything(cfg.seed)
-    model_path = broadcast_object(resolve_model_path(cfg, console, pretraining_text=base_pretraining_text(cfg.base)) if ranks.main else None)  # rank 0 builds the tiny base
+    # rank 0 builds the tiny base
+    model_path = broadcast_object(
+        resolve_model_path(cfg, console, pretraining_text=base_pretraining_text(cfg.base)) if ranks.main else None)
     console.print(f"loading model from {model_path}")
     parent = Path(cfg.train.init_from) if cfg.train.init_from and checkpoint is None else None
     source, overrides = checkpoint or parent or model_path, model_overrides(cfg)
