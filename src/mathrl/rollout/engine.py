@@ -374,57 +374,20 @@ class TorchEngine:
                 return _next_token(logits, temperature, top_p, generator)  # [S], [S]
             return _next_token(logits, temperature, top_p, None, uniforms[rows, d.column[rows]][:, None])
 
-        if episodes is not None and self.tool_delay_steps > 0:
-            self._decode_forced(d, episodes, max_new_tokens=max_new_tokens, sample=sample)
-        else:
-            self._decode(d, episodes, max_new_tokens=max_new_tokens, sample=sample)
+        self._decode(d, episodes, max_new_tokens=max_new_tokens, sample=sample)
         return d.batch(prompt_ids, prompt_mask, episodes)
 
     def _decode(self, d: _Decoding, episodes, *, max_new_tokens: int, sample) -> None:
-        """The decode loop of single-turn responses (`episodes` None) and of episodes with D = 0: every
-        active row samples at every step."""
-        for t in range(max_new_tokens):
-            token, token_logprob = sample(d.logits, d.rows)  # [A], [A]
-            done = d.record(token, token_logprob, eos_token_id=self.eos_token_id)
-            called = []  # indices into the active rows of the calls this token closed
-            if episodes is None:
-                if bool(done.all()) or t == max_new_tokens - 1:
-                    break
-                stop = done
-            else:
-                called = [i for i, (r, tok) in enumerate(zip(d.rows.tolist(), token.tolist()))
-                          if not done[i] and episodes.feed(r, tok)]
-                ended = torch.tensor([r in episodes.ended for r in d.rows.tolist()], dtype=torch.bool,
-                                     device=done.device)
-                stop = done | ended | (d.column[d.rows] >= max_new_tokens)
-                if bool(stop.all()):
-                    break
-            if bool(stop.any()):
-                # drop finished rows from the batch and the KV cache: a long tail of unfinished
-                # responses then costs only its own rows, not the whole batch's
-                keep = (~stop).nonzero().squeeze(1)
-                d.keep_rows(keep)
-                token = token[keep]
-                if called:  # the calls of rows that stay, at their new places
-                    slot = {int(k): j for j, k in enumerate(keep.tolist())}
-                    called = [slot[i] for i in called if i in slot]
-            if not called:
-                inputs, window, positions, fed = token[:, None], None, d.next_position, None
-            else:
-                inputs, window, positions, fed = self._observation_window(
-                    episodes, d.rows, token, called, d.column, d.next_position, max_new_tokens, d.tokens, d.observed)
-            if not self._feed(d, inputs, window, positions, fed, max_new_tokens):
-                break
-        if episodes is not None:
-            episodes.drain()
-
-    def _decode_forced(self, d: _Decoding, episodes, *, max_new_tokens: int, sample) -> None:
-        """The decode loop of episodes with D >= 1 (`_generate_chunk`): one token per row and step,
-        sampled or forced, or masked padding for a row waiting for its call's output."""
-        forced: dict[int, _Forced] = {}  # output row -> its observation still to feed
+        """The decode loop, with or without tools: each step every active row samples a token, feeds
+        the next token of its forced queue (an observation, D >= 1) or feeds masked padding while it
+        waits for its call's output; with D = 0 a call's observation rides in the next forward instead,
+        in a window (`_observation_window`). Rows that end (EOS, a call at the last turn, the last
+        column) leave the batch and the KV cache, so a long tail of unfinished responses costs only
+        its own rows."""
+        forced: dict[int, _Forced] = {}  # output row -> its observation still to feed (D >= 1)
         step = 0
         while True:
-            inputs, fed, stop = self._forced_step(d, episodes, forced, step, sample)  # [A] each
+            inputs, fed, stop, called = self._step(d, episodes, forced, step, sample)  # [A] each; called: D = 0
             stop |= d.column[d.rows] >= max_new_tokens
             if bool(stop.all()):
                 break
@@ -434,17 +397,64 @@ class TorchEngine:
                 keep = (~stop).nonzero().squeeze(1)
                 d.keep_rows(keep)
                 inputs, fed = inputs[keep], None if fed is None else fed[keep]
-            window = None if fed is None else fed[:, None]
-            self._feed(d, inputs[:, None], window, d.next_position, fed, max_new_tokens)
+                if called:  # the calls of rows that stay, at their new places
+                    slot = {int(k): j for j, k in enumerate(keep.tolist())}
+                    called = [slot[i] for i in called if i in slot]
+            if called:
+                feed = self._observation_window(episodes, d.rows, inputs, called, d.column, d.next_position,
+                                                max_new_tokens, d.tokens, d.observed)
+            else:
+                feed = inputs[:, None], None if fed is None else fed[:, None], d.next_position, fed
+            if not self._feed(d, *feed, max_new_tokens):
+                break
             step += 1
-        episodes.drain()
+        if episodes is not None:
+            episodes.drain()
 
-    def _forced_step(self, d: _Decoding, episodes, forced: dict, step: int, sample):
-        """One step of the D >= 1 schedule. Rows feeding an observation take its next token (reading
+    def _step(self, d: _Decoding, episodes, forced: dict, step: int, sample):
+        """One decode step's tokens. Rows feeding an observation (D >= 1) take its next token (reading
         their call's output when it is due: the only wait) or masked padding; the others sample, and a
-        sample that closes a call makes its row feed the observation from the next step on.
+        sample that closes a call makes its row feed the observation: from the next step on (D >= 1),
+        or in the next forward's window (D = 0: the row's index in `called`).
         -> ([A] input ids, [A] 1 where a row feeds a token and 0 on padding, or None when none pads,
-        [A] bool: the row ends here: EOS, or a call at its last turn)."""
+        [A] bool: the row ends here: EOS, or a call at its last turn; the called rows of D = 0)."""
+        n, device = len(d.rows), d.rows.device
+        free, padded, ids = self._forced_inputs(d, episodes, forced, step) if forced else (list(range(n)), [], None)
+        every = len(free) == n
+        inputs = None if every else torch.tensor(ids, dtype=torch.long, device=device)
+        stop = torch.zeros(n, dtype=torch.bool, device=device)
+        called: list[int] = []
+        if free:
+            index = None if every else torch.tensor(free, dtype=torch.long, device=device)
+            at = d.rows if every else d.rows[index]
+            token, token_logprob = sample(d.logits if every else d.logits[index], at)  # [S], [S]
+            done = d.record(token, token_logprob, eos_token_id=self.eos_token_id, rows=at)
+            if every:
+                inputs, stop = token, done.clone()
+            else:
+                inputs[free] = token
+                stop[free] = done
+            if episodes is not None:
+                read_after = max(self.tool_delay_steps, len(episodes.tools.opening) + 1)
+                for i, r, tok, ended in zip(free, at.tolist(), token.tolist(), done.tolist()):
+                    if not ended and episodes.feed(r, tok):
+                        if self.tool_delay_steps == 0:
+                            called.append(i)
+                        else:
+                            forced[r] = _Forced(list(episodes.tools.opening), read_at=step + read_after)
+                    elif r in episodes.ended:
+                        stop[i] = True
+        fed = None
+        if padded:
+            fed = torch.ones(n, dtype=torch.long, device=device)
+            fed[padded] = 0
+        return inputs, fed, stop, called
+
+    def _forced_inputs(self, d: _Decoding, episodes, forced: dict,
+                       step: int) -> tuple[list[int], list[int], list[int]]:
+        """The rows with a forced queue (D >= 1) feed their next observation token (written into the
+        response buffers too), or padding while their call's output is not due. -> (the indices of the
+        active rows that sample, of those that pad, and [A] input ids: pad where a row samples or pads)."""
         rows = d.rows.tolist()
         ids = [self.pad_token_id] * len(rows)
         free, padded, observed = [], [], []  # indices into the active rows
@@ -471,27 +481,7 @@ class TorchEngine:
                 padded.append(i)
         if observed:
             d.observe([rows[i] for i in observed], [ids[i] for i in observed])
-        inputs = torch.tensor(ids, dtype=torch.long, device=d.rows.device)
-        stop = torch.zeros(len(rows), dtype=torch.bool, device=d.rows.device)
-        if free:
-            every = len(free) == len(rows)
-            index = None if every else torch.tensor(free, dtype=torch.long, device=d.rows.device)
-            at = d.rows if every else d.rows[index]
-            token, token_logprob = sample(d.logits if every else d.logits[index], at)  # [S], [S]
-            done = d.record(token, token_logprob, eos_token_id=self.eos_token_id, rows=at)
-            inputs[free] = token
-            stop[free] = done
-            read_after = max(self.tool_delay_steps, len(episodes.tools.opening) + 1)
-            for i, r, tok, ended in zip(free, at.tolist(), token.tolist(), done.tolist()):
-                if not ended and episodes.feed(r, tok):
-                    forced[r] = _Forced(list(episodes.tools.opening), read_at=step + read_after)
-                elif r in episodes.ended:
-                    stop[i] = True
-        fed = None
-        if padded:
-            fed = torch.ones(len(rows), dtype=torch.long, device=d.rows.device)
-            fed[padded] = 0
-        return inputs, fed, stop
+        return free, padded, ids
 
     def _prefill(self, prompt_ids, prompt_mask, max_new_tokens: int, *, with_observations: bool) -> _Decoding:
         """The prompts' forward (left padding does not shift positions) and empty response buffers."""
