@@ -457,7 +457,7 @@ def test_bypass_takes_the_rollout_logprobs_as_old_without_a_scoring_pass(monkeyp
 
     from mathrl.config import load_config
     from mathrl.train import step
-    from mathrl.train.batching import TrainBatch
+    from mathrl.train.batching import Rows
 
     def no_pass(*args, **kwargs):
         raise AssertionError("bypass must not run the old-logprob scoring pass")
@@ -466,10 +466,9 @@ def test_bypass_takes_the_rollout_logprobs_as_old_without_a_scoring_pass(monkeyp
     # bfloat16: without bypass, auto would recompute (the engine's logprobs are not the trainer's here)
     cfg = load_config(None, ["algo.rollout_correction.bypass=true", "model.dtype=bfloat16"])
     rollout_lp = torch.tensor([[-0.5, -1.0, -2.0], [-0.25, -3.0, -7.0]])
-    batch = TrainBatch(prompt_ids=torch.zeros(2, 1, dtype=torch.long), prompt_mask=torch.ones(2, 1),
-                       response_ids=torch.zeros(2, 3, dtype=torch.long), response_mask=MASK.clone(), loss_mask=MASK.clone(),
-                       old_logprobs=None, advantages=None, ref_logprobs=None, ref_entropy=None, correct=torch.zeros(2),
-                       rollout_logprobs=rollout_lp)
+    batch = Rows(prompt_ids=torch.zeros(2, 1, dtype=torch.long), prompt_mask=torch.ones(2, 1),
+                 response_ids=torch.zeros(2, 3, dtype=torch.long), response_mask=MASK.clone(), loss_mask=MASK.clone(),
+                 correct=torch.zeros(2), rollout_logprobs=rollout_lp)
     trainer = SimpleNamespace(cfg=cfg, model=None)
     got = SimpleNamespace(rollout=SimpleNamespace(logprobs=rollout_lp))
     prep = SimpleNamespace(batch=batch, checks=SimpleNamespace(loss_mask=MASK.clone()), rows=None)

@@ -1,5 +1,5 @@
-"""Splitting a rollout batch into mini-batches (one optimizer step each) and micro-batches (one
-forward/backward each, sized by a token budget), trimming padding as it goes."""
+"""The step's record of its samples (`Rows`, extended by `TrainBatch` and `ValueBatch`), and its split
+into micro-batches (one forward/backward each, sized by a token budget), trimming padding as it goes."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ from dataclasses import dataclass, fields
 import torch
 
 
-@dataclass
-class TrainBatch:
-    """Rows of a rollout batch with everything the losses need.
+@dataclass(kw_only=True)
+class Rows:
+    """A step's samples as every pass reads them: token ids, masks, correctness and the engine's sampling
+    logprobs (`train/collect.py:prepare`; SFT's examples too). The stages after it extend it: the scoring
+    pass and the advantages make it a `TrainBatch`, critic pretraining's value targets a `ValueBatch`.
 
     Prompt-side tensors are [N, P] (left-padded); every other 2-D tensor is response-side [N, T]
-    (right-padded); 1-D tensors are per row [N].
+    (right-padded); 1-D tensors are per row [N]. `select`, `to` and `trimmed` keep the record's type.
     """
 
     prompt_ids: torch.Tensor  # [N, P] left-padded
@@ -21,15 +23,8 @@ class TrainBatch:
     response_ids: torch.Tensor  # [N, T] right-padded
     response_mask: torch.Tensor  # [N, T] float: 1 on the model's generated tokens (with observation_mask: what it attends to)
     loss_mask: torch.Tensor  # [N, T] float: 1 on tokens that count in the loss (filters may zero rows)
-    old_logprobs: torch.Tensor | None  # [N, T] logprobs under the policy that sampled (recomputed by the trainer; None until scored)
-    advantages: torch.Tensor | None  # [N, T] per-token advantages (None until computed)
-    ref_logprobs: torch.Tensor | None  # [N, T] reference-model logprobs (zeros when no term needs them; None until scored)
-    ref_entropy: torch.Tensor | None  # [N, T] reference-model entropy (zeros when no term needs it; None until scored)
     correct: torch.Tensor  # [N] float, 1 if the verifier accepted the answer
-    old_values: torch.Tensor | None = None  # [N, T] critic values at sampling time (PPO with a critic only)
-    returns: torch.Tensor | None = None  # [N, T] value targets (PPO with a critic only)
-    rollout_logprobs: torch.Tensor | None = None  # [N, T] the rollout engine's sampling logprobs (algo.rollout_correction)
-    is_weights: torch.Tensor | None = None  # [N, T] importance weights of the policy-gradient term (Config.correction), None = 1
+    rollout_logprobs: torch.Tensor | None = None  # [N, T] the rollout engine's sampling logprobs (None: SFT)
     observation_mask: torch.Tensor | None = None  # [N, T] 1 on tool-observation tokens: in the context, in no loss (None: single-turn)
 
     @property
@@ -39,32 +34,57 @@ class TrainBatch:
     def __len__(self) -> int:
         return self.response_ids.shape[0]
 
-    def select(self, rows: torch.Tensor | list[int]) -> "TrainBatch":
+    def tensors(self) -> dict[str, torch.Tensor | None]:
+        """Every field by name: `Next(**rows.tensors(), more=...)` extends a record."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def select(self, rows: torch.Tensor | list[int]):
         rows = torch.as_tensor(rows, dtype=torch.long)
-        return TrainBatch(**{f.name: None if (x := getattr(self, f.name)) is None else x[rows] for f in fields(self)})
+        return type(self)(**{k: None if x is None else x[rows] for k, x in self.tensors().items()})
 
-    def to(self, device: torch.device | str) -> "TrainBatch":
+    def to(self, device: torch.device | str):
         """The same rows with every tensor on `device` (the tensors themselves when already there)."""
-        return TrainBatch(**{f.name: None if (x := getattr(self, f.name)) is None else x.to(device) for f in fields(self)})
+        return type(self)(**{k: None if x is None else x.to(device) for k, x in self.tensors().items()})
 
-    def trimmed(self) -> "TrainBatch":
+    def trimmed(self):
         """Drop prompt columns that are padding in every row (left) and response columns likewise (right)."""
         prompt_keep = max(1, int(self.prompt_mask.sum(-1).max().item()))
         used = (self.context_mask.sum(0) > 0).nonzero()
         response_keep = int(used.max().item()) + 1 if len(used) else 1
         p = self.prompt_ids.shape[1]
         out = {}
-        for f in fields(self):
-            x = getattr(self, f.name)
+        for name, x in self.tensors().items():
             if x is None:
-                out[f.name] = None
-            elif f.name.startswith("prompt_"):
-                out[f.name] = x[:, p - prompt_keep :]
+                out[name] = None
+            elif name.startswith("prompt_"):
+                out[name] = x[:, p - prompt_keep :]
             elif x.dim() == 2:
-                out[f.name] = x[:, :response_keep]
+                out[name] = x[:, :response_keep]
             else:
-                out[f.name] = x
-        return TrainBatch(**out)
+                out[name] = x
+        return type(self)(**out)
+
+
+@dataclass(kw_only=True)
+class TrainBatch(Rows):
+    """The rows with everything the policy (and critic) update reads, set once by the step
+    (`train/step.py:train_batch`) from the scoring pass and the advantages."""
+
+    old_logprobs: torch.Tensor  # [N, T] logprobs under the policy that sampled (the trainer's, or the engine's standing in)
+    advantages: torch.Tensor  # [N, T] per-token advantages
+    ref_logprobs: torch.Tensor  # [N, T] reference-model logprobs (zeros when no term needs them)
+    ref_entropy: torch.Tensor  # [N, T] reference-model entropy (zeros when no term needs it)
+    is_weights: torch.Tensor | None = None  # [N, T] importance weights of the policy-gradient term (Config.correction), None = 1
+    old_values: torch.Tensor | None = None  # [N, T] critic values at sampling time (PPO with a critic only)
+    returns: torch.Tensor | None = None  # [N, T] value targets (PPO with a critic only)
+
+
+@dataclass(kw_only=True)
+class ValueBatch(Rows):
+    """The rows with value targets only: critic pretraining (`train/critic.py:pretrain_critic`)."""
+
+    old_values: torch.Tensor  # [N, T] the critic's values of the sampled responses
+    returns: torch.Tensor  # [N, T] the value targets
 
 
 def micro_batch_slices(lengths: list[tuple[int, int]], token_budget: int) -> list[list[int]]:
@@ -88,9 +108,10 @@ def micro_batch_slices(lengths: list[tuple[int, int]], token_budget: int) -> lis
     return groups
 
 
-def row_lengths(batch: TrainBatch) -> list[tuple[int, int]]:
+def row_lengths(batch: Rows) -> list[tuple[int, int]]:
     return list(zip(batch.prompt_mask.sum(-1).long().tolist(), batch.context_mask.sum(-1).long().tolist()))
 
 
-def micro_batches(batch: TrainBatch, token_budget: int) -> list[TrainBatch]:
+def micro_batches(batch: Rows, token_budget: int) -> list[Rows]:
+    """`batch` cut into micro-batches of consecutive rows (`micro_batch_slices`), each trimmed; each keeps `batch`'s type."""
     return [batch.select(rows).trimmed() for rows in micro_batch_slices(row_lengths(batch), token_budget)]

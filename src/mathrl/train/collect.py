@@ -31,7 +31,7 @@ from mathrl.shards import group_rows, rank_pieces, shard_seed
 from mathrl.tasks.base import Problem
 from mathrl.tasks.sources import ProblemStream
 from mathrl.train import dist as tdist
-from mathrl.train.batching import TrainBatch
+from mathrl.train.batching import Rows
 from mathrl.train.dist import Ranks
 
 SINGLE = Ranks()  # one process
@@ -302,27 +302,25 @@ class Prepared:
     """A step's kept samples made ready for its passes (policy scoring, critic values, updates).
 
     `batch` holds what is known before any pass: the N rows' token ids and masks, the loss mask,
-    correctness and the sampling logprobs. The per-token values the passes compute from it (old and
-    reference logprobs and entropy, advantages) are None there; the policy step builds its training
-    batch from their results (`train/step.py:train_batch`).
+    correctness and the sampling logprobs. The passes read it; the policy step extends it with their
+    results (old and reference logprobs, advantages) into its `TrainBatch` (`train/step.py:train_batch`).
     """
 
     checks: SampleChecks
-    batch: TrainBatch
+    batch: Rows
     rows: list[int] | None  # the rows this rank scores and trains on (whole groups); None: all, one process
 
 
 def prepare(cfg: Config, got: Collected, ranks: Ranks = SINGLE) -> Prepared:
-    """The sample filters over `got`'s samples, its rows as a TrainBatch for the passes, and this
+    """The sample filters over `got`'s samples, its rows as the passes read them, and this
     rank's rows (`shards.group_rows`). The policy step (train/step.py) and critic pretraining
     (train/critic.py) both start here."""
     rollout = got.rollout
     checks = filter_samples(cfg, rollout, got.texts, got.results, got.void)
-    batch = TrainBatch(
+    batch = Rows(
         prompt_ids=rollout.prompt_ids, prompt_mask=rollout.prompt_mask, response_ids=rollout.response_ids,
-        response_mask=rollout.response_mask, loss_mask=checks.loss_mask, old_logprobs=None, advantages=None,
-        ref_logprobs=None, ref_entropy=None, correct=got.correct, rollout_logprobs=rollout.logprobs,
-        observation_mask=rollout.observation_mask,
+        response_mask=rollout.response_mask, loss_mask=checks.loss_mask, correct=got.correct,
+        rollout_logprobs=rollout.logprobs, observation_mask=rollout.observation_mask,
     )
     rows = group_rows(len(got.problems), cfg.rollout.n, ranks.rank, ranks.world_size) if ranks.distributed else None
     return Prepared(checks=checks, batch=batch, rows=rows)

@@ -5,7 +5,6 @@ algo.adv.estimator is gae (algo.critic.*; its advantages and value targets: `alg
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import torch
 from rich.console import Console
@@ -19,23 +18,23 @@ from mathrl.model.value import response_values
 from mathrl.seeds import CRITIC_STREAM, derive_seed
 from mathrl.tasks.sources import ProblemStream
 from mathrl.train import dist as tdist
-from mathrl.train.batching import TrainBatch
+from mathrl.train.batching import Rows, TrainBatch, ValueBatch
 from mathrl.train.collect import SINGLE, collect_rollouts, prepare
 from mathrl.train.dist import Ranks
 from mathrl.train.update import Updated, UpdateLog, backward, mini_batches, optimizer_step, per_token_pass
 
 
-def value_pass(critic, batch: TrainBatch, cfg: Config, *, rows: list[int] | None = None) -> torch.Tensor:
+def value_pass(critic, batch: Rows, cfg: Config, *, rows: list[int] | None = None) -> torch.Tensor:
     """[N, T] critic values V(s_t) of the sampled responses, no grad (0 at masked positions)."""
 
-    def forward(critic, mb: TrainBatch) -> list[torch.Tensor]:
+    def forward(critic, mb: Rows) -> list[torch.Tensor]:
         return [response_values(critic, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.context_mask)]
 
     (values,) = per_token_pass(critic, batch, cfg, forward, rows=rows)
     return values
 
 
-def update_critic(critic, optimizer, scheduler, batch: TrainBatch, cfg: Config, *, step: int,
+def update_critic(critic, optimizer, scheduler, batch: TrainBatch | ValueBatch, cfg: Config, *, step: int,
                   rows: list[int] | None = None, scaler=None) -> Updated:
     """Mini-batches x epochs of clipped value-loss updates (token mean over the whole mini-batch);
     `scaler`: the critic's own loss scaler (model.dtype=float16, `update.loss_scaler`)."""
@@ -97,7 +96,7 @@ def pretrain_critic(cfg: Config, critic, optimizer, scheduler, *, train_stream: 
         values = value_pass(critic, prep.batch, cfg, rows=prep.rows)  # [N, T]
         token_rewards = outcome_token_rewards(got.rewards, prep.batch.response_mask)
         _, returns = gae(token_rewards, values, prep.batch.response_mask, gamma=crit.gamma, lam=1.0)
-        batch = replace(prep.batch, old_values=values, returns=returns)  # no policy update: its fields stay unset
+        batch = ValueBatch(**prep.batch.tensors(), old_values=values, returns=returns)
         last = update_critic(critic, optimizer, scheduler, batch, cfg, step=-k, rows=prep.rows, scaler=scaler).metrics
         first = last["critic/value_loss"] if first is None else first
         console.print(f"critic pretraining {k}/{crit.pretrain_steps}: value loss {last['critic/value_loss']:.4f}")

@@ -39,7 +39,7 @@ from mathrl.run_dir import RunDir, open_run_dir, release_run_dir
 from mathrl.tasks.arithmetic import base_pretraining_text
 from mathrl.tasks.loading import load_problems
 from mathrl.tasks.sources import build_eval_sets, field_map, prompt_encoder
-from mathrl.train.batching import TrainBatch, micro_batches
+from mathrl.train.batching import Rows, micro_batches
 from mathrl.train.checkpoint import load_trainer_state, save_checkpoint
 from mathrl.train.preempt import Preempted, StopSignal, time_save_due
 from mathrl.train.shared import (
@@ -146,8 +146,8 @@ def split_heldout(examples: list[Example], count: int, *, seed: int) -> tuple[li
     return [e for i, e in enumerate(examples) if i not in held], [examples[i] for i in sorted(held)]
 
 
-def collate(examples: list[Example], *, pad_id: int) -> TrainBatch:
-    """A TrainBatch [left-padded prompt | right-padded response] whose loss mask is the response (EOS included)."""
+def collate(examples: list[Example], *, pad_id: int) -> Rows:
+    """Rows [left-padded prompt | right-padded response] whose loss mask is the response (EOS included)."""
     n, p, t = len(examples), max(len(e.prompt_ids) for e in examples), max(len(e.response_ids) for e in examples)
     prompt_ids, prompt_mask = torch.full((n, p), pad_id, dtype=torch.long), torch.zeros(n, p)
     response_ids, response_mask = torch.full((n, t), pad_id, dtype=torch.long), torch.zeros(n, t)
@@ -156,7 +156,6 @@ def collate(examples: list[Example], *, pad_id: int) -> TrainBatch:
         prompt_mask[i, p - len(e.prompt_ids):] = 1
         response_ids[i, : len(e.response_ids)] = torch.tensor(e.response_ids)
         response_mask[i, : len(e.response_ids)] = 1
-    zeros = torch.zeros(n, t)
     observation = None
     if any(e.observation is not None for e in examples):  # tool traces: observation tokens are context, not loss
         observation = torch.zeros(n, t)
@@ -164,8 +163,8 @@ def collate(examples: list[Example], *, pad_id: int) -> TrainBatch:
             if e.observation is not None:
                 observation[i, : len(e.observation)] = torch.tensor(e.observation, dtype=torch.float32)
         response_mask = response_mask - observation
-    return TrainBatch(prompt_ids, prompt_mask, response_ids, response_mask, response_mask.clone(), zeros, zeros,
-                      zeros, zeros, torch.zeros(n), observation_mask=observation)
+    return Rows(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids, response_mask=response_mask,
+                loss_mask=response_mask.clone(), correct=torch.zeros(n), observation_mask=observation)
 
 
 class ExampleStream:
@@ -192,7 +191,7 @@ class ExampleStream:
 
 
 # ----------------------------------------------------------------------------------------- loss
-def sft_backward(model, batch: TrainBatch, *, micro_batch_tokens: int, chunk_size: int = 1024) -> tuple[float, float]:
+def sft_backward(model, batch: Rows, *, micro_batch_tokens: int, chunk_size: int = 1024) -> tuple[float, float]:
     """Accumulate the gradient of the token-mean response NLL of `batch` (one mini-batch) over micro-batches
     of at most `micro_batch_tokens` tokens; returns (loss, response tokens). Each micro-batch's loss is
     divided by the whole mini-batch's token count (all ranks), so the sum of the micro-batch gradients
@@ -209,10 +208,10 @@ def sft_backward(model, batch: TrainBatch, *, micro_batch_tokens: int, chunk_siz
     return total, num_tokens
 
 
-def heldout_loss(model, batch: TrainBatch, cfg: Config) -> float:
+def heldout_loss(model, batch: Rows, cfg: Config) -> float:
     """Token-mean response NLL of `batch` under `model`, no grad."""
 
-    def forward(model, mb: TrainBatch) -> list[torch.Tensor]:
+    def forward(model, mb: Rows) -> list[torch.Tensor]:
         lp, _ = response_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.context_mask,
                                   chunk_size=cfg.model.logprob_chunk_size, with_entropy=False)
         return [lp]
@@ -233,7 +232,7 @@ class SFTRun:
     model: torch.nn.Module
     tokenizer: object
     stream: ExampleStream
-    eval_batch: TrainBatch | None  # the held-out rows (sft.eval_rows)
+    eval_batch: Rows | None  # the held-out rows (sft.eval_rows)
     eval_sets: list  # the data.eval sets (sft.eval_pass1)
     engine: object | None  # samples the eval sets
     optimizer: torch.optim.Optimizer

@@ -294,11 +294,12 @@ def advantages(trainer: Trainer, got: Collected, prep: Prepared, scored: Scored,
 
 
 def train_batch(prep: Prepared, scored: Scored, adv: Advantages, values: torch.Tensor | None) -> TrainBatch:
-    """The batch the updates read: the prepared rows with every per-token value of the step (the
-    reference's are zeros when no term needs them)."""
+    """The batch the updates read: the prepared rows extended with every per-token value of the step
+    (the reference's are zeros when no term needs them), the loss mask less the tokens the corrections drop."""
     zeros = torch.zeros_like(prep.batch.rollout_logprobs)  # [N, T]
-    return replace(
-        prep.batch, loss_mask=scored.loss_mask, old_logprobs=scored.old_logprobs, advantages=adv.advantages,
+    rows = {**prep.batch.tensors(), "loss_mask": scored.loss_mask}
+    return TrainBatch(
+        **rows, old_logprobs=scored.old_logprobs, advantages=adv.advantages,
         ref_logprobs=scored.ref_logprobs if scored.ref_logprobs is not None else zeros,
         ref_entropy=scored.ref_entropy if scored.ref_entropy is not None else zeros.clone(),
         is_weights=scored.is_weights, old_values=values, returns=adv.returns,

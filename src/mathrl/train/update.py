@@ -27,12 +27,12 @@ from mathrl.registry import LOSS_TERMS, POLICY_LOSSES
 from mathrl.seeds import derive_seed
 from mathrl.tasks.sources import PretrainText
 from mathrl.train import dist as tdist
-from mathrl.train.batching import TrainBatch, micro_batch_slices, micro_batches, row_lengths
+from mathrl.train.batching import Rows, TrainBatch, micro_batch_slices, micro_batches, row_lengths
 
 
 # ----------------------------------------------------------------------------- no-grad per-token passes
 @torch.no_grad()
-def per_token_pass(model, batch: TrainBatch, cfg: Config, forward, *, rows: list[int] | None = None) -> list[torch.Tensor]:
+def per_token_pass(model, batch: Rows, cfg: Config, forward, *, rows: list[int] | None = None) -> list[torch.Tensor]:
     """Run `forward(model, micro_batch) -> [n, t] tensors` over no-grad micro-batches of `batch`, the
     model in eval mode; returns each output as [N, T] float32 on CPU, 0 at masked positions.
 
@@ -74,12 +74,12 @@ def engine_logprobs_are_old(cfg: Config, model) -> bool:
     return cfg.engine_logprobs_not_old() is None and not isinstance(model, FSDPModule)
 
 
-def scoring_pass(model, batch: TrainBatch, cfg: Config, *, with_entropy: bool,
+def scoring_pass(model, batch: Rows, cfg: Config, *, with_entropy: bool,
                  rows: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """[N, T] logprobs (and entropy, zeros if not asked) of the sampled tokens under `model`, no grad
     (each rank scores its `rows`, see `per_token_pass`)."""
 
-    def forward(model, mb: TrainBatch) -> list[torch.Tensor]:
+    def forward(model, mb: Rows) -> list[torch.Tensor]:
         lp, ent = response_logprobs(
             model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.context_mask,
             temperature=cfg.rollout.temperature, chunk_size=cfg.model.logprob_chunk_size, with_entropy=with_entropy,
@@ -135,11 +135,11 @@ def backward(loss: torch.Tensor, scaler) -> None:
 class MiniBatch:
     """One optimizer step's share of a rollout batch on this rank."""
 
-    rows: TrainBatch  # this rank's rows of the mini-batch (all of it in one process)
-    micros: list[TrainBatch]  # its micro-batches (CPU), padded with zero-loss stand-ins to the largest count of any rank
+    rows: Rows  # this rank's rows of the mini-batch (all of it in one process), of the batch's record type
+    micros: list[Rows]  # its micro-batches (CPU), padded with zero-loss stand-ins to the largest count of any rank
 
 
-def mini_batches(batch: TrainBatch, cfg: Config, *, seed: int, rows: list[int] | None = None) -> Iterator[MiniBatch]:
+def mini_batches(batch: Rows, cfg: Config, *, seed: int, rows: list[int] | None = None) -> Iterator[MiniBatch]:
     """train.epochs passes over `batch`, shuffled by a generator seeded with `seed`, in mini-batches of
     train.mini_batch_size rows, each cut into micro-batches of at most train.micro_batch_tokens tokens.
 
