@@ -39,8 +39,9 @@ def main() -> None:
     from mathrl.config import load_config
     from mathrl.model.io import load_model_and_tokenizer
     from mathrl.model.paths import resolve_model_path
-    from mathrl.rollout.engine import TorchEngine, row_uniforms
+    from mathrl.rollout.engine import TorchEngine
     from mathrl.rollout.episodes import ToolUse, call_format
+    from mathrl.rollout.sampling import row_uniforms
     from mathrl.tasks.arithmetic import base_pretraining_text
     from mathrl.tasks.sources import arithmetic_task, prompt_encoder
     from mathrl.tools import ToolPool, ToolSpec

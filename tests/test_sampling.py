@@ -1,4 +1,4 @@
-"""Tests for the torch engine's sampler: `inverse_cdf` and `sample_top_p` (mathrl.rollout.engine).
+"""Tests for the torch engine's sampler: `inverse_cdf` and `sample_top_p` (mathrl.rollout.sampling).
 
 Hand-computed cases for the binary search, and seeded draws against known distributions; each
 stochastic test states its false-failure odds (the generators are seeded, so the outcome is fixed).
@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from mathrl.rollout.engine import inverse_cdf, sample_top_p
+from mathrl.rollout.sampling import inverse_cdf, sample_top_p
 
 INF = float("inf")
 
@@ -199,12 +199,12 @@ def test_reproducible_from_the_generator():
     (32_000, 0.9, False),   # top-p < 1 sorts and searches the sorted cumulative sum
 ])
 def test_which_vocabularies_take_the_two_level_search(monkeypatch, vocab, top_p, blocked):
-    from mathrl.rollout import engine
+    from mathrl.rollout import sampling
 
     calls = []
-    real = engine._inverse_cdf_blocked
-    monkeypatch.setattr(engine, "_inverse_cdf_blocked", lambda w, u: calls.append(w.shape) or real(w, u))
-    assert engine.BLOCKED_ABOVE == 4_096
+    real = sampling._inverse_cdf_blocked
+    monkeypatch.setattr(sampling, "_inverse_cdf_blocked", lambda w, u: calls.append(w.shape) or real(w, u))
+    assert sampling.BLOCKED_ABOVE == 4_096
     sample_top_p(torch.randn(3, vocab), top_p, torch.Generator().manual_seed(0))
     assert calls == ([(3, vocab)] if blocked else [])
 
