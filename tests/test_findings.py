@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
 from findings.common import ci_cell, fmt, group_runs, variant_name  # noqa: E402
-from findings.curves import load_variants, mean_curve, read_run, run_curves, smooth, summary_table  # noqa: E402
+from findings.curves import RunSeries, collapsed, load_variants, mean_curve, read_run, run_curves, smooth, steps_to, summary_table  # noqa: E402
 
 from mathrl.evaluation.metrics import mean_std_ci95  # noqa: E402
 from mathrl.reward.verify import RewardResult  # noqa: E402
@@ -112,6 +112,17 @@ def test_mean_curve_bands_only_where_two_seeds_have_a_value() -> None:
 
 
 # ---- curves -----------------------------------------------------------------------------------------
+
+
+def test_steps_to_a_threshold_and_collapse_by_hand() -> None:
+    m = "eval/x/pass@1"
+    rising = RunSeries("a", evals={m: {0: 0.4, 10: 0.85, 20: 0.91, 30: 0.95}})
+    falling = RunSeries("b", evals={m: {0: 0.4, 10: 0.9, 20: 0.75, 30: 0.69}})  # 0.69 < 0.9 - 0.2: collapsed
+    assert steps_to(rising, m, 0.9) == 20 and steps_to(falling, m, 0.9) == 10 and steps_to(rising, m, 0.99) is None
+    assert not collapsed(rising, m) and collapsed(falling, m)
+    assert not collapsed(RunSeries("c", evals={m: {0: 0.9, 10: 0.71}}), m)  # exactly 0.19 below: not more than 0.2
+    table = summary_table({"a": [rising], "b": [falling]}, [m], last=10, threshold=0.9)
+    assert "steps to 0.9" in table and "20.000 ± nan (n=1), 1/1 reached | 0/1" in table and "| 1/1 |" in table
 
 
 def test_seeds_group_into_variants_and_a_missing_seed_is_left_out(grid, capsys) -> None:

@@ -11,7 +11,9 @@ evals.jsonl fills in evaluations that metrics.jsonl lacks. Per metric and varian
   (every token sampled, dropped dynamic-sampling rounds included), averaged over the seeds.
 * table: the final value per seed (training metric: mean over the last `last` training steps; eval
   metric: at the last evaluation), then mean ± ci95 over seeds; for eval pass@1 also the best
-  evaluation and the change from step 0. "—": no seed logged it.
+  evaluation and the change from step 0, and with `--threshold T` the first evaluation step at which
+  pass@1 >= T (over the seeds that reach it, "k/n reached") and the seeds that collapsed (an evaluation
+  more than COLLAPSE below the best one before it). "—": no seed logged it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from mathrl.evaluation.evaluate import EvalResult
 from mathrl.run_dir import RunDir
 
 TOKENS = "rollout/generated_tokens"
+COLLAPSE = 0.2  # a run collapsed when an evaluation's pass@1 falls more than this below its best so far
 
 
 @dataclass
@@ -130,6 +133,25 @@ def best_and_change(run: RunSeries, metric: str) -> tuple[float | None, float | 
     return max(series.values()), (series[max(series)] - series[0] if 0 in series else None)
 
 
+def steps_to(run: RunSeries, metric: str, threshold: float) -> int | None:
+    """The first evaluation step at which `metric` >= threshold; None when it never does."""
+    series = run.series(metric)
+    return next((s for s in sorted(series) if math.isfinite(series[s]) and series[s] >= threshold), None)
+
+
+def collapsed(run: RunSeries, metric: str, drop: float = COLLAPSE) -> bool:
+    """Whether some evaluation of `metric` is more than `drop` below the best evaluation before it."""
+    best = -math.inf
+    for step in sorted(run.series(metric)):
+        value = run.series(metric)[step]
+        if not math.isfinite(value):
+            continue
+        if value < best - drop:
+            return True
+        best = max(best, value)
+    return False
+
+
 def curve(run: RunSeries, metric: str, *, window: int, x_tokens: bool) -> dict[float, float] | None:
     """x -> y of one seed: training metrics smoothed, eval metrics as logged. None when x = tokens and
     the run did not log generated tokens."""
@@ -166,13 +188,17 @@ def mean_curve(per_seed: list[dict[int, float]], x_of: list[dict[int, float]] | 
     return xs, means, lows, highs
 
 
-def summary_table(variants: dict[str, list[RunSeries]], metrics: list[str], last: int) -> str:
-    """One row per variant; per metric mean ± ci95 over its seeds (pass@1 evals: also best, change)."""
+def summary_table(variants: dict[str, list[RunSeries]], metrics: list[str], last: int,
+                  threshold: float | None = None) -> str:
+    """One row per variant; per metric mean ± ci95 over its seeds (pass@1 evals: also best, change, and
+    with `threshold` the steps to reach it and the collapsed seeds)."""
     header = ["variant"]
     for m in metrics:
         header.append(m)
         if is_eval(m) and m.endswith("/pass@1"):
             header += [f"{m} best", f"{m} Δ from step 0"]
+            if threshold is not None:
+                header += [f"steps to {threshold:g}", f"collapsed (> {COLLAPSE:g} below best)"]
     rows = []
     for name, runs in variants.items():
         row = [name]
@@ -182,6 +208,10 @@ def summary_table(variants: dict[str, list[RunSeries]], metrics: list[str], last
                 extras = [best_and_change(r, m) for r in runs]
                 row.append(ci_cell([b for b, _ in extras if b is not None]))
                 row.append(ci_cell([d for _, d in extras if d is not None]))
+                if threshold is not None:
+                    reached = [s for r in runs if (s := steps_to(r, m, threshold)) is not None]
+                    row.append(f"{ci_cell(reached)}, {len(reached)}/{len(runs)} reached" if runs else MISSING)
+                    row.append(f"{sum(collapsed(r, m) for r in runs)}/{len(runs)}" if runs else MISSING)
         rows.append(row)
     return markdown_table(header, rows)
 
@@ -255,7 +285,7 @@ def default_metrics(variants: dict[str, list[RunSeries]], columns: list[str]) ->
 
 def run_curves(sources: list[Path], *, fig_path: Path, out: Path | None = None, metrics: list[str] | None = None,
                x: str = "step", window: int = 5, last: int = 10, labels: list[str] | None = None,
-               unfinished: bool = False) -> str:
+               unfinished: bool = False, threshold: float | None = None) -> str:
     """Plot and tabulate; returns the table (also written next to the figure)."""
     if window < 1 or last < 1:
         raise ValueError("--smooth and --last must be >= 1")
@@ -270,10 +300,10 @@ def run_curves(sources: list[Path], *, fig_path: Path, out: Path | None = None, 
                 if not r.tokens_at():
                     print(f"note: {r.name} did not log {TOKENS}; it is left out of the token-axis plot",
                           file=sys.stderr)
-    table = summary_table(variants, metrics, last)
+    table = summary_table(variants, metrics, last, threshold)
     write_outputs(fig_path, plot(variants, metrics, window=window, x_tokens=x_tokens), table)
     return table
 
 
-__all__ = ["MISSING", "RunSeries", "best_and_change", "curve", "default_metrics", "final_value", "load_variants",
-           "mean_curve", "read_run", "run_curves", "smooth", "summary_table"]
+__all__ = ["COLLAPSE", "MISSING", "RunSeries", "best_and_change", "collapsed", "curve", "default_metrics", "final_value",
+           "load_variants", "mean_curve", "read_run", "run_curves", "smooth", "steps_to", "summary_table"]

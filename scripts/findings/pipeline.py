@@ -186,6 +186,10 @@ FINDINGS: tuple[Finding, ...] = (
                                           "--fig", "{fig}/passk_training_passk.png"),
                  "{fig}/passk_training_passk.png"),
     )),
+    Finding("trust_regions", "trust_regions", analyses=(curves("trust_regions", "--threshold", "0.85"),)),
+    Finding("trust_regions_offpolicy", "trust_regions_offpolicy",
+            analyses=(curves("trust_regions_offpolicy", "--threshold", "0.85"),)),
+    Finding("offpolicy_masks", "offpolicy_masks", analyses=(curves("offpolicy_masks", "--threshold", "0.8"),)),
     Finding("entropy_long", "entropy_long", analyses=(
         curves("entropy_long"),
         Analysis("entropy_tokens", (*FINDINGS_CMD, "entropy-tokens", *seeds("entropy_adaptive_long", 5),
