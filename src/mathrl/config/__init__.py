@@ -18,39 +18,37 @@ from mathrl.config.load import dump_yaml, fit_mini_batch, from_dict, load_config
 from mathrl.config.rules import MODEL_FILES, resolve_reward_function, tool_entry_problems
 from mathrl.config.shared import CONFIG_PREFIX, DATA_FILE_SUFFIXES, DEFAULT_REWARD_FN, TINY_BASE, ConfigError, parse_config_path
 from mathrl.config.tree import (
-    AdvConfig,
-    AlgoConfig,
     ArithConfig,
     BaseModelConfig,
-    ClipConfig,
     Config,
-    Correction,
-    CriticConfig,
     CurriculumConfig,
     DataConfig,
     DistConfig,
     DynamicSamplingConfig,
-    EntropyConfig,
     EvalConfig,
-    GeneratorConfig,
-    KLConfig,
     LogConfig,
     LoraConfig,
     ModelConfig,
     OverlongConfig,
+    RewardConfig,
+    RewardFunctionConfig,
+    SFTConfig,
+    TrainConfig,
+)
+from mathrl.config.tree_algo import (
+    AdvConfig,
+    AlgoConfig,
+    ClipConfig,
+    Correction,
+    CriticConfig,
+    EntropyConfig,
+    KLConfig,
     PosLMConfig,
     PTXConfig,
     RefGainClipConfig,
-    RewardConfig,
-    RewardFunctionConfig,
-    RolloutConfig,
     RolloutCorrectionConfig,
-    SFTConfig,
-    ToolConfig,
-    ToolTagsConfig,
-    TrainConfig,
-    VLLMConfig,
 )
+from mathrl.config.tree_rollout import GeneratorConfig, RolloutConfig, ToolConfig, ToolTagsConfig, VLLMConfig
 
 __all__ = [
     "CONFIG_PREFIX", "DATA_FILE_SUFFIXES", "DEFAULT_REWARD_FN", "MODEL_FILES", "TINY_BASE", "AdvConfig", "AlgoConfig",

@@ -39,7 +39,7 @@ from typing import Annotated, Any, TypeVar
 from mathrl.registry import Registry
 
 __all__ = [
-    "COUNT", "FINITE", "NONNEG", "NON_EMPTY", "SEED", "Count", "Domain", "FieldInfo", "Finite", "NonNeg", "Positive",
+    "COUNT", "FINITE", "NONNEG", "NON_EMPTY", "SEED", "Count", "Domain", "FieldInfo", "Finite", "NonNeg", "Positions", "Positive",
     "Range", "Registered", "Rule", "Seed", "Text", "ZeroToOne", "at_least", "check_domains",
     "domain_of", "domains", "field_docs", "knob", "plain", "positive", "reference", "section", "unit",
 ]
@@ -163,6 +163,7 @@ Finite = Annotated[float, FINITE]  # any finite number
 ZeroToOne = Annotated[float, unit()]  # in [0, 1]: a probability, a share, a lambda
 Seed = Annotated[int, SEED]
 Text = Annotated[str, NON_EMPTY]
+Positions = Annotated[int, at_least(2)]  # a context length in tokens
 
 
 def domain_of(tp: Any) -> Domain | None:

@@ -18,7 +18,6 @@ together are methods it inherits from rules.py (`ConfigRules`).
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -29,9 +28,9 @@ from mathrl.config.schema import (
     Count,
     Finite,
     NonNeg,
+    Positions,
     Positive,
     Range,
-    Registered,
     Rule,
     Seed,
     Text,
@@ -43,14 +42,15 @@ from mathrl.config.schema import (
     unit,
 )
 from mathrl.config.shared import DEFAULT_REWARD_FN, TINY_BASE
-from mathrl.registry import ADVANTAGE_ESTIMATORS, ARITH_SOURCES, ENGINES, POLICY_LOSSES, PROMPT_TEMPLATES, TOOL_FORMATS
+from mathrl.config.tree_algo import AlgoConfig, Correction
+from mathrl.config.tree_rollout import RolloutConfig
+from mathrl.registry import ARITH_SOURCES, ENGINES, PROMPT_TEMPLATES
 
 # --------------------------------------------------------------------------------------------------
 # domains shared by several fields, or too long for the field's line
 # --------------------------------------------------------------------------------------------------
 Digits = Annotated[int, Range(1, 18)]  # operand sizes of arithmetic problems
 Carries = Annotated[int, Range(0, 18, why="at most data.arith.max_digits")]
-Positions = Annotated[int, at_least(2)]  # a context length in tokens
 
 
 def _names_ok(value: Any) -> bool:
@@ -61,22 +61,12 @@ MODULE_NAMES = Rule(_names_ok, "a non-empty list of module names")
 EVAL_SOURCES = Rule(_names_ok, "a non-empty list of sources (arith, arith_decimal, arith_hard, files, hf: datasets)")
 TEMPLATE = Rule(lambda v: v == "chat" or v in PROMPT_TEMPLATES.names() or "{question}" in str(v),
                 "arith, zero, plain, chat, or a string containing {question}")
-SAMPLING_TEMPERATURE = positive(
-    "training samples from the policy: at 0 (greedy) every sample of a group is the same, its advantages are 0, "
-    "and the sampling logprobs the loss needs are undefined; eval.temperature=0 is allowed")
 METRIC_NAME = Rule(lambda v: isinstance(v, str) and re.fullmatch(r"[A-Za-z0-9_-]+", v) is not None,
                    "letters, digits, _ or - (it names the metrics reward/<name>/...)")
 LENGTH_SCHEDULE = Rule(lambda v: all(isinstance(p, list) and len(p) == 2 and p[0] >= 0 and p[1] >= 1 for p in v),
                        "a list of [step >= 0, target_length >= 1] pairs")
-RATIO_WINDOW = Rule(lambda v: len(v) == 2 and all(math.isfinite(x) for x in v) and 0 < v[0] <= 1 <= v[1],
-                    "[lower, upper] with 0 < lower <= 1 <= upper (a ratio pi_trainer / pi_rollout of 1 is on-policy and is kept)")
-DISTINCT = Rule(lambda v: len(set(v)) == len(v), "a list without repeats")
-DUAL_CLIP = Range(1, open_low=True, why="the dual-clip bound sits above the ratio clip")
-LOWER_RATIO = unit(open_low=True, open_high=True, why="a ratio of 1 is on-policy; 0.5 is IcePop's")
-TOKEN_SHARE = unit(open_low=True, why="the share of tokens kept; 0.2 is the paper's")
 GRAD_NORM = positive("gradients are clipped to this norm; a negative limit flips their sign")
 WRONG_ANSWER = Range(-INF, 1, open_high=True, why="a wrong answer must score below a right one (1)")
-STALENESS = at_least(0, "policy versions between the sampling weights and the trainer's")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -215,347 +205,6 @@ class DataConfig:
     dynamic_sampling: DynamicSamplingConfig = section(DynamicSamplingConfig)
     curriculum: CurriculumConfig = section(CurriculumConfig, "the order of the training problems")
     arith: ArithConfig = section(ArithConfig, "the built-in arithmetic task")
-
-
-@dataclass
-class VLLMConfig:
-    """The vLLM rollout engine (rollout.engine: vllm): one colocated, in-process engine per training process,
-    weights synced in memory after every update. Install: docs/guide.md, "Rollouts with vLLM"."""
-
-    gpu_memory_utilization: Annotated[float, unit(open_low=True, why="a share of the GPU's memory")] = knob(0.5,
-        "share of GPU memory vLLM may take (weights, activations, KV cache); the trainer needs the rest")
-    kv_cache_gb: Annotated[float, positive("null lets vLLM size it")] | None = knob(None,
-        "KV cache size in GiB, overriding gpu_memory_utilization; null: vLLM sizes it on a GPU, 1 GiB on a CPU")
-    max_model_len: Positions | None = knob(None,
-        "longest prompt + response in tokens; null: the model's context (max_position_embeddings)")
-    tensor_parallel_size: Count = knob(1, "GPUs one engine shards the model over (the colocated engine supports 1)")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = knob("auto",
-        "vLLM's weights and compute; auto: model.dtype")
-    enforce_eager: bool | None = knob(None,
-        "no CUDA graphs / compilation (slower decoding, faster start); null: eager "
-        "on CPUs (compiling costs ~40 s there for little gain), compiled on GPUs")
-    enable_sleep_mode: bool = knob(False,
-        "GPU only: free the KV cache during the policy update, wake before generating")
-    sleep_level: Literal[1, 2] = knob(1,
-        "1: weights moved to host memory while asleep and copied back on waking; 2: dropped, no copy "
-        "either way (every update is followed by a sync that overwrites them: the recipes use 2)")
-    enable_prefix_caching: bool = knob(True, "the n samples of a prompt share its KV blocks")
-    max_num_seqs: Count | None = knob(None, "sequences decoded together; null: vLLM's default")
-    max_num_batched_tokens: Count | None = knob(None, "tokens per scheduler step; null: vLLM's default")
-
-
-@dataclass
-class GeneratorConfig:
-    """The generator processes that sample while the trainer trains (train/generator.py, docs/async.md): each
-    runs its own engine on its own cores (CPU) or GPU and receives every needed policy version over a
-    torch.distributed group (gloo; NCCL between distinct GPUs), in buckets, never through disk."""
-
-    workers: NonNeg[int] | None = knob(None,
-        "generator processes; null: 1 when rollout.max_staleness >= 1, else 0 (the engine "
-        "samples inside the trainer's process). With max_staleness=0 and workers >= 1 the "
-        "workers sample the current weights (on-policy, disaggregated, no overlap)")
-    threads: NonNeg[int] = knob(0,
-        "torch threads of each generator; 0: the cores this process may use, "
-        "split evenly between the trainer and the generators (one each on 2 cores)")
-    pin_cores: bool = knob(True,
-        "bind the trainer and each generator to cores of their "
-        "own (os.sched_setaffinity) when there are enough for all")
-    devices: Annotated[list[int], at_least(0, "CUDA device indices")] = knob([],
-        "CUDA devices of the generators (worker i takes devices[i % len]); empty: the GPUs after "
-        "the trainer's ranks when the machine has any left, else the trainer's own GPU (shared)")
-    bucket_mb: Positive[float] = knob(256.0,
-        "size of one weight-broadcast bucket in MiB (tensors of one dtype flattened together)")
-
-
-@dataclass
-class ToolConfig:
-    """One tool the model may call inside its reasoning (docs/tools.md). Its fields are checked by
-    `rules.tool_entry_problems`, which tools.ToolPool shares for the specs it is given in code, rather
-    than by domains on the fields."""
-
-    name: str = knob("python",
-        "the name the model calls it by (python_blocks: code blocks go to the tool named `python`)")
-    fn: str = knob("python",
-        "a built-in (python: sandboxed code, calculator: exact arithmetic) or "
-        '"package.module:function" / "path/file.py:function" taking (args, **kwargs) -> str')
-    kwargs: dict[str, Any] = knob({}, "keyword arguments of the function (python: sandbox, cpu_s, memory_mb, ...)")
-    timeout_s: float = knob(5.0,
-        "wall-clock seconds per call; a call over it is killed and gives a timeout observation")
-    description: str = knob("", "chat_tool_call: the description in the tool's schema")
-
-
-@dataclass
-class ToolTagsConfig:
-    """The text around a call and an observation; null keeps the tool format's own (docs/tools.md)."""
-
-    call_open: str | None = knob(None, r'the model opens a call with this (python_blocks: "```python\n")')
-    call_close: str | None = knob(None,
-        r'... and closes it with this; generation stops here and the tool runs (python_blocks: "```\n")')
-    observation_open: str | None = knob(None,
-        r'the observation appended after a call starts with this (python_blocks: "```output\n")')
-    observation_close: str | None = knob(None, r'... and ends with this (python_blocks: "```\n")')
-
-
-@dataclass
-class RolloutConfig:
-    engine: Annotated[str, Registered(ENGINES)] = knob("torch",
-        "a registered rollout engine (rollout/factory.py): torch (KV cache, any device) or vllm")
-    prompts_per_step: Count = knob(16, "problems per rollout batch")
-    n: Count = knob(8, "samples per problem (the GRPO group size)")
-    temperature: Annotated[float, SAMPLING_TEMPERATURE] = knob(1.0,
-        "sampling temperature (> 0: training samples from the policy)")
-    top_p: Annotated[float, unit(open_low=True)] = knob(1.0,
-        "nucleus sampling: keep the most likely tokens holding this much probability")
-    max_new_tokens: Count = knob(48, "maximum response length in tokens")
-    batch_size: Count = knob(512,
-        "sequences decoded together by the torch engine; each such shard is seeded on its own, "
-        "so 1 and N ranks draw the same samples when every rank's share is a multiple of it")
-    draws: Literal["chunk", "row"] = knob("chunk",
-        "the torch engine's random numbers: chunk = one generator per rollout.batch_size rows, "
-        "so a row's draws depend on the other rows of its chunk; row = a stream per row, "
-        "indexed by response column, so a row's tokens depend on (seed, row) alone, whatever "
-        "the other rows do (tool calls included) and whatever the batch size (docs/tools.md)")
-    decode: Literal["hf", "lean"] = knob("lean",
-        "the torch engine's forward at each token: lean = rollout/lean.py's over a preallocated cache (Qwen2 "
-        "and Llama models; any other keeps hf, with one log line); hf = the Hugging Face model's, with its "
-        "KV cache, whose samples differ only where float rounding flips a draw (docs/performance.md)")
-    vllm: VLLMConfig = section(VLLMConfig, "settings of the vllm engine")
-    max_staleness: Annotated[int, STALENESS] = knob(0,
-        "generate while training: 0 = the synchronous loop (generate, then train); "
-        "k >= 1 = generator processes sample ahead and step t trains on samples of "
-        "a policy at most k versions older than the trainer's (docs/async.md)")
-    async_mode: Literal["fixed_lag", "free"] = knob("fixed_lag",
-        "with max_staleness k >= 1: fixed_lag = step t trains on samples of version exactly "
-        "max(0, t-1-k) (reproducible, resumes step for step); free = the freshest version the "
-        "generator holds when it starts the step, never older than t-1-k (not reproducible)")
-    generator: GeneratorConfig = section(GeneratorConfig,
-        "the generator processes (placement, threads, weight buckets)")
-    tools: list[ToolConfig] = knob([], "tools the model may call; empty: single-turn responses (docs/tools.md)")
-    tool_format: Annotated[str, Registered(TOOL_FORMATS)] = knob("python_blocks",
-        "a registered call format: python_blocks (Qwen2.5-Math / ToRL code and output "
-        "blocks) or chat_tool_call (the chat template's <tool_call>{json}</tool_call>)")
-    tool_tags: ToolTagsConfig = section(ToolTagsConfig, "override the format's call and observation tags")
-    max_turns: Count = knob(4, "model turns per episode (a turn ends at a tool call or at the end of the response)")
-    max_tool_calls: NonNeg[int] = knob(3,
-        "tool calls run per episode; a call past it gets an observation saying so, and is not run")
-    observation_max_tokens: Count = knob(32,
-        "longer observations are cut in the middle, with a note saying "
-        "how much was cut; at least 30, the note's room (docs/tools.md)")
-    tool_workers: Count = knob(4, "tool calls run in parallel")
-    tool_delay_steps: NonNeg[int] = knob(1,
-        "torch engine: decode steps from a call's closing token to reading its output (the call runs while the "
-        "other rows decode; the row feeds the observation's opening tag, then masked padding); 0 = the output "
-        "is fed with the closing token in one window forward that waits for the step's calls (docs/tools.md)")
-
-
-@dataclass
-class ClipConfig:
-    eps_low: ZeroToOne = knob(0.2, "ratio clipped below at 1 - eps_low (1.0: no lower bound, as CISPO)")
-    eps_high: NonNeg[float] = knob(0.28, "ratio clipped above at 1 + eps_high (clip-higher, DAPO section 3.1)")
-    dual_clip_c: Annotated[float, DUAL_CLIP] | None = knob(None,
-        "dual clip bound for negative advantages (Ye et al. 2020); None = off")
-
-
-@dataclass
-class AdvConfig:
-    estimator: Annotated[str, Registered(ADVANTAGE_ESTIMATORS)] = knob("grpo",
-        "a registered advantage estimator (algo/estimators.py): grpo, rloo, reinforce_pp, gae (PPO with a learned "
-        "critic, algo.critic), grpo_passk, reinforce_pp_baseline, opo, gpg, maxrl, or gdpo (docs/tricks.md)")
-    std_normalize: bool = knob(True,
-        "divide by the reward std (GRPO; also grpo_passk and gdpo's per-component normalisation); False is Dr. GRPO")
-    std_scope: Literal["group", "batch"] = knob("group",
-        "the std that normalises: per group or over the batch (grpo, grpo_passk, gdpo)")
-    gpg_alpha: Literal["valid_groups", "nonzero_rewards", "none"] = knob("valid_groups",
-        "gpg's scale alpha: valid_groups = N / (N - M), M the samples of all-equal groups "
-        "(GPG paper and code); nonzero_rewards = N / #(reward != 0) (verl); none = 1")
-    gdpo_whiten: bool = knob(True,
-        "gdpo's last step (GDPO paper, verl): whiten the summed advantage "
-        "over the batch's counted tokens; False keeps the decoupled sum")
-
-
-@dataclass
-class CriticConfig:
-    """PPO with a learned critic (algo.adv.estimator: gae): GAE, VC-PPO value pretraining and decoupled
-    lambdas, VAPO length-adaptive lambda."""
-
-    path: str | None = knob(None, "critic initialisation (a causal LM or a saved critic); default: the starting policy")
-    lr: Positive[float] | None = knob(None, "critic learning rate; default: train.lr")
-    gamma: Annotated[float, unit(open_low=True)] = knob(1.0, "discount")
-    lam_actor: ZeroToOne = knob(0.95, "GAE lambda of the policy advantages")
-    lam_critic: ZeroToOne = knob(1.0, "GAE lambda of the value targets (decoupled GAE, VC-PPO: 1.0)")
-    length_adaptive_alpha: Annotated[float, positive("VAPO uses 0.05; null is off")] | None = knob(None,
-        "VAPO: lam_actor = 1 - 1/(alpha * length) per response (0.05); None = off")
-    value_clip: Annotated[float, positive("null is off")] | None = knob(0.2,
-        "clip range of the value loss around the sampling-time values; None = off")
-    pretrain_steps: NonNeg[int] = knob(0,
-        "VC-PPO value pretraining: critic-only steps on the starting policy's rollouts (lambda 1)")
-    whiten_advantages: bool = knob(True, "normalise the policy advantages over the batch's tokens (PPO practice)")
-
-
-@dataclass
-class RefGainClipConfig:
-    """ref_gain_clip: no entropy bonus on tokens whose entropy already exceeds the reference model's."""
-
-    max_gain: Finite | None = knob(None, "mask tokens with entropy - ref_entropy > max_gain (nats); None = off")
-    max_ratio: Positive[float] | None = knob(None, "mask tokens with entropy > max_ratio * ref_entropy; None = off")
-
-
-@dataclass
-class EntropyConfig:
-    mode: Literal["none", "fixed", "adaptive", "skywork"] = knob("none",
-        "entropy bonus: off, fixed coef, or a controller")
-    coef: NonNeg[float] = knob(0.0, "the fixed coefficient, or the starting coefficient of a controller")
-    target: NonNeg[float] = knob(0.2, "target token entropy (nats) of the adaptive and skywork controllers")
-    kp: NonNeg[float] = knob(0.01, "adaptive: coef += kp * (target - entropy) each step")
-    step: NonNeg[float] = knob(0.0005, "skywork: coef moves by this much toward the target each step")
-    min_coef: NonNeg[float] = knob(0.0, "the controllers keep coef within [min_coef, max_coef]")
-    max_coef: NonNeg[float] = knob(0.05, "upper bound of the controlled coefficient")
-    ref_gain_clip: RefGainClipConfig = section(RefGainClipConfig)
-
-
-@dataclass
-class KLConfig:
-    use: Literal["none", "loss", "reward"] = knob("none",
-        "KL to the reference model as a loss term or a reward penalty")
-    estimator: Literal["k1", "k2", "k3"] = knob("k3",
-        "KL estimator (Schulman 2020): k1 log-ratio, k2 squared, k3 unbiased low-variance")
-    coef: NonNeg[float] = knob(0.001, "fixed coefficient, or the starting one when `target` is set")
-    target: Annotated[float, positive("null is a fixed coefficient")] | None = knob(None,
-        "adaptive controller (Ziegler et al. 2019): target per-token KL; None = fixed")
-    horizon: Count = knob(10000, "adaptive controller horizon, in samples")
-
-
-@dataclass
-class PTXConfig:
-    coef: NonNeg[float] = knob(0.0, "weight of the pretraining cross-entropy mixed into each optimizer step (0 = off)")
-    data: Text = knob("arith",
-        "\"arith\" (the tiny base model's pretraining text) or a .txt / .jsonl (\"text\" field) file")
-    batch_size: Count = knob(16, "pretraining sequences per optimizer step")
-    max_tokens: Positions = knob(256, "longer pretraining texts are cut to this many tokens")
-
-
-@dataclass
-class PosLMConfig:
-    coef: NonNeg[float] = knob(0.0, "VAPO positive-example LM loss weight mu (0.1 in the paper; 0 = off)")
-
-
-@dataclass
-class RolloutCorrectionConfig:
-    """Importance weights and rejection rules between the rollout engine's and the trainer's logprobs, or the
-    bypass of the trainer's (algo.rollout_correction; docs/tricks.md, "Rollout/trainer mismatch")."""
-
-    mode: Literal["none", "tis", "mis"] = knob("none",
-        "tis: weight min(ratio, cap) (Yao et al. 2025); mis: drop ratio > cap (Liu, Li et al. 2025)")
-    level: Literal["token", "sequence"] = knob("token", "ratio per token, or of the whole response")
-    cap: Annotated[float, Range(1, open_low=True, why="a ratio of 1 is on-policy; 2.0 is common")] = knob(2.0,
-        "C > 1: the truncation (tis) or rejection (mis) threshold of the ratio pi_trainer / pi_rollout")
-    lower: Annotated[float, LOWER_RATIO] | None = knob(None,
-        "L in (0, 1): tokens whose ratio is under it are rejected too (a "
-        "two-sided bound: verl's 1/C, IcePop 0.5); null = no lower bound")
-    rejected: Literal["zero", "drop"] = knob("zero",
-        "a rejected token: zero = a zero term that stays in the loss normalisers "
-        "(AReaL); drop = out of the loss mask and the normalisers (verl)")
-    masks: Annotated[list[Literal["geo_rs", "icepop", "k3_rs", "k2_rs", "opsm"]], DISTINCT] = knob([],
-        "rejection rules, chained (a token is kept only if every listed rule keeps "
-        "it; rejected tokens follow `rejected`): geo_rs, icepop, k3_rs, k2_rs compare "
-        "pi_trainer with pi_rollout, opsm also reads the advantages (docs/tricks.md)")
-    geo_rs_bounds: Annotated[list[float], RATIO_WINDOW] = knob([0.999, 1.001],
-        "geo_rs: a response is kept when the geometric mean of its ratios pi_trainer "
-        "/ pi_rollout is in [lower, upper] (verl's decoupled_geo_rs preset)")
-    icepop_bounds: Annotated[list[float], RATIO_WINDOW] = knob([0.5, 2.0],
-        "icepop: a token is kept when its ratio pi_trainer / pi_rollout is in [lower, upper] (IcePop's [0.5, 2])")
-    k3_rs_threshold: Annotated[float, positive("a KL estimate in nats per token; 0.01 is verl's")] = knob(0.01,
-        "k3_rs: a response is rejected when its mean k3 estimate of "
-        "KL(pi_rollout || pi_trainer) is above it (verl's decoupled_k3_rs preset)")
-    k2_rs_threshold: Annotated[float, positive("a KL estimate in nats per token")] = knob(0.01,
-        "k2_rs: the same with k2 = (log ratio)^2 / 2")
-    opsm_delta: Annotated[float, positive("the mean log-ratio of an on-policy response is 0")] = knob(0.5,
-        "opsm (DeepSeek-V3.2): a response with negative advantage is rejected when "
-        "its mean log(pi_rollout / pi_trainer) is above it (TRL's suggested start)")
-    bypass: bool = knob(False,
-        "the PPO ratio against the rollout engine's logprobs: old logprobs := rollout logprobs, no scoring "
-        "pass (verl's bypass_mode); then nothing can weigh the gap (mode none, no masks, off_policy none)")
-
-
-@dataclass
-class SAPOConfig:
-    """SAPO's soft gate (algo.policy_loss=sapo; Gao et al. 2025): sigmoid(tau (ratio - 1)) * 4 / tau."""
-
-    tau_pos: Positive[float] = knob(1.0, "the gate's temperature where the advantage is > 0 (the paper's 1.0)")
-    tau_neg: Positive[float] = knob(1.05,
-        "... where it is <= 0 (the paper's 1.05: negative tokens' gates fall off faster)")
-
-
-@dataclass
-class DPPOConfig:
-    """DPPO's trust region on the probability (algo.policy_loss=dppo_tv or dppo_kl; arXiv 2602.04879)."""
-
-    delta_low: Positive[float] = knob(0.2,
-        "the divergence bound where the advantage is < 0 (dppo_tv: p_old - p; dppo_kl: the binary KL)")
-    delta_high: Positive[float] = knob(0.2, "... where it is > 0 (dppo_tv: p - p_old)")
-    trunc_c: Annotated[float, Range(1, open_low=True, why="a truncation below 1 would cut on-policy tokens")] = knob(
-        20.0, "the stopped importance weight is min(ratio, trunc_c) (the paper's §5.4: large)")
-
-
-@dataclass
-class CovConfig:
-    """Clip-Cov and KL-Cov (algo.policy_loss=clip_cov or kl_cov; Cui et al. 2025): the few tokens of high
-    covariance between logp and the advantage."""
-
-    ratio: Annotated[float, unit(open_low=True, why="the share of counted tokens picked")] = knob(2e-4,
-        "share of a micro-batch's counted tokens picked (at least "
-        "one): clip_cov cuts their gradient, kl_cov penalises them")
-    lb: Finite = knob(1.0, "clip_cov: only tokens with covariance in (lb, ub) can be picked")
-    ub: Finite = knob(5.0, "clip_cov: the upper bound of that range")
-    kl_coef: NonNeg[float] = knob(0.1, "kl_cov: coefficient of |log ratio| on the picked tokens (verl's ppo_kl_coef)")
-
-
-@dataclass
-class DROConfig:
-    beta: Annotated[float, positive("the quadratic penalty's weight; dro needs one")] | None = knob(None,
-        "algo.policy_loss=dro: the loss adds beta/2 (log ratio)^2 per token; required by dro")
-
-
-@dataclass(frozen=True)
-class Correction:
-    """The resolved importance weighting of the policy-gradient term (Config.correction)."""
-
-    mode: str  # tis | mis (algo/rollout_correction.py)
-    level: str  # token | sequence
-    cap: float
-    lower: float | None
-    rejected: str  # zero | drop
-
-
-@dataclass
-class AlgoConfig:
-    policy_loss: Annotated[str, Registered(POLICY_LOSSES)] = knob("ppo_clip",
-        "a registered policy loss (algo/policy_losses.py): ppo_clip, gspo, gspo_token, "
-        "cispo, sapo, geo_mean, dppo_tv, dppo_kl, clip_cov, kl_cov, gpg, dro (docs/tricks.md)")
-    clip: ClipConfig = section(ClipConfig,
-        "PPO ratio clipping (also gspo, cispo, geo_mean's log-space bounds, clip_cov)")
-    sapo: SAPOConfig = section(SAPOConfig, "algo.policy_loss=sapo")
-    dppo: DPPOConfig = section(DPPOConfig, "algo.policy_loss=dppo_tv / dppo_kl")
-    cov: CovConfig = section(CovConfig, "algo.policy_loss=clip_cov / kl_cov")
-    dro: DROConfig = section(DROConfig, "algo.policy_loss=dro")
-    top_entropy_quantile: Annotated[float, TOKEN_SHARE] | None = knob(None,
-        "80/20 forking tokens (Wang et al. 2025): the policy gradient only on the "
-        "step's tokens whose old-policy entropy is in this top share; null = every token")
-    adv: AdvConfig = section(AdvConfig, "advantage estimator")
-    critic: CriticConfig = section(CriticConfig)
-    entropy: EntropyConfig = section(EntropyConfig, "entropy bonus and its controllers")
-    kl: KLConfig = section(KLConfig, "KL to the reference model")
-    ptx: PTXConfig = section(PTXConfig, "pretraining loss mixed in (InstructGPT PPO-ptx)")
-    pos_lm: PosLMConfig = section(PosLMConfig, "LM loss on correct responses (VAPO)")
-    rollout_correction: RolloutCorrectionConfig = section(RolloutCorrectionConfig,
-        "rollout/trainer mismatch (TIS, MIS)")
-    off_policy: Literal["none", "tis", "decoupled"] = knob("none",
-        "samples generated by older weights: tis = the PPO ratio against the trainer's logprobs before "
-        "this step's update, weighted by min(pi_trainer / pi_behaviour, cap); decoupled = AReaL's "
-        "decoupled PPO, the clip around that proximal policy and the behaviour -> proximal weight, "
-        "rejected outside [lower, cap]. Both take cap, lower and rejected from algo.rollout_correction")
-    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = knob(
-        "token_mean", "how token losses are averaged (docs/tricks.md)")
 
 
 @dataclass
