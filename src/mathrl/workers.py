@@ -139,16 +139,13 @@ class _Worker:
 class WorkerPool:
     """Worker processes that each run `serve(start)`, with a timeout per message.
 
-    Args:
-        start: what each worker runs first (`Start`): returns its message handler and ready info.
-        name: the processes' name (``ps``, ``multiprocessing.active_children``).
-        size: the workers `map` keeps in flight; they start on its first call and are kept between calls.
-            `call` starts a worker for each call in flight that finds none idle.
-        start_timeout_s: how long a fresh worker may take to start (not part of any message's timeout).
-        method: the start method (``spawn``: see the module docstring).
-        on_ready: called in the parent with each worker's ready info as it starts.
-        kill_idle_on_close: `close` kills idle workers instead of asking them to exit (for a user's code,
-            which may leave threads behind that would hold the exit up).
+    start (`Start`): what each worker runs first; it returns its message handler and ready info. name: the
+    processes' name (``ps``, ``multiprocessing.active_children``). size: the workers `map` keeps in flight; they
+    start on its first call and are kept between calls; `call` starts a worker for each call in flight that
+    finds none idle. start_timeout_s: how long a fresh worker may take to start (not part of any message's
+    timeout). method: the start method (``spawn``: see the module docstring). on_ready: called in the parent
+    with each worker's ready info as it starts. kill_idle_on_close: `close` kills idle workers instead of asking
+    them to exit (for a user's code, which may leave threads behind that would hold the exit up).
     """
 
     def __init__(self, start: Start, *, name: str, size: int = 1, start_timeout_s: float = START_TIMEOUT_S,

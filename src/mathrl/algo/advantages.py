@@ -92,15 +92,10 @@ def group_advantages(
     Edge cases: a single-sample group, and a group whose rewards are all equal, get exactly 0
     (never NaN); the std of a single-sample group is treated as 0.
 
-    Args:
-        rewards: [N] scalar reward per response (int, bool or float).
-        group_ids: [N] integer id of the prompt each response was sampled from; any values.
-        std_normalize: divide by the std (GRPO) or not (Dr. GRPO). Config ``algo.adv.std_normalize``.
-        std_scope: ``"group"`` or ``"batch"``. Config ``algo.adv.std_scope``.
-        eps: added to the std before dividing.
-
-    Returns:
-        [N] advantages, float.
+    rewards: [N] scalar reward per response (int, bool or float); group_ids: [N] integer id of the prompt each
+    response was sampled from, any values; std_normalize: divide by the std (GRPO) or not (Dr. GRPO), config
+    ``algo.adv.std_normalize``; std_scope: ``"group"`` or ``"batch"``, config ``algo.adv.std_scope``; eps: added
+    to the std before dividing. -> [N] advantages, float.
     """
     if std_scope not in ("group", "batch"):
         raise ValueError(f"std_scope must be 'group' or 'batch', got {std_scope!r}")
@@ -132,13 +127,8 @@ def rloo_advantages(rewards: Tensor, group_ids: Tensor) -> Tensor:
     Equivalently A_i = n/(n-1) * (r_i - mean(r_group)): the Dr. GRPO advantage rescaled by
     n/(n-1), so with a fixed group size the two differ only by a constant factor.
 
-    Args:
-        rewards: [N] scalar reward per response.
-        group_ids: [N] integer prompt id per response.
-
-    Returns:
-        [N] advantages; exactly 0 for single-sample groups (no baseline exists) and for groups
-        whose rewards are all equal.
+    rewards: [N] scalar reward per response; group_ids: [N] integer prompt id per response. -> [N] advantages,
+    exactly 0 for single-sample groups (no baseline exists) and for groups whose rewards are all equal.
     """
     r = _as_float(rewards)  # [N]
     _, count, total, constant = _group_stats(r, group_ids)  # [N] each; validates the shapes
@@ -160,15 +150,10 @@ def whiten_advantages(adv: Tensor, mask: Tensor | None = None, *, eps: float = 1
     Call it on the whole rollout batch (before splitting into mini-batches or ranks), so that
     every token is whitened with the same statistics.
 
-    Args:
-        adv: [N] or [B, T] advantages (e.g. returns from ``discounted_returns``).
-        mask: same shape, nonzero where the entry counts; None counts every entry.
-        eps: added to the variance.
-        unbiased: divide the summed squared deviations by n - 1 (verl) instead of n (OpenRLHF).
-
-    Returns:
-        Same shape as ``adv``; 0 at masked entries. If every counted entry is equal (or none is
-        counted, or only one) the result is exactly 0.
+    adv: [N] or [B, T] advantages (e.g. returns from ``discounted_returns``); mask: the same shape, nonzero
+    where the entry counts, None counts every entry; eps: added to the variance; unbiased: divide the summed
+    squared deviations by n - 1 (verl) instead of n (OpenRLHF). -> the same shape as ``adv``, 0 at masked
+    entries; exactly 0 if every counted entry is equal (or none is counted, or only one).
     """
     m = torch.ones_like(adv, dtype=torch.bool) if mask is None else mask.bool()
     if m.shape != adv.shape:
@@ -192,13 +177,9 @@ def discounted_returns(token_rewards: Tensor, mask: Tensor, *, gamma: float = 1.
     Use it when rewards are per token, e.g. an outcome reward on the last token plus the per-token
     KL penalty from ``mathrl.algo.kl.apply_kl_reward_penalty`` (``algo.kl.use: reward``).
 
-    Args:
-        token_rewards: [B, T] reward per position.
-        mask: [B, T] nonzero on counted tokens; masked positions contribute nothing and get 0.
-        gamma: discount, 1.0 for undiscounted episodic returns (the usual choice for RLVR).
-
-    Returns:
-        [B, T] returns, 0 at masked positions.
+    token_rewards: [B, T] reward per position; mask: [B, T] nonzero on counted tokens (masked positions
+    contribute nothing and get 0); gamma: the discount, 1.0 for undiscounted episodic returns (the usual choice
+    for RLVR). -> [B, T] returns, 0 at masked positions.
     """
     if token_rewards.dim() != 2 or mask.shape != token_rewards.shape:
         raise ValueError(
@@ -237,15 +218,10 @@ def reinforce_pp_advantages(
     and the advantage is G_t whitened over every counted token of the batch (global advantage
     normalisation: one mean and one variance for the whole batch, no per-prompt baseline).
 
-    Args:
-        rewards: [B] outcome reward per response.
-        response_mask: [B, T] nonzero on generated tokens (where returns are accumulated).
-        kl_rewards: [B, T] per-token KL penalty (<= 0 when the coefficient is positive); None = 0.
-        loss_mask: [B, T] tokens that share the whitening statistics (and get a nonzero
-            advantage); None = response_mask.
-
-    Returns:
-        [B, T] advantages, 0 outside loss_mask.
+    rewards: [B] outcome reward per response; response_mask: [B, T] nonzero on generated tokens (where returns
+    are accumulated); kl_rewards: [B, T] per-token KL penalty (<= 0 when the coefficient is positive), None = 0;
+    loss_mask: [B, T] the tokens that share the whitening statistics (and get a nonzero advantage),
+    None = response_mask. -> [B, T] advantages, 0 outside loss_mask.
     """
     if rewards.dim() != 1 or response_mask.dim() != 2 or response_mask.shape[0] != rewards.shape[0]:
         raise ValueError(f"expected rewards [B] and response_mask [B, T], got {tuple(rewards.shape)} "
@@ -265,12 +241,8 @@ def expand_to_tokens(adv: Tensor, mask: Tensor) -> Tensor:
     """Broadcast one advantage per sequence to each of its counted tokens (outcome supervision:
     every token of response i gets A_i; DeepSeekMath §4.1.2).
 
-    Args:
-        adv: [B] advantage per sequence.
-        mask: [B, T] nonzero on counted tokens.
-
-    Returns:
-        [B, T] advantages, 0 at masked positions.
+    adv: [B] advantage per sequence; mask: [B, T] nonzero on counted tokens. -> [B, T] advantages, 0 at masked
+    positions.
     """
     if adv.dim() != 1 or mask.dim() != 2 or mask.shape[0] != adv.shape[0]:
         raise ValueError(
@@ -314,13 +286,8 @@ def reinforce_pp_baseline_advantages(rewards: Tensor, group_ids: Tensor, loss_ma
     response_mask plays that role there). Like verl, an all-equal group's zeros are whitened too
     (they become -mean/std), so only a batch whose every counted token is equal gets exact zeros.
 
-    Args:
-        rewards: [N] sequence reward per response.
-        group_ids: [N] integer prompt id per response.
-        loss_mask: [N, T] nonzero on the tokens that count.
-
-    Returns:
-        [N, T] advantages, 0 outside loss_mask.
+    rewards: [N] sequence reward per response; group_ids: [N] integer prompt id per response; loss_mask: [N, T]
+    nonzero on the tokens that count. -> [N, T] advantages, 0 outside loss_mask.
     """
     centred = group_advantages(rewards, group_ids, std_normalize=False)  # [N] r - group mean
     return whiten_advantages(expand_to_tokens(centred, loss_mask), loss_mask, unbiased=True)  # [N, T]
@@ -347,17 +314,12 @@ def passk_advantages(
     A tie for the best gives r_max - r_second_max = 0, so the whole group gets 0 (verl picks one of
     the tied rows by ``torch.topk`` and gives it 0 too). k is not a setting: it is rollout.n.
 
-    Args:
-        rewards: [N] scalar reward per response.
-        group_ids: [N] integer prompt id per response.
-        std_normalize: divide by the std (verl's default) or not. Config ``algo.adv.std_normalize``.
-        std_scope: ``"group"``: the unbiased std of the group, as verl; ``"batch"``: of the whole
-            batch (mathrl's extension, as in group_advantages). Config ``algo.adv.std_scope``.
-        eps: added to the std (verl: 1e-6).
-
-    Returns:
-        [N] advantages, >= 0; exactly 0 except for each group's unique best response. verl raises
-        on a group of one; here it gets 0.
+    rewards: [N] scalar reward per response; group_ids: [N] integer prompt id per response; std_normalize:
+    divide by the std (verl's default) or not, config ``algo.adv.std_normalize``; std_scope: ``"group"``, the
+    unbiased std of the group, as verl, or ``"batch"``, that of the whole batch (mathrl's extension, as in
+    group_advantages), config ``algo.adv.std_scope``; eps: added to the std (verl: 1e-6). -> [N]
+    advantages, >= 0: exactly 0 except for each group's unique best response. verl raises on a group of one;
+    here it gets 0.
     """
     if std_scope not in ("group", "batch"):
         raise ValueError(f"std_scope must be 'group' or 'batch', got {std_scope!r}")
@@ -392,15 +354,11 @@ def opo_advantages(rewards: Tensor, group_ids: Tensor, lengths: Tensor) -> Tenso
     The variance-optimal baseline weighs each reward by ||grad log pi(y_j)||^2; OPO approximates
     that squared norm by the response length, since the gradient sums over tokens. No std division.
 
-    Args:
-        rewards: [N] scalar reward per response.
-        group_ids: [N] integer prompt id per response.
-        lengths: [N] response lengths in tokens (the loop passes the generated tokens, response_mask,
-            as verl does; a tool's observation tokens are not the policy's and do not count).
-
-    Returns:
-        [N] advantages; exactly 0 for single-sample and all-equal groups. A group whose lengths are
-        all 0 (no tokens, so no gradient either) falls back to the plain mean (verl divides 0 by 0).
+    rewards: [N] scalar reward per response; group_ids: [N] integer prompt id per response; lengths: [N]
+    response lengths in tokens (the loop passes the generated tokens, response_mask, as verl does; a tool's
+    observation tokens are not the policy's and do not count). -> [N] advantages, exactly 0 for single-sample
+    and all-equal groups. A group whose lengths are all 0 (no tokens, so no gradient either) falls back to the
+    plain mean (verl divides 0 by 0).
     """
     r = _as_float(rewards)  # [N]
     groups, count, total, constant = _group_stats(r, group_ids)  # [N] each; validates the shapes
@@ -436,13 +394,9 @@ def gpg_advantages(rewards: Tensor, group_ids: Tensor, *, alpha: GpgAlpha = "val
     GPG pairs this advantage with the plain policy-gradient loss (no ratio clipping); that is a
     policy-loss choice, not this function's.
 
-    Args:
-        rewards: [N] scalar reward per response (one rollout batch: alpha is the batch's).
-        group_ids: [N] integer prompt id per response.
-        alpha: how alpha is computed. Config ``algo.adv.gpg_alpha``.
-
-    Returns:
-        [N] advantages; exactly 0 for single-sample and all-equal groups.
+    rewards: [N] scalar reward per response (one rollout batch: alpha is the batch's); group_ids: [N] integer
+    prompt id per response; alpha: how alpha is computed, config ``algo.adv.gpg_alpha``. -> [N] advantages,
+    exactly 0 for single-sample and all-equal groups.
     """
     r = _as_float(rewards)  # [N]
     _, count, _, constant = _group_stats(r, group_ids)  # [N] each; validates the shapes
@@ -477,13 +431,9 @@ def maxrl_advantages(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6) -
     flipping the advantages' sign; with 0/1 rewards only the all-wrong group has mean 0, and both give
     0 there).
 
-    Args:
-        rewards: [N] scalar reward per response, >= 0 for the formula's meaning.
-        group_ids: [N] integer prompt id per response.
-        eps: added to the mean.
-
-    Returns:
-        [N] advantages; exactly 0 for single-sample groups, all-equal groups and groups with mean <= 0.
+    rewards: [N] scalar reward per response, >= 0 for the formula's meaning; group_ids: [N] integer prompt id
+    per response; eps: added to the mean. -> [N] advantages, exactly 0 for single-sample groups, all-equal
+    groups and groups with mean <= 0.
     """
     r = _as_float(rewards)  # [N]
     _, count, total, constant = _group_stats(r, group_ids)  # [N] each; validates the shapes
@@ -525,16 +475,11 @@ def gdpo_advantages(
     small, and rounding noise in it stays noise). With std_normalize=False the whole result is
     therefore the Dr. GRPO advantage of the summed reward.
 
-    Args:
-        components: [K, N] raw score of each of K components per response.
-        group_ids: [N] integer prompt id per response.
-        weights: [K] weight of each component after normalisation; None = all 1.
-        shaping: [N] the rest of the sequence reward, or None.
-        std_normalize, std_scope, eps: as in ``group_advantages``, per component.
-
-    Returns:
-        [N] advantages; exactly 0 for single-sample groups and groups where every component (and
-        the shaping) is constant.
+    components: [K, N] the raw score of each of K components per response; group_ids: [N] integer prompt id per
+    response; weights: [K] the weight of each component after normalisation, None = all 1; shaping: [N] the rest
+    of the sequence reward, or None; std_normalize, std_scope, eps: as in ``group_advantages``, per component.
+    -> [N] advantages, exactly 0 for single-sample groups and groups where every component (and the shaping) is
+    constant.
     """
     if components.dim() != 2 or components.shape[1] != group_ids.shape[0]:
         raise ValueError(f"components must be [K, N] with N = len(group_ids), got {tuple(components.shape)} "

@@ -47,17 +47,12 @@ def gae(
     one-step TD error. Decoupled GAE (Yuan et al. 2025, VC-PPO, §4.2) calls this twice: lam_critic
     (1.0) for the value targets, lam_actor for the policy advantages.
 
-    Args:
-        token_rewards: [B, T] reward at each position (an outcome reward sits on the last token; a
-            per-token KL penalty may add to every token).
-        values: [B, T] V(s_t) from the critic at the time of sampling (no grad).
-        mask: [B, T] 1 on the policy's tokens, 0 on padding and on tool observations (skipped: the
-            next policy token's value and advantage flow back across them).
-        gamma: discount (1.0 for episodic RLVR).
-        lam: GAE lambda, a float or a [B] tensor (one per row, e.g. `length_adaptive_lambda`).
-
-    Returns:
-        (advantages [B, T], returns [B, T]), both 0 at masked positions.
+    token_rewards: [B, T] reward at each position (an outcome reward sits on the last token; a per-token KL
+    penalty may add to every token); values: [B, T] V(s_t) from the critic at the time of sampling (no grad);
+    mask: [B, T] 1 on the policy's tokens, 0 on padding and on tool observations (skipped: the next policy
+    token's value and advantage flow back across them); gamma: the discount (1.0 for episodic RLVR); lam: GAE
+    lambda, a float or a [B] tensor (one per row, e.g. `length_adaptive_lambda`). -> (advantages [B, T], returns
+    [B, T]), both 0 at masked positions.
     """
     if token_rewards.dim() != 2 or values.shape != token_rewards.shape or mask.shape != token_rewards.shape:
         raise ValueError(
@@ -94,12 +89,8 @@ def length_adaptive_lambda(lengths: Tensor, alpha: float) -> Tensor:
     so that the sum of the GAE weights, 1 / (1 - lam), grows with the response length l
     (alpha = 0.05 in the paper). Values below 0 (l < 1 / alpha) are clamped to 0.
 
-    Args:
-        lengths: [B] response lengths in tokens (>= 1 where it matters; 0 gives 0).
-        alpha: > 0.
-
-    Returns:
-        [B] float lambdas in [0, 1).
+    lengths: [B] response lengths in tokens (>= 1 where it matters; 0 gives 0); alpha: > 0. -> [B] float lambdas
+    in [0, 1).
     """
     if alpha <= 0:
         raise ValueError(f"alpha must be > 0, got {alpha}")
@@ -117,16 +108,10 @@ def value_loss(
 
     Aggregate it over the mini-batch like the policy loss (`algo.losses.aggregate`).
 
-    Args:
-        values: [B, T] V(s_t) from the critic being trained (with grad).
-        old_values: [B, T] V(s_t) at the time of sampling.
-        returns: [B, T] value targets from `gae`.
-        mask: [B, T] 1 on counted tokens.
-        clip_eps: the value clip range, or None for the plain squared error.
-
-    Returns:
-        (token_loss [B, T], clipped [B, T] float: 1 where the clipped term was the larger one and
-        differed), both 0 at masked positions.
+    values: [B, T] V(s_t) from the critic being trained (with grad); old_values: [B, T] V(s_t) at the time of
+    sampling; returns: [B, T] value targets from `gae`; mask: [B, T] 1 on counted tokens; clip_eps: the value
+    clip range, or None for the plain squared error. -> (token_loss [B, T], clipped [B, T] float: 1 where the
+    clipped term was the larger one and differed), both 0 at masked positions.
     """
     if not (values.shape == old_values.shape == returns.shape == mask.shape) or values.dim() != 2:
         raise ValueError(

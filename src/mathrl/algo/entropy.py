@@ -53,11 +53,7 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
     Numerically stable (max-shifted, computed in at least float32) and differentiable; logits of
     -inf (masked vocabulary entries) contribute 0.
 
-    Args:
-        logits: [..., V] unnormalised scores.
-
-    Returns:
-        [...] entropy in nats, float32 (float64 for float64 input).
+    logits: [..., V] unnormalised scores -> [...] the entropy in nats, float32 (float64 for float64 input).
     """
     return _entropy_from_parts(*_shifted_log_softmax_parts(logits))
 
@@ -83,19 +79,13 @@ def logprobs_and_entropy(
     ``temperature`` must equal the sampling temperature of the rollout engine, otherwise these
     logprobs and the engine's old logprobs describe different distributions.
 
-    Args:
-        hidden: [B, T, H] final hidden states at the positions that predict ``targets``.
-        lm_head_weight: [V, H] output embedding.
-        targets: [B, T] token ids in [0, V). Padding positions must still hold a valid id (e.g. the
-            pad id, not -100); mask their outputs afterwards.
-        chunk_size: positions per chunk; peak logits memory is chunk_size * V * 4 bytes.
-        temperature: logits are divided by it (> 0).
-        with_entropy: also return the entropy (skip it to save work).
-        lm_head_bias: [V] optional output bias.
-
-    Returns:
-        logprobs: [B, T] float32 (float64 for float64 inputs).
-        entropy: [B, T] exact entropy of the tempered distribution, or None if not requested.
+    hidden: [B, T, H] final hidden states at the positions that predict ``targets``; lm_head_weight: [V, H] the
+    output embedding; targets: [B, T] token ids in [0, V) (padding positions must still hold a valid id, e.g.
+    the pad id, not -100; mask their outputs afterwards); chunk_size: positions per chunk, peak logits memory
+    chunk_size * V * 4 bytes; temperature: > 0, the logits are divided by it; with_entropy: also return the
+    entropy (skip it to save work); lm_head_bias: [V] an optional output bias. -> (logprobs [B, T] float32
+    (float64 for float64 inputs), entropy [B, T]: the exact entropy of the tempered distribution, or None if not
+    requested).
     """
     if hidden.dim() != 3:
         raise ValueError(f"hidden must be [B, T, H], got {tuple(hidden.shape)}")
@@ -145,14 +135,10 @@ def entropy_bonus_mask(
     Config ``algo.entropy.ref_gain_clip.max_gain`` / ``algo.entropy.ref_gain_clip.max_ratio``;
     None disables a threshold (both None: the result equals the mask).
 
-    Args:
-        entropy: [B, T] policy entropy per token.
-        ref_entropy: [B, T] reference-model entropy at the same positions.
-        mask: [B, T] nonzero on counted tokens.
-
-    Returns:
-        [B, T] float mask (dtype of ``entropy``): 1 where the bonus applies, else 0. Use it as the
-        mask when aggregating the entropy term. Not differentiable (it is a selection).
+    entropy: [B, T] policy entropy per token; ref_entropy: [B, T] the reference model's entropy at the same
+    positions; mask: [B, T] nonzero on counted tokens. -> [B, T] float mask (dtype of ``entropy``): 1 where the
+    bonus applies, else 0; use it as the mask when aggregating the entropy term. Not differentiable (it is a
+    selection).
     """
     if not (entropy.shape == ref_entropy.shape == mask.shape):
         raise ValueError(

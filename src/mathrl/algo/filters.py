@@ -93,15 +93,11 @@ def group_filter(
     accuracy 1 -> ``dropped_all_correct``, 0 -> ``dropped_all_wrong``, else ``dropped_out_of_band``
     (band mode; see ``GroupFilterResult`` for the nonconstant case).
 
-    Args:
-        rewards: [N] scalar reward per response (int, bool or float).
-        group_ids: [N] integer prompt id per response; any values, any order.
-        mode: ``"none" | "nonconstant" | "band"``. Config ``data.dynamic_sampling.mode``.
-        band: (lo, hi) with 0 <= lo <= hi <= 1. Config ``data.dynamic_sampling.band_low/band_high``.
-        correct: [N] correctness per response (bool or 0/1 float); None derives it from rewards > 0.
-
-    Returns:
-        A ``GroupFilterResult``; groups are ordered by ascending id (``group_order``).
+    rewards: [N] scalar reward per response (int, bool or float); group_ids: [N] integer prompt id per response,
+    any values, any order; mode: ``"none" | "nonconstant" | "band"`` (config ``data.dynamic_sampling.mode``);
+    band: (lo, hi) with 0 <= lo <= hi <= 1 (config ``data.dynamic_sampling.band_low/band_high``); correct: [N]
+    correctness per response (bool or 0/1 float), None derives it from rewards > 0. -> a ``GroupFilterResult``,
+    its groups ordered by ascending id (``group_order``).
     """
     if mode not in ("none", "nonconstant", "band"):
         raise ValueError(f"mode must be 'none', 'nonconstant' or 'band', got {mode!r}")
@@ -148,12 +144,9 @@ def overlong_mask(truncated: Tensor, loss_mask: Tensor) -> Tensor:
 
     Combine with ``token_mean`` aggregation: the masked rows then also leave the normaliser.
 
-    Args:
-        truncated: [N] bool, True where generation hit the length limit without EOS.
-        loss_mask: [N, T] mask of tokens that count (bool, int or float).
-
-    Returns:
-        [N, T] the loss mask with every truncated row all zero; same dtype as ``loss_mask``.
+    truncated: [N] bool, True where generation hit the length limit without EOS; loss_mask: [N, T] the mask of
+    tokens that count (bool, int or float). -> [N, T] the loss mask with every truncated row all zero, in the
+    dtype of ``loss_mask``.
     """
     if truncated.dim() != 1 or loss_mask.dim() != 2 or loss_mask.shape[0] != truncated.shape[0]:
         raise ValueError(

@@ -46,12 +46,8 @@ def group_stats(values: Tensor, group_ids: Tensor) -> GroupStats:
     ``arange(P).repeat_interleave(n)``); groups are ordered by ascending id. Min and max are exact;
     the sum adds each group's values in row order (``index_add``).
 
-    Args:
-        values: [N] one value per response (float; the sums and extremes keep its dtype).
-        group_ids: [N] integer prompt id per response.
-
-    Returns:
-        A ``GroupStats``; empty tensors when N = 0.
+    values: [N] one value per response (float; the sums and extremes keep its dtype); group_ids: [N] integer
+    prompt id per response. -> a ``GroupStats``; empty tensors when N = 0.
     """
     if values.dim() != 1 or group_ids.shape != values.shape:
         raise ValueError(

@@ -44,14 +44,9 @@ def kl_penalty(
     [-clamp, clamp] (k3 >= 0, so in effect an upper cap at ``clamp``; verl's ``low_var_kl`` uses
     10). ``clamp=None`` disables the outer clamp. k1 and k2 are never clamped.
 
-    Args:
-        logprobs: [B, T] log p(token) under the policy (differentiable).
-        ref_logprobs: [B, T] log q(token) under the reference model.
-        estimator: ``"k1"``, ``"k2"`` or ``"k3"``. Config ``algo.kl.estimator``.
-        clamp: bound on the k3 estimate, or None.
-
-    Returns:
-        [B, T] per-token KL estimate (unmasked; aggregate or mask it yourself).
+    logprobs: [B, T] log p(token) under the policy (differentiable); ref_logprobs: [B, T] log q(token) under the
+    reference model; estimator: "k1", "k2" or "k3" (config ``algo.kl.estimator``); clamp: a bound on the k3
+    estimate, or None. -> [B, T] the per-token KL estimate (unmasked: aggregate or mask it yourself).
     """
     if logprobs.shape != ref_logprobs.shape:
         raise ValueError(
@@ -79,14 +74,9 @@ def apply_kl_reward_penalty(
     ``kl`` is detached: rewards are constants for the policy gradient, the KL acts through the
     advantages only.
 
-    Args:
-        token_rewards: [B, T] reward per token (e.g. the outcome reward on the last token).
-        kl: [B, T] per-token KL estimate from ``kl_penalty``.
-        mask: [B, T] nonzero on counted tokens; other positions keep their reward unchanged.
-        coef: penalty coefficient beta. Config ``algo.kl.coef``.
-
-    Returns:
-        [B, T] penalised rewards.
+    token_rewards: [B, T] reward per token (e.g. the outcome reward on the last token); kl: [B, T] per-token KL
+    estimate from ``kl_penalty``; mask: [B, T] nonzero on counted tokens, other positions keep their reward
+    unchanged; coef: the penalty coefficient beta (config ``algo.kl.coef``). -> [B, T] the penalised rewards.
     """
     if not (token_rewards.shape == kl.shape == mask.shape):
         raise ValueError(

@@ -70,13 +70,8 @@ def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     Masked entries are selected away (``torch.where``), not multiplied by 0, so inf/NaN at padding
     positions (e.g. logprobs of pad tokens) cannot leak into the sum or its gradient.
 
-    Args:
-        x: [...] values.
-        mask: same shape as ``x``, nonzero where counted.
-        dim: dimension to reduce; None reduces everything.
-
-    Returns:
-        [] if ``dim`` is None, else ``x`` with ``dim`` removed.
+    x: [...] values; mask: the same shape as ``x``, nonzero where counted; dim: the dimension to reduce, None
+    reduces everything. -> [] if ``dim`` is None, else ``x`` with ``dim`` removed.
     """
     _check_same_shape(x=x, mask=mask)
     selected = torch.where(mask.bool(), x, torch.zeros((), dtype=x.dtype, device=x.device))
@@ -86,14 +81,9 @@ def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
 def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None, *, eps: float = 1e-8) -> Tensor:
     """Mean of ``x`` over entries where ``mask`` is nonzero; 0 where nothing is counted.
 
-    Args:
-        x: [...] values.
-        mask: same shape as ``x``.
-        dim: dimension to reduce; None reduces everything.
-        eps: lower bound of the count, so an all-masked slice gives 0 instead of NaN.
-
-    Returns:
-        [] if ``dim`` is None, else ``x`` with ``dim`` removed.
+    x: [...] values; mask: the same shape as ``x``; dim: the dimension to reduce, None reduces everything; eps:
+    a lower bound of the count, so an all-masked slice gives 0 instead of NaN. -> [] if ``dim`` is None, else
+    ``x`` with ``dim`` removed.
     """
     count = mask.bool().sum() if dim is None else mask.bool().sum(dim)
     return masked_sum(x, mask, dim) / count.to(x.dtype).clamp_min(eps)
@@ -123,24 +113,18 @@ def policy_loss(
 
     The log-ratio clamp to [-20, 20] only keeps exp() finite; inside it the math is exact.
 
-    Args:
-        logprobs: [B, T] log pi_theta of the sampled tokens (differentiable).
-        old_logprobs: [B, T] log pi_old of the same tokens (behaviour policy, no grad).
-        advantages: [B, T] per-token advantages (see ``advantages.expand_to_tokens``).
-        mask: [B, T] nonzero on tokens that count.
-        eps_low: lower clip, ratio >= 1 - eps_low.
-        eps_high: upper clip, ratio <= 1 + eps_high (clip-higher when > eps_low).
-        dual_clip_c: dual-clip constant c > 1 (3.0 in Ye et al. 2020), or None to disable.
+    logprobs: [B, T] log pi_theta of the sampled tokens (differentiable); old_logprobs: [B, T] log pi_old of the
+    same tokens (behaviour policy, no grad); advantages: [B, T] per-token advantages (see
+    ``advantages.expand_to_tokens``); mask: [B, T] nonzero on tokens that count; eps_low: the lower clip,
+    ratio >= 1 - eps_low; eps_high: the upper clip, ratio <= 1 + eps_high (clip-higher when > eps_low);
+    dual_clip_c: the dual-clip constant c > 1 (3.0 in Ye et al. 2020), or None to disable.
 
-    Returns:
-        loss: [B, T] per-token loss, NOT aggregated (use ``aggregate``); 0 at masked tokens.
-        stats: per-token float tensors [B, T] for metrics (average them with ``masked_mean``),
-            detached and 0 at masked tokens:
-            ``clipped``: the eps clip is active, so the token's gradient is zero because of it:
-                (A > 0 and ratio > 1 + eps_high) or (A < 0 and ratio < 1 - eps_low).
-            ``dual_clipped``: A < 0 and the dual-clip bound -c*A is the active branch.
-            ``ppo_kl``: old_logprobs - logprobs (the k1 estimate of KL(pi_old || pi_theta)).
-            ``ratio``: the importance ratio.
+    -> (loss, stats): loss is the [B, T] per-token loss, NOT aggregated (use ``aggregate``), 0 at masked tokens;
+    stats holds per-token float tensors [B, T] for metrics (average them with ``masked_mean``), detached and 0
+    at masked tokens: ``clipped``, the eps clip is active, so the token's gradient is zero because of it: (A > 0
+    and ratio > 1 + eps_high) or (A < 0 and ratio < 1 - eps_low); ``dual_clipped``, A < 0 and the dual-clip
+    bound -c*A is the active branch; ``ppo_kl``, old_logprobs - logprobs (the k1 estimate of
+    KL(pi_old || pi_theta)); ``ratio``, the importance ratio.
     """
     _check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
     if eps_low < 0 or eps_high < 0:
@@ -213,16 +197,10 @@ def aggregate(
     A sequence with no counted token contributes 0 and is not counted in num_seqs (see
     ``batch_counts``). If num_tokens or num_seqs is 0 nothing is counted and the result is 0.
 
-    Args:
-        loss: [B, T] per-token loss.
-        mask: [B, T] nonzero on counted tokens.
-        mode: one of ``AGG_MODES``.
-        num_tokens: counted tokens in the whole mini-batch (all micro-batches, all ranks).
-        num_seqs: sequences with >= 1 counted token in the whole mini-batch.
-        max_len: constant normaliser, required by ``seq_mean_token_sum_norm``.
-
-    Returns:
-        [] scalar loss.
+    loss: [B, T] per-token loss; mask: [B, T] nonzero on counted tokens; mode: one of ``AGG_MODES``; num_tokens:
+    counted tokens in the whole mini-batch (all micro-batches, all ranks); num_seqs: sequences with >= 1 counted
+    token in the whole mini-batch; max_len: the constant normaliser, required by ``seq_mean_token_sum_norm``.
+    -> [] the scalar loss.
     """
     _check_same_shape(loss=loss, mask=mask)
     if loss.dim() != 2:
@@ -251,13 +229,9 @@ def aggregate(
 def batch_counts(mask: Tensor) -> tuple[float, float]:
     """Normalisers of ``aggregate`` for one tensor.
 
-    Args:
-        mask: [B, T] nonzero on counted tokens.
-
-    Returns:
-        (num_tokens, num_seqs): counted tokens, and sequences with at least one counted token.
-        A fully masked sequence (e.g. filtered out, or truncated with its loss masked) has no
-        tokens to learn from, so it does not dilute the others by counting in num_seqs.
+    mask: [B, T] nonzero on counted tokens -> (num_tokens, num_seqs): the counted tokens, and the sequences with
+    at least one counted token. A fully masked sequence (e.g. filtered out, or truncated with its loss masked)
+    has no tokens to learn from, so it does not dilute the others by counting in num_seqs.
     """
     if mask.dim() != 2:
         raise ValueError(f"mask must be [B, T], got {tuple(mask.shape)}")
@@ -275,12 +249,9 @@ def global_counts(mask: Tensor, *, group: dist.ProcessGroup | None = None) -> tu
     Call it once per mini-batch with the mask of this rank's whole mini-batch (all its
     micro-batches), then pass the result to every ``aggregate`` call of that mini-batch.
 
-    Args:
-        mask: [B, T] this rank's mini-batch mask.
-        group: process group to reduce over; None is the default (world) group.
-
-    Returns:
-        (num_tokens, num_seqs) over the whole mini-batch of all ranks; local counts otherwise.
+    mask: [B, T] this rank's mini-batch mask; group: the process group to reduce over, None for the default
+    (world) group. -> (num_tokens, num_seqs) over the whole mini-batch of all ranks; the local counts when
+    torch.distributed is not initialised.
     """
     num_tokens, num_seqs = batch_counts(mask)
     if not _distributed():
@@ -301,8 +272,7 @@ def dp_scale(*, group: dist.ProcessGroup | None = None) -> float:
     each rank's loss is its share of the global loss and the right gradient is the *sum* over
     ranks; multiplying by the world size turns the average back into that sum.
 
-    Returns:
-        torch.distributed world size of ``group`` when initialised, else 1.0.
+    -> the torch.distributed world size of ``group`` when initialised, else 1.0.
     """
     return float(dist.get_world_size(group)) if _distributed() else 1.0
 
@@ -311,12 +281,8 @@ def sft_loss(logprobs: Tensor, mask: Tensor) -> Tensor:
     """Per-token negative log-likelihood, 0 at masked tokens (for the pretraining/PTX term and
     ``positive_example_lm_loss``); aggregate it with ``aggregate``.
 
-    Args:
-        logprobs: [B, T] log-probabilities of the target tokens.
-        mask: [B, T] nonzero on counted tokens.
-
-    Returns:
-        [B, T] -logprobs where counted, else 0.
+    logprobs: [B, T] log-probabilities of the target tokens; mask: [B, T] nonzero on counted tokens.
+    -> [B, T] -logprobs where counted, else 0.
     """
     _check_same_shape(logprobs=logprobs, mask=mask)
     return torch.where(mask.bool(), -logprobs, torch.zeros_like(logprobs))
@@ -337,17 +303,12 @@ def positive_example_lm_loss(
     mask, e.g. ``aggregate(loss, correct_mask, mode="token_mean", num_tokens=n_correct_tokens, ...)``
     where ``n_correct_tokens = global_counts(correct_mask_of_minibatch)[0]``.
 
-    Args:
-        logprobs: [B, T] log pi_theta of the sampled tokens.
-        mask: [B, T] nonzero on counted tokens.
-        rewards_or_correct: [B] bool correctness, or float rewards where reward > ``threshold``
-            means correct. Pass the verifier's bool when reward shaping could push a correct
-            answer's reward to or below the threshold.
-        threshold: reward above which a float reward counts as correct.
-
-    Returns:
-        loss: [B, T] per-token NLL, 0 outside correct responses' counted tokens.
-        correct_mask: [B, T] float, 1 on counted tokens of correct responses.
+    logprobs: [B, T] log pi_theta of the sampled tokens; mask: [B, T] nonzero on counted tokens;
+    rewards_or_correct: [B] bool correctness, or float rewards where reward > ``threshold`` means correct (pass
+    the verifier's bool when reward shaping could push a correct answer's reward to or below the threshold);
+    threshold: the reward above which a float reward counts as correct. -> (loss [B, T]: the per-token NLL, 0
+    outside correct responses' counted tokens; correct_mask [B, T] float: 1 on counted tokens of correct
+    responses).
     """
     _check_same_shape(logprobs=logprobs, mask=mask)
     if rewards_or_correct.shape != logprobs.shape[:1]:

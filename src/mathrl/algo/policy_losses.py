@@ -360,13 +360,9 @@ def top_entropy_mask(entropy: Tensor, mask: Tensor, *, quantile: float) -> Tenso
     counted tokens whose entropy is at least the (1 - quantile) quantile of the counted tokens'
     entropies, as TRL's `top_entropy_quantile` (quantile 0.2: the top 20%; 1.0: every token).
 
-    Args:
-        entropy: [B, T] the token entropies (of the policy that sampled, or the old policy).
-        mask: [B, T] nonzero on counted tokens.
-        quantile: in (0, 1], the share of tokens kept.
-
-    Returns:
-        [B, T] float, 1 on kept tokens, 0 elsewhere.
+    entropy: [B, T] the token entropies (of the policy that sampled, or the old policy); mask: [B, T] nonzero on
+    counted tokens; quantile: in (0, 1], the share of tokens kept. -> [B, T] float, 1 on kept tokens, 0
+    elsewhere.
     """
     _check_same_shape(entropy=entropy, mask=mask)
     if not 0.0 < quantile <= 1.0:

@@ -22,13 +22,9 @@ __all__ = ["position_means", "bucket_means"]
 def position_means(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     """Mean of `x` at each response position over the rows whose token there counts.
 
-    Args:
-        x: [N, T] per-token values (critic values, advantages, entropy, ...).
-        mask: [N, T] nonzero where the token counts.
-
-    Returns:
-        means: [T] float32, 0 at positions no row reaches.
-        counts: [T] int64, how many rows counted at each position.
+    x: [N, T] per-token values (critic values, advantages, entropy, ...); mask: [N, T] nonzero where the token
+    counts. -> (means [T] float32, 0 at positions no row reaches; counts [T] int64, how many rows counted at
+    each position).
     """
     if x.shape != mask.shape or x.dim() != 2:
         raise ValueError(f"x and mask must be [N, T] of the same shape, got {tuple(x.shape)} and {tuple(mask.shape)}")
@@ -41,12 +37,8 @@ def position_means(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
 def bucket_means(means: Tensor, counts: Tensor, edges: list[int]) -> list[float]:
     """Count-weighted means of `position_means` output over position buckets [edges[i], edges[i+1]).
 
-    Args:
-        means: [T] per-position means; counts: [T] the rows behind each.
-        edges: increasing positions, the first usually 0; a bucket past T is empty.
-
-    Returns:
-        len(edges) - 1 floats, NaN for a bucket no row reaches.
+    means: [T] per-position means; counts: [T] the rows behind each; edges: increasing positions, the first
+    usually 0 (a bucket past T is empty). -> len(edges) - 1 floats, NaN for a bucket no row reaches.
     """
     if len(edges) < 2 or any(b <= a for a, b in zip(edges, edges[1:])):
         raise ValueError(f"edges must be at least two increasing positions, got {edges}")

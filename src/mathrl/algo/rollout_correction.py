@@ -85,14 +85,10 @@ def _check(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, cap: fl
 def log_ratio(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, *, level: CorrectionLevel) -> Tensor:
     """log ρ: per token, or per sequence broadcast over the row's tokens; 0 at masked tokens.
 
-    Args:
-        old_logprobs: [B, T] trainer logprobs of the sampled tokens under the weights that sampled.
-        rollout_logprobs: [B, T] the rollout engine's logprobs of the same tokens.
-        mask: [B, T] nonzero on the sampled tokens (the sequence ratio is over these).
-        level: "token" or "sequence".
-
-    Returns:
-        [B, T] log-ratio (detached).
+    old_logprobs: [B, T] trainer logprobs of the sampled tokens under the weights that sampled;
+    rollout_logprobs: [B, T] the rollout engine's logprobs of the same tokens; mask: [B, T] nonzero on the
+    sampled tokens (the sequence ratio is over these); level: "token" or "sequence". -> [B, T] the log-ratio
+    (detached).
     """
     m = mask.bool()
     diff = torch.where(m, (old_logprobs - rollout_logprobs).detach(), torch.zeros_like(old_logprobs))  # [B, T]
@@ -124,19 +120,12 @@ def correction_weights(
     (`lower`, None = no lower bound) rejects tokens the trainer finds far less likely than the engine
     did, which stale (off-policy) samples produce: verl's rejection uses L = 1/C, IcePop [0.5, 2].
 
-    Args:
-        old_logprobs: [B, T] trainer logprobs (π_old, the weights the engine sampled with).
-        rollout_logprobs: [B, T] engine logprobs of the same tokens (π_rollout).
-        mask: [B, T] nonzero on the sampled tokens.
-        mode: "tis" or "mis".
-        level: "token" or "sequence".
-        cap: C > 1.
-        lower: L in (0, 1), or None.
-
-    Returns:
-        weights: [B, T] detached, 0 at masked tokens; multiply the per-token policy loss by it.
-        rejected: [B, T] float, 1 where the weight was cut: ρ > C (capped by tis, zeroed by mis) or
-            ρ < L (zeroed by both); the token, or every token of the sequence.
+    old_logprobs: [B, T] trainer logprobs (π_old, the weights the engine sampled with); rollout_logprobs: [B, T]
+    engine logprobs of the same tokens (π_rollout); mask: [B, T] nonzero on the sampled tokens; mode: "tis" or
+    "mis"; level: "token" or "sequence"; cap: C > 1; lower: L in (0, 1), or None. -> (weights [B, T]: detached,
+    0 at masked tokens, multiply the per-token policy loss by it; rejected [B, T] float: 1 where the weight was
+    cut, ρ > C (capped by tis, zeroed by mis) or ρ < L (zeroed by both), on the token or on every token of the
+    sequence).
     """
     _check(old_logprobs, rollout_logprobs, mask, cap)
     if lower is not None and not 0.0 < lower < 1.0:
@@ -197,13 +186,9 @@ def geo_rs_keep(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, *,
     its "L_U" is [1/U, 1/L] here, the same window whenever L = 1/U. Here the bounds are on
     ρ = π_old/π_rollout, as for tis, mis and icepop, so lower and upper mean the same in every rule.
 
-    Args:
-        old_logprobs, rollout_logprobs: [B, T] trainer (π_old) and engine (π_rollout) logprobs.
-        mask: [B, T] nonzero on the sampled tokens (the mean is over these).
-        lower, upper: the window, 0 < lower <= 1 <= upper.
-
-    Returns:
-        [B, T] bool keep mask (detached).
+    old_logprobs, rollout_logprobs: [B, T] trainer (π_old) and engine (π_rollout) logprobs; mask: [B, T] nonzero
+    on the sampled tokens (the mean is over these); lower, upper: the window, 0 < lower <= 1 <= upper. -> [B, T]
+    bool keep mask (detached).
     """
     _check_window(lower, upper, "geo_rs bounds")
     with torch.no_grad():
@@ -224,12 +209,8 @@ def icepop_keep(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, *,
     rejection-only `rollout_rs="token_k1"`, whose bounds are on the reciprocal ratio: equal for L = 1/U).
     verl's IcePop weights (`rollout_is="token"`, threshold "L_U") are ρ times this mask.
 
-    Args:
-        old_logprobs, rollout_logprobs, mask: [B, T].
-        lower, upper: the window, 0 < lower <= 1 <= upper ([0.5, 2] in this repo's docs of IcePop).
-
-    Returns:
-        [B, T] bool keep mask (detached).
+    old_logprobs, rollout_logprobs, mask: [B, T]; lower, upper: the window, 0 < lower <= 1 <= upper ([0.5, 2] in
+    this repo's docs of IcePop). -> [B, T] bool keep mask (detached).
     """
     _check_window(lower, upper, "icepop bounds")
     with torch.no_grad():
@@ -249,13 +230,8 @@ def kl_rs_keep(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, *, 
     `compute_rollout_rejection_mask(rollout_rs="seq_mean_k3" / "seq_mean_k2")`, preset `decoupled_k3_rs`
     = 0.01. log ρ is clamped to ±SAFETY_BOUND per token first, as verl does.
 
-    Args:
-        old_logprobs, rollout_logprobs, mask: [B, T].
-        estimator: "k3" or "k2".
-        threshold: > 0, in nats per token.
-
-    Returns:
-        [B, T] bool keep mask (detached).
+    old_logprobs, rollout_logprobs, mask: [B, T]; estimator: "k3" or "k2"; threshold: > 0, in nats per token.
+    -> [B, T] bool keep mask (detached).
     """
     if not threshold > 0 or not math.isfinite(threshold):
         raise ValueError(f"threshold must be a finite number > 0 (a KL estimate is >= 0), got {threshold}")
@@ -287,13 +263,8 @@ def opsm_keep(old_logprobs: Tensor, rollout_logprobs: Tensor, advantages: Tensor
     advantages): the same policy at the step's first optimizer step, which is every one when an RL step
     makes a single update (train.epochs=1, train.mini_batch_size = the rollout batch).
 
-    Args:
-        old_logprobs, rollout_logprobs, mask: [B, T].
-        advantages: [B, T] (or [B], one per response).
-        delta: δ in nats per token (TRL suggests 0.5 to start; the paper gives none).
-
-    Returns:
-        [B, T] bool keep mask (detached).
+    old_logprobs, rollout_logprobs, mask: [B, T]; advantages: [B, T] (or [B], one per response); delta: δ in
+    nats per token (TRL suggests 0.5 to start; the paper gives none). -> [B, T] bool keep mask (detached).
     """
     _check_shapes(old_logprobs, rollout_logprobs, mask)
     adv = advantages[:, None] if advantages.dim() == 1 else advantages

@@ -62,18 +62,13 @@ def sample_filter(
     checked at all: their detectors are never called, and a callable detector is not called on a
     sample that an earlier reason already dropped (detectors can be slow on long texts).
 
-    Args:
-        texts: N decoded responses.
-        no_answer: N flags, True where the verifier found no final answer.
-        is_repetitive: detector for reason "repetitive" (a callable on the text, or N flags).
-        is_garbled: detector for reason "garbled" (a callable on the text, or N flags).
-        drop: which reasons drop a sample, a subset of ``REASONS``. Config ``data.sample_filter.drop``.
-        void_turn: N flags, True where a tool episode's last turn holds neither a tool call nor a final
-            answer (SimpleTIR, Xue et al. 2025, section 3: such trajectories carry the low-probability
-            tokens and gradient-norm spikes that tool outputs cause); None: no sample has one.
-
-    Returns:
-        A ``SampleFilterResult``.
+    texts: N decoded responses; no_answer: N flags, True where the verifier found no final answer;
+    is_repetitive, is_garbled: the detectors of reasons "repetitive" and "garbled" (each a callable on the text,
+    or N flags); drop: which reasons drop a sample, a subset of ``REASONS`` (config
+    ``data.sample_filter.drop``); void_turn: N flags, True where a tool episode's last turn holds neither a tool
+    call nor a final answer (SimpleTIR, Xue et al. 2025, section 3: such trajectories carry the low-probability
+    tokens and gradient-norm spikes that tool outputs cause), None when no sample has one. -> a
+    ``SampleFilterResult``.
     """
     unknown = sorted(set(drop) - set(REASONS))
     if unknown:

@@ -33,14 +33,10 @@ _BRACE_TOKEN = re.compile(r"\\.|[{}]", re.DOTALL)
 def extract_boxed(text: str, *, max_chars: int = 1_000_000) -> str | None:
     """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), stripped of outer whitespace.
 
-    Args:
-        text: a model completion.
-        max_chars: only the last ``max_chars`` characters are scanned; the answer is at the end,
-            and this bounds time and memory on runaway generations.
-
-    Returns:
-        The content between the box's braces (``""`` for an empty box), or ``None`` when there is
-        no box or the last box is never closed. Time is linear in ``min(len(text), max_chars)``.
+    text: a model completion; max_chars: only the last ``max_chars`` characters are scanned (the answer is at
+    the end, and this bounds time and memory on runaway generations). -> the content between the box's braces
+    (``""`` for an empty box), or ``None`` when there is no box or the last box is never closed. Time is linear
+    in ``min(len(text), max_chars)``.
     """
     if max_chars < 1:
         raise ValueError(f"max_chars must be >= 1, got {max_chars}")

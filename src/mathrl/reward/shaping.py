@@ -66,13 +66,9 @@ def soft_overlong_punishment(lengths: Tensor, *, max_len: int, cache_len: int) -
     are discouraged smoothly instead of by one cliff. DAPO uses L = 20480, C = 4096 with a response
     limit of L tokens, so len > L does not occur there; it is defined for completeness.
 
-    Args:
-        lengths: [N] response lengths in tokens.
-        max_len: L, the length at which the penalty reaches -1 (usually rollout.max_new_tokens).
-        cache_len: C, the width of the soft ramp, 0 < C <= L. Config ``reward.overlong.cache_len``.
-
-    Returns:
-        [N] penalties in [-1, 0].
+    lengths: [N] response lengths in tokens; max_len: L, the length at which the penalty reaches -1 (usually
+    rollout.max_new_tokens); cache_len: C, the width of the soft ramp, 0 < C <= L (config
+    ``reward.overlong.cache_len``). -> [N] penalties in [-1, 0].
     """
     if not 0 < cache_len <= max_len:
         raise ValueError(f"need 0 < cache_len <= max_len, got cache_len={cache_len}, max_len={max_len}")
@@ -97,14 +93,9 @@ def kimi_length_penalty(lengths: Tensor, correct: Tensor, group_ids: Tensor, *, 
     gets 0. The result is multiplied by ``coef``; Kimi warms the penalty up because it slows early
     training, which the caller does by ramping ``coef``.
 
-    Args:
-        lengths: [N] response lengths in tokens.
-        correct: [N] correctness (bool or 0/1); entries > 0 count as correct.
-        group_ids: [N] integer prompt id per response.
-        coef: scale of the term. Config ``reward.kimi_length_coef``.
-
-    Returns:
-        [N] float, in [-0.5 coef, 0.5 coef].
+    lengths: [N] response lengths in tokens; correct: [N] correctness (bool or 0/1), entries > 0 count as
+    correct; group_ids: [N] integer prompt id per response; coef: the scale of the term (config
+    ``reward.kimi_length_coef``). -> [N] float, in [-0.5 coef, 0.5 coef].
     """
     length = _lengths(lengths)  # [N]
     if group_ids.shape != length.shape or correct.shape != length.shape:
@@ -129,13 +120,8 @@ def length_bonus(lengths: Tensor, *, coef: float, max_len: int) -> Tensor:
     """coef * len / max_len: a reward for length itself, for ablations only (see the module
     docstring: the field report found it useless).
 
-    Args:
-        lengths: [N] response lengths in tokens.
-        coef: scale. Config ``reward.length_bonus_coef``.
-        max_len: normaliser, usually rollout.max_new_tokens (so the bonus is in [0, coef]).
-
-    Returns:
-        [N] float.
+    lengths: [N] response lengths in tokens; coef: the scale (config ``reward.length_bonus_coef``); max_len: the
+    normaliser, usually rollout.max_new_tokens (so the bonus is in [0, coef]). -> [N] float.
     """
     if max_len <= 0:
         raise ValueError(f"max_len must be > 0, got {max_len}")
@@ -180,15 +166,9 @@ def length_schedule_reward(
     Only correct responses are steered, as in Kimi's length penalty, so a wrong answer can never
     gain from its length.
 
-    Args:
-        lengths: [N] response lengths in tokens.
-        correct: [N] correctness; entries > 0 count as correct.
-        step: the current RL step.
-        schedule: [(start_step, target_length), ...]. Config ``reward.length_schedule``.
-        coef: scale.
-
-    Returns:
-        [N] float, <= 0.
+    lengths: [N] response lengths in tokens; correct: [N] correctness, entries > 0 count as correct; step: the
+    current RL step; schedule: [(start_step, target_length), ...] (config ``reward.length_schedule``); coef: the
+    scale. -> [N] float, <= 0.
     """
     length = _lengths(lengths)  # [N]
     if correct.shape != length.shape:

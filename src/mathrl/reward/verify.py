@@ -293,14 +293,12 @@ class Verifier:
     forking a multi-threaded process can deadlock the child. Spawned children re-import the main
     script, so a script that creates a Verifier needs the ``if __name__ == "__main__":`` guard.
 
-    Args:
-        num_workers: worker processes; 0 runs ``verify_one`` in-process (no timeout; for debugging).
-        timeout_s: wall-clock seconds allowed per item, counted from when it is sent to a worker.
-        boxed: box policy, ``all`` (default), ``last`` or ``any`` (see ``verify_one``; config
-            ``reward.boxed``).
-        checker: ``mathrl`` (default) or ``math-verify`` (plain math-verify; config ``reward.checker``).
-        _item_fn: testing hook. A picklable module-level ``(completion, reference) -> RewardResult``
-            that workers call instead of ``verify_one``, e.g. one that hangs on a marked input.
+    num_workers: worker processes, 0 runs ``verify_one`` in-process (no timeout; for debugging); timeout_s:
+    wall-clock seconds allowed per item, counted from when it is sent to a worker; boxed: the box policy,
+    ``all`` (default), ``last`` or ``any`` (see ``verify_one``; config ``reward.boxed``); checker: ``mathrl``
+    (default) or ``math-verify`` (plain math-verify; config ``reward.checker``); _item_fn: a testing hook, a
+    picklable module-level ``(completion, reference) -> RewardResult`` that workers call instead of
+    ``verify_one``, e.g. one that hangs on a marked input.
 
     Not thread-safe across concurrent ``score`` calls on one instance (a lock serialises them).
     """

@@ -58,16 +58,13 @@ def difficulty_value(value: Any) -> float | None:
 class Curriculum:
     """Ranks problem indices easiest-first.
 
-    Args:
-        problems: the training problems; ``order()`` returns indices into this list. Ids must be
-            unique (they key the online counts).
-        mode: ``"field"`` sorts by ``problem.meta[field]`` ascending (stable; unknown values
-            last). ``"online"`` sorts by estimated pass rate, descending (stable).
-        field: the meta key for ``"field"`` mode, e.g. "level" (MATH500), "difficulty" (MATH train).
-        prior: (alpha, beta) of the Beta prior on each problem's pass rate; the estimate is
-            (alpha + successes) / (alpha + beta + attempts), 0.5 for an unseen problem with the
-            default Beta(1, 1) (Laplace's rule of succession), so unseen problems sit between
-            those solved often and those rarely solved.
+    problems: the training problems, whose ids must be unique (they key the online counts); ``order()`` returns
+    indices into this list. mode: ``"field"`` sorts by ``problem.meta[field]`` ascending (stable; unknown values
+    last), ``"online"`` by estimated pass rate, descending (stable). field: the meta key for ``"field"`` mode,
+    e.g. "level" (MATH500), "difficulty" (MATH train). prior: (alpha, beta) of the Beta prior on each problem's
+    pass rate; the estimate is (alpha + successes) / (alpha + beta + attempts), 0.5 for an unseen problem with
+    the default Beta(1, 1) (Laplace's rule of succession), so unseen problems sit between those solved often and
+    those rarely solved.
     """
 
     def __init__(

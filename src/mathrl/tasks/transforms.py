@@ -159,12 +159,8 @@ def integer_answer_transform(problems: Sequence[Problem], *, max_examples: int =
     integer answer, and ``meta["original_answer"]`` / ``meta["transform"] = "integer_answer"``.
     Inputs are never modified (``Problem`` is frozen; converted ones are copies).
 
-    Args:
-        problems: the training problems.
-        max_examples: how many converted and how many dropped problems to keep in ``examples``.
-
-    Returns:
-        A ``TransformReport``.
+    problems: the training problems; max_examples: how many converted and how many dropped problems to keep in
+    ``examples``. -> a ``TransformReport``.
     """
     report = TransformReport(problems=[])
     reasons: Counter[str] = Counter()

@@ -130,10 +130,9 @@ def tool_schemas(specs: list[ToolSpec]) -> list[dict]:
 class ToolPool:
     """Runs tool calls in parallel with a timeout per call.
 
-    Args:
-        specs: the tools (`ToolSpec`); checked by `check_tool_specs`, and a python tool's sandbox is
-            checked to work here: a problem raises ValueError naming ``rollout.tools[i]``.
-        workers: calls in flight at once (threads; user tools also get up to this many processes).
+    specs: the tools (`ToolSpec`), checked by `check_tool_specs`, and a python tool's sandbox checked to work
+    here; workers: the calls in flight at once (threads; user tools also get up to this many processes). Raises
+    ValueError naming ``rollout.tools[i]`` on a problem with a spec or its sandbox.
     """
 
     def __init__(self, specs: list[ToolSpec], *, workers: int = 4):

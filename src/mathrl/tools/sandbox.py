@@ -132,16 +132,13 @@ def run_python(args: str | dict, *, timeout_s: float = 5.0, stop: threading.Even
                prestarted: WarmSandboxes | None = None, **kwargs) -> ToolResult:
     """Run model-written code in a sandbox; never raises.
 
-    Args:
-        args: the code, or ``{"code": str}``.
-        timeout_s: wall-clock seconds, from the start of the subprocess (or, in a pre-started sandbox,
-            from when the code is sent); then the group is killed.
-        stop: when set (e.g. by `ToolPool.close`), the running program is killed and the call ends.
-        prestarted: sandboxes started ahead (`WarmSandboxes`) to take this call's from; one started for
-            these settings is used once and never again. Without them, when none is ready, or for code
-            over 60000 bytes, the sandbox starts now.
-        kwargs: `sandbox` (`SANDBOX_MODES`), `python`, `audit_hook`, `site_packages`, `warm` (read by
-            the `ToolPool`) and the limits of `LIMIT_DEFAULTS`.
+    args: the code, or ``{"code": str}``. timeout_s: wall-clock seconds, from the start of the subprocess (or,
+    in a pre-started sandbox, from when the code is sent); then the group is killed. stop: when set (e.g. by
+    `ToolPool.close`), the running program is killed and the call ends. prestarted: sandboxes started ahead
+    (`WarmSandboxes`) to take this call's from; one started for these settings is used once and never again;
+    without them, when none is ready, or for code over 60000 bytes, the sandbox starts now. kwargs: `sandbox`
+    (`SANDBOX_MODES`), `python`, `audit_hook`, `site_packages`, `warm` (read by the `ToolPool`) and the limits
+    of `LIMIT_DEFAULTS`.
     """
     start = time.perf_counter()
     try:
