@@ -23,15 +23,19 @@ between expressions go to math-verify whole.
 
 from __future__ import annotations
 
-import functools
 import re
-import threading
-import time
 from dataclasses import dataclass
 from fractions import Fraction
 
 from mathrl.reward.extract import reference_answer
-from mathrl.reward.latex_parse import install_two_stage_parsing
+from mathrl.reward.math_verify_calls import (
+    MAX_MATH_VERIFY_CHARS,
+    UnparsableReference,
+    Verdict,
+    gold_parses_agree,
+    math_verify_equal,
+    math_verify_whole,
+)
 from mathrl.reward.normalize import (
     choice_letter,
     expand_plus_minus,
@@ -53,36 +57,8 @@ from mathrl.reward.numeric import (
 
 __all__ = ["MAX_MATH_VERIFY_CHARS", "UnparsableReference", "Verdict", "answers_equal", "value_equal"]
 
-MAX_MATH_VERIFY_CHARS = 10_000
-"""Longer answers are scored wrong without parsing. No real answer is this long, SymPy time grows
-with length, and math-verify logs the whole input at WARNING level when it times out."""
-
 MAX_LIST_ITEMS = 64
 """Lists longer than this are not compared item by item (each item may cost a SymPy parse)."""
-
-_MATH_VERIFY_TIMEOUT_S = 5
-"""math-verify's own SIGALRM timeout per parse/compare, used only on a main thread. It must be an int:
-it is passed to ``signal.alarm``. Inside ``Verifier`` workers the outer kill usually fires first."""
-
-
-class UnparsableReference(ValueError):
-    """The reference answer (data, not model text) could not be parsed: a data problem to report."""
-
-
-@dataclass(frozen=True)
-class Verdict:
-    equal: bool
-    detail: str
-    """Which rule decided: ``exact number``, ``list (in order)``, ``math-verify``, ..."""
-    timed_out: bool = False
-    """math-verify's own alarm fired (it swallows it and answers "not equal")."""
-    final: bool = False
-    """A rejection by a rule that outranks math-verify (see docs/evaluation.md, "What counts as
-    equal"): the whole-answer math-verify check is not consulted."""
-    asked: tuple[str, str] | None = None
-    """The ``(answer, gold)`` that math-verify compared when its answer is this verdict: the
-    whole-answer check does not ask it the same question again."""
-
 
 # ---------------------------------------------------------------------------------------------------
 # Cleaning and structure
@@ -238,11 +214,11 @@ def answers_equal(answer: str, gold: str) -> Verdict:
     verdict = _structured_equal(answer, gold)
     if verdict.equal or verdict.final or verdict.timed_out:
         return verdict
-    if verdict.asked == (answer, gold) and _gold_parses_agree(gold):
+    if verdict.asked == (answer, gold) and gold_parses_agree(gold):
         # The structured comparison ended in math-verify on these very strings, with the same parse of
         # the gold: the whole-answer check would repeat that comparison and get the same "no".
         return verdict
-    whole = _math_verify_whole(answer, gold)
+    whole = math_verify_whole(answer, gold)
     if whole.equal or whole.timed_out:
         return whole
     return verdict
@@ -283,8 +259,8 @@ def _structured_equal(answer: str, gold: str) -> Verdict:
 
     if gold_shape.kind == "whole" or answer_shape.kind == "whole":
         if gold_shape.kind != answer_shape.kind and "\\begin" not in gold_rest + answer_rest:
-            return _math_verify_equal(answer_rest, gold_rest, "union or set")
-        return _math_verify_equal(answer_rest, gold_rest, "math-verify (whole)")
+            return math_verify_equal(answer_rest, gold_rest, "union or set")
+        return math_verify_equal(answer_rest, gold_rest, "math-verify (whole)")
     if gold_shape.kind == "tuple":
         return _compare_tuple(answer_shape, gold_shape)
     if gold_shape.kind == "list":
@@ -390,7 +366,7 @@ def value_equal(answer: str, gold: str) -> Verdict:
         # Final when an unknown stands left of it (`x^2 = 9` for 9: math-verify takes the right side,
         # which pays `x^2 = 9` when the question asks for x); `5 + 6 = 11` is left to math-verify.
         return Verdict(False, "a relation for a value", final=bool(_letters(answer[: relation.start()])))
-    verdict = _math_verify_equal(_as_exact_latex(answer), _as_exact_latex(gold), "math-verify")
+    verdict = math_verify_equal(_as_exact_latex(answer), _as_exact_latex(gold), "math-verify")
     if verdict.equal and _letters(answer) != _letters(gold) and _letters(answer).lower() == _letters(gold).lower():
         return Verdict(False, "variables differ in case", final=True)
     return verdict
@@ -453,139 +429,3 @@ _COMMAND = re.compile(r"\\[A-Za-z]+")
 def _letters(text: str) -> str:
     """The variable letters of an expression, sorted (command names such as ``\\frac`` removed)."""
     return "".join(sorted(set(re.findall(r"[A-Za-z]", _COMMAND.sub("", text)))))
-
-
-def _math_verify_equal(answer: str, gold: str, detail: str) -> Verdict:
-    math_verify = _math_verify()
-
-    if len(answer) > MAX_MATH_VERIFY_CHARS:
-        return Verdict(False, f"answer over {MAX_MATH_VERIFY_CHARS} chars, not parsed")
-    # math-verify guards parse/verify with signal.alarm, which raises ValueError off the main thread.
-    # There we pass None (no inner timeout) and rely on the Verifier's process-level timeout.
-    on_main_thread = threading.current_thread() is threading.main_thread()
-    inner_timeout = _MATH_VERIFY_TIMEOUT_S if on_main_thread else None
-    started = time.monotonic()
-
-    def negative(reason: str) -> Verdict:
-        # math-verify swallows its own timeouts (logs a warning, returns [] or False), so a timeout
-        # would read as "wrong". Elapsed time is the only trace it leaves.
-        if inner_timeout is not None and time.monotonic() - started >= 0.95 * inner_timeout:
-            return Verdict(False, f"math-verify's own {inner_timeout} s alarm", timed_out=True)
-        return Verdict(False, reason)
-
-    try:
-        parsed_gold = _parse_gold(gold, inner_timeout)
-    except _NoParse:
-        raise UnparsableReference(gold[:80]) from None
-    target = _parse_answer(answer, inner_timeout)
-    if not target:
-        return negative("answer did not parse")
-    if math_verify.verify(list(parsed_gold), list(target), timeout_seconds=inner_timeout):
-        return Verdict(True, detail)
-    verdict = negative(detail)
-    return Verdict(False, verdict.detail, verdict.timed_out, asked=(answer, gold))
-
-
-def _math_verify_whole(answer: str, gold: str) -> Verdict:
-    """math-verify on the whole answer and the whole reference, as its README calls it: the reference
-    as ``$gold$`` (LaTeX and plain expressions), the answer as a box (LaTeX only: model text never
-    reaches sympy's ``parse_expr``, which evaluates Python)."""
-    math_verify = _math_verify()
-
-    on_main_thread = threading.current_thread() is threading.main_thread()
-    inner_timeout = _MATH_VERIFY_TIMEOUT_S if on_main_thread else None
-    started = time.monotonic()
-    parsed_gold = _parse_whole_gold(gold, inner_timeout)
-    if not parsed_gold:
-        return Verdict(False, "math-verify (whole): reference did not parse")
-    target = _parse_answer(answer, inner_timeout)
-    if target and math_verify.verify(list(parsed_gold), list(target), timeout_seconds=inner_timeout):
-        return Verdict(True, "math-verify (whole answer)")
-    timed_out = inner_timeout is not None and time.monotonic() - started >= 0.95 * inner_timeout
-    return Verdict(False, "math-verify (whole answer)", timed_out=timed_out)
-
-
-def _math_verify():
-    """math-verify, imported here so that `import mathrl.reward` stays cheap (workers import it while
-    warming up), with its LaTeX parser made two-stage: the same trees, faster (`latex_parse`)."""
-    import math_verify
-
-    install_two_stage_parsing()
-    return math_verify
-
-
-# Parsing is most of the cost of a check (ANTLR, about 40 ms for a tuple on a slow core), so parses
-# are kept. References: a reference is checked against the rollout.n samples of its problem. Answers:
-# a small window, for an answer that reaches math-verify twice in one check (its value when the
-# structured comparison rejects it, then the whole answer) or in samples scored one after another.
-# A parse that comes back empty (no match, or math-verify's own timeout) raises `_NoParse`, which
-# lru_cache does not keep, so it is tried again next time exactly as without the caches.
-
-
-class _NoParse(Exception):
-    """math-verify found nothing to parse (or its alarm fired while parsing)."""
-
-
-@functools.lru_cache(maxsize=4096)
-def _parse_whole_gold(gold: str, inner_timeout: int | None) -> tuple:
-    """The reference as math-verify's README parses it, ``$gold$``: for the whole-answer check."""
-    math_verify = _math_verify()
-
-    return tuple(math_verify.parse("$" + gold + "$", parsing_timeout=inner_timeout))
-
-
-@functools.lru_cache(maxsize=4096)
-def _parse_gold(gold: str, inner_timeout: int | None) -> tuple:
-    """The reference for a value comparison. Raises `_NoParse` when math-verify finds nothing."""
-    math_verify = _math_verify()
-
-    # A braced reference is re-boxed whole so math-verify's extractor takes all of it.
-    parsed = math_verify.parse("\\boxed{" + gold + "}", parsing_timeout=inner_timeout)
-    if not parsed:
-        raise _NoParse(gold[:80])
-    return tuple(parsed)
-
-
-@functools.lru_cache(maxsize=4096)
-def _gold_parses_agree(gold: str) -> bool:
-    """Whether ``\\boxed{gold}`` (the value comparison's reading) and ``$gold$`` (the whole-answer
-    check's) parse to the same expressions, down to symbol assumptions and float precision."""
-    import sympy
-
-    inner_timeout = _MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
-    try:
-        boxed = _parse_gold(gold, inner_timeout)
-    except _NoParse:
-        return False
-    whole = _parse_whole_gold(gold, inner_timeout)
-    try:
-        return [_exact_form(item, sympy) for item in boxed] == [_exact_form(item, sympy) for item in whole]
-    except Exception:  # an expression srepr cannot print: not shown to agree
-        return False
-
-
-def _exact_form(item, sympy) -> tuple[str, str]:
-    return (type(item).__name__, item if isinstance(item, str) else sympy.srepr(item))
-
-
-def _parse_answer(answer: str, inner_timeout: int | None) -> tuple:
-    """Model text as a box, LaTeX only (model text never reaches sympy's ``parse_expr``, which
-    evaluates Python); ``()`` when math-verify finds nothing."""
-    try:
-        return _parsed_answer(answer, inner_timeout)
-    except _NoParse:
-        return ()
-
-
-@functools.lru_cache(maxsize=16)
-def _parsed_answer(answer: str, inner_timeout: int | None) -> tuple:
-    math_verify = _math_verify()
-
-    parsed = math_verify.parse(
-        "\\boxed{" + answer + "}",
-        extraction_config=[math_verify.LatexExtractionConfig()],
-        parsing_timeout=inner_timeout,
-    )
-    if not parsed:
-        raise _NoParse(answer[:80])
-    return tuple(parsed)
