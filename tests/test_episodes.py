@@ -487,7 +487,7 @@ def test_the_model_sees_its_sampled_ids_and_the_observations_own_ids_never_a_ret
     # alone), then the sampled ids again.
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    import mathrl.rollout.engine as torch_engine
+    import mathrl.rollout.sampling as sampling
 
     tok = bpe_tokenizer()
 
@@ -512,7 +512,7 @@ def test_the_model_sees_its_sampled_ids_and_the_observations_own_ids_never_a_ret
         token = torch.tensor([next(script)])
         return token, torch.log_softmax(scaled.double(), -1).gather(-1, token[:, None]).squeeze(-1).float()
 
-    monkeypatch.setattr(torch_engine, "sample_top_p", sample)
+    monkeypatch.setattr(sampling, "sample_top_p", sample)
     pool = OutputPool("46")
     tools = ToolUse(fmt=fmt, pool=pool, tokenizer=tok, max_turns=4, max_tool_calls=3, observation_max_tokens=32)
     engine = TorchEngine(model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tools=tools,

@@ -268,19 +268,19 @@ def test_the_torch_engine_drawing_the_same_samples_builds_the_same_episodes(epis
     # same calls at the same columns with the same observations, count the same, and report the
     # same logprobs; on both of its schedules (rollout.tool_delay_steps 0: an observation in one window
     # forward; 1: fed one token per step while the other rows sample).
-    import mathrl.rollout.engine as torch_engine
+    import mathrl.rollout.sampling as sampling
 
     out = episodes[0]
     steps = None
     if delay:
-        steps, forced_step = {"step": 0}, TorchEngine._forced_step
+        steps, one_step = {"step": 0}, TorchEngine._step
 
         def counting(self, d, episodes_, forced, step, sample):
             steps["step"] = step
-            return forced_step(self, d, episodes_, forced, step, sample)
+            return one_step(self, d, episodes_, forced, step, sample)
 
-        monkeypatch.setattr(TorchEngine, "_forced_step", counting)
-    monkeypatch.setattr(torch_engine, "sample_top_p", replayed(out, steps))
+        monkeypatch.setattr(TorchEngine, "_step", counting)
+    monkeypatch.setattr(sampling, "sample_top_p", replayed(out, steps))
     pool = LengthPool()
     again = TorchEngine(policy, eos_token_id=EOS, pad_token_id=PAD, tools=tool_use(fmt, char_tokenizer, pool),
                         tool_delay_steps=delay).generate(prompts, max_new_tokens=MAX_NEW, seed=0)

@@ -92,7 +92,7 @@ class _Decoding:
 
 @dataclass
 class _Forced:
-    """A row that feeds its call's observation instead of sampling (`TorchEngine._forced_step`)."""
+    """A row that feeds its call's observation instead of sampling (`TorchEngine._forced_inputs`)."""
 
     queue: list[int]  # tokens still to feed: the opening tag, then (once read) the output and the closing tag
     read_at: int | None  # the decode step at which the call's output is read; None once read
