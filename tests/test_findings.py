@@ -24,7 +24,18 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
 from findings.common import ci_cell, fmt, group_runs, variant_name  # noqa: E402
-from findings.curves import RunSeries, collapsed, load_variants, mean_curve, read_run, run_curves, smooth, steps_to, summary_table  # noqa: E402
+from findings.curves import (  # noqa: E402
+    RunSeries,
+    collapsed,
+    load_variants,
+    mean_curve,
+    permutation_p,
+    read_run,
+    run_curves,
+    smooth,
+    steps_to,
+    summary_table,
+)
 
 from mathrl.evaluation.metrics import mean_std_ci95  # noqa: E402
 from mathrl.reward.verify import RewardResult  # noqa: E402
@@ -123,6 +134,22 @@ def test_steps_to_a_threshold_and_collapse_by_hand() -> None:
     assert not collapsed(RunSeries("c", evals={m: {0: 0.9, 10: 0.71}}), m)  # exactly 0.19 below: not more than 0.2
     table = summary_table({"a": [rising], "b": [falling]}, [m], last=10, threshold=0.9)
     assert "steps to 0.9" in table and "20.000 ± nan (n=1), 1/1 reached | 0/1" in table and "| 1/1 |" in table
+
+
+def test_permutation_p_by_hand() -> None:
+    # 4 values into 2 and 2: 6 splits; only {3, 4} against {1, 2} has a mean difference >= the observed 2
+    assert permutation_p([3.0, 4.0], [1.0, 2.0]) == pytest.approx(1 / 6)
+    assert permutation_p([1.0, 2.0], [3.0, 4.0]) == 1.0  # every split is at least -2
+    assert permutation_p([0.5] * 5, [0.5] * 5) == 1.0  # ties count as "at least": no evidence
+    assert permutation_p([0.95, 0.94, 0.96, 0.93, 0.97], [0.90, 0.91, 0.89, 0.92, 0.88]) == pytest.approx(1 / 252)
+    m = "eval/x/pass@1"
+    fast = [RunSeries(f"f{i}", evals={m: {0: 0.4, 10: 0.9 + i / 100}}) for i in range(3)]
+    slow = [RunSeries(f"s{i}", evals={m: {0: 0.4, 10: 0.5, 20: 0.8 + i / 100}}) for i in range(3)]
+    table = summary_table({"fast": fast, "slow": slow}, [m], last=10, threshold=0.85, versus="slow")
+    # fast: higher (p = 1/20, the smallest of 3 against 3) and sooner (slow never reaches 0.85: step 30)
+    assert "| fast |" in table and "| 0.050 | 0.050 |" in table
+    with pytest.raises(ValueError, match="no such variant"):
+        summary_table({"fast": fast}, [m], last=10, versus="nope")
 
 
 def test_seeds_group_into_variants_and_a_missing_seed_is_left_out(grid, capsys) -> None:

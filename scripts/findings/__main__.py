@@ -30,6 +30,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--unfinished", action="store_true", help="include runs still going (no summary.json)")
     c.add_argument("--threshold", type=float,
                    help="pass@1 columns: also the first evaluation step reaching it, and the collapsed seeds")
+    c.add_argument("--versus", metavar="VARIANT",
+                   help="pass@1 columns: each variant's one-sided exact permutation p against this one")
 
     for name, text in (("passk", "pass@k of the base and the runs' final models"),
                        ("overconfidence", "how RL moved the probabilities of response tokens")):
@@ -151,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
 
             table = run_curves(args.sources, fig_path=args.fig, out=args.out, metrics=args.metrics, x=args.x,
                                window=args.smooth, last=args.last, labels=args.group,
-                               unfinished=args.unfinished, threshold=args.threshold)
+                               unfinished=args.unfinished, threshold=args.threshold, versus=args.versus)
         else:
             if args.limit < 1 or getattr(args, "n", 1) < 1:
                 raise ValueError("--limit and --n must be >= 1")

@@ -13,11 +13,15 @@ evals.jsonl fills in evaluations that metrics.jsonl lacks. Per metric and varian
   metric: at the last evaluation), then mean ± ci95 over seeds; for eval pass@1 also the best
   evaluation and the change from step 0, and with `--threshold T` the first evaluation step at which
   pass@1 >= T (over the seeds that reach it, "k/n reached") and the seeds that collapsed (an evaluation
-  more than COLLAPSE below the best one before it). "—": no seed logged it.
+  more than COLLAPSE below the best one before it); with `--versus V`, for each variant against V the
+  one-sided exact permutation p of "final pass@1 higher" (and of "fewer steps to T"): the share of the
+  C(n+m, n) splits of the pooled seeds whose mean difference is at least the observed one. "—": no seed
+  logged it.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 from dataclasses import dataclass, field
@@ -152,6 +156,23 @@ def collapsed(run: RunSeries, metric: str, drop: float = COLLAPSE) -> bool:
     return False
 
 
+def permutation_p(a: list[float], b: list[float]) -> float:
+    """One-sided exact permutation p of "mean(a) > mean(b)": the share of the ways to split a + b into
+    groups of len(a) and len(b) whose mean difference is at least the observed one (5 and 5 seeds: 252
+    splits, so the smallest p is 1/252)."""
+    pooled, n = a + b, len(a)
+    if not a or not b:
+        return math.nan
+    observed = sum(a) / n - sum(b) / len(b)
+    total = math.fsum(pooled)
+    splits = list(itertools.combinations(range(len(pooled)), n))
+    hits = 0
+    for chosen in splits:
+        first = math.fsum(pooled[i] for i in chosen)
+        hits += first / n - (total - first) / len(b) >= observed - 1e-12
+    return hits / len(splits)
+
+
 def curve(run: RunSeries, metric: str, *, window: int, x_tokens: bool) -> dict[float, float] | None:
     """x -> y of one seed: training metrics smoothed, eval metrics as logged. None when x = tokens and
     the run did not log generated tokens."""
@@ -189,9 +210,12 @@ def mean_curve(per_seed: list[dict[int, float]], x_of: list[dict[int, float]] | 
 
 
 def summary_table(variants: dict[str, list[RunSeries]], metrics: list[str], last: int,
-                  threshold: float | None = None) -> str:
+                  threshold: float | None = None, versus: str | None = None) -> str:
     """One row per variant; per metric mean ± ci95 over its seeds (pass@1 evals: also best, change, and
-    with `threshold` the steps to reach it and the collapsed seeds)."""
+    with `threshold` the steps to reach it and the collapsed seeds; with `versus`, the one-sided
+    permutation p against that variant)."""
+    if versus is not None and versus not in variants:
+        raise ValueError(f"--versus {versus}: no such variant (the variants: {', '.join(variants)})")
     header = ["variant"]
     for m in metrics:
         header.append(m)
@@ -199,6 +223,10 @@ def summary_table(variants: dict[str, list[RunSeries]], metrics: list[str], last
             header += [f"{m} best", f"{m} Δ from step 0"]
             if threshold is not None:
                 header += [f"steps to {threshold:g}", f"collapsed (> {COLLAPSE:g} below best)"]
+            if versus is not None:
+                header.append(f"p, higher than {versus}")
+                if threshold is not None:
+                    header.append(f"p, fewer steps to {threshold:g} than {versus}")
     rows = []
     for name, runs in variants.items():
         row = [name]
@@ -212,8 +240,34 @@ def summary_table(variants: dict[str, list[RunSeries]], metrics: list[str], last
                     reached = [s for r in runs if (s := steps_to(r, m, threshold)) is not None]
                     row.append(f"{ci_cell(reached)}, {len(reached)}/{len(runs)} reached" if runs else MISSING)
                     row.append(f"{sum(collapsed(r, m) for r in runs)}/{len(runs)}" if runs else MISSING)
+                if versus is not None:
+                    row += versus_cells(runs, variants[versus], m, last, threshold, same=name == versus)
         rows.append(row)
     return markdown_table(header, rows)
+
+
+def versus_cells(runs: list[RunSeries], base: list[RunSeries], metric: str, last: int, threshold: float | None, *,
+                 same: bool) -> list[str]:
+    """The permutation p of this variant's final `metric` above the baseline's, and (with `threshold`) of
+    fewer steps to it; a seed that never reaches it counts as one evaluation interval past the last."""
+    if same:
+        return [MISSING] * (1 + (threshold is not None))
+
+    def finals(rs):
+        return [v for r in rs if (v := final_value(r, metric, last)) is not None]
+
+    cells = [f"{permutation_p(finals(runs), finals(base)):.3f}"]
+    if threshold is not None:
+        def steps(rs):
+            out = []
+            for r in rs:
+                evals = sorted(r.series(metric))
+                late = evals[-1] + (evals[-1] - evals[-2] if len(evals) > 1 else 1) if evals else math.inf
+                reached = steps_to(r, metric, threshold)
+                out.append(-(late if reached is None else reached))  # fewer steps = a higher negative
+            return out
+        cells.append(f"{permutation_p(steps(runs), steps(base)):.3f}")
+    return cells
 
 
 def plot(variants: dict[str, list[RunSeries]], metrics: list[str], *, window: int, x_tokens: bool):
@@ -285,7 +339,7 @@ def default_metrics(variants: dict[str, list[RunSeries]], columns: list[str]) ->
 
 def run_curves(sources: list[Path], *, fig_path: Path, out: Path | None = None, metrics: list[str] | None = None,
                x: str = "step", window: int = 5, last: int = 10, labels: list[str] | None = None,
-               unfinished: bool = False, threshold: float | None = None) -> str:
+               unfinished: bool = False, threshold: float | None = None, versus: str | None = None) -> str:
     """Plot and tabulate; returns the table (also written next to the figure)."""
     if window < 1 or last < 1:
         raise ValueError("--smooth and --last must be >= 1")
@@ -300,10 +354,10 @@ def run_curves(sources: list[Path], *, fig_path: Path, out: Path | None = None, 
                 if not r.tokens_at():
                     print(f"note: {r.name} did not log {TOKENS}; it is left out of the token-axis plot",
                           file=sys.stderr)
-    table = summary_table(variants, metrics, last, threshold)
+    table = summary_table(variants, metrics, last, threshold, versus)
     write_outputs(fig_path, plot(variants, metrics, window=window, x_tokens=x_tokens), table)
     return table
 
 
 __all__ = ["COLLAPSE", "MISSING", "RunSeries", "best_and_change", "collapsed", "curve", "default_metrics", "final_value",
-           "load_variants", "mean_curve", "read_run", "run_curves", "smooth", "steps_to", "summary_table"]
+           "load_variants", "mean_curve", "permutation_p", "read_run", "run_curves", "smooth", "steps_to", "summary_table"]
