@@ -256,7 +256,10 @@ def versus_cells(runs: list[RunSeries], base: list[RunSeries], metric: str, last
     def finals(rs):
         return [v for r in rs if (v := final_value(r, metric, last)) is not None]
 
-    cells = [f"{permutation_p(finals(runs), finals(base)):.3f}"]
+    def cell(p: float) -> str:
+        return MISSING if math.isnan(p) else f"{p:.3f}"
+
+    cells = [cell(permutation_p(finals(runs), finals(base)))]
     if threshold is not None:
         def steps(rs):
             out = []
@@ -266,7 +269,7 @@ def versus_cells(runs: list[RunSeries], base: list[RunSeries], metric: str, last
                 reached = steps_to(r, metric, threshold)
                 out.append(-(late if reached is None else reached))  # fewer steps = a higher negative
             return out
-        cells.append(f"{permutation_p(steps(runs), steps(base)):.3f}")
+        cells.append(cell(permutation_p(steps(runs), steps(base))))
     return cells
 
 
