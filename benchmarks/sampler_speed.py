@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from mathrl.rollout.engine import inverse_cdf, sample_top_p
+from mathrl.rollout.sampling import inverse_cdf, sample_top_p
 
 
 def main() -> None:
