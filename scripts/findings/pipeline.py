@@ -191,6 +191,8 @@ FINDINGS: tuple[Finding, ...] = (
             analyses=(curves("trust_regions_offpolicy", "--threshold", "0.85", "--versus", "clip_0.2_0.28"),)),
     Finding("offpolicy_masks", "offpolicy_masks",
             analyses=(curves("offpolicy_masks", "--threshold", "0.8", "--versus", "k4_none"),)),
+    Finding("entropy_controls", "entropy_controls",
+            analyses=(curves("entropy_controls", "--threshold", "0.85", "--versus", "long_none"),)),
     Finding("entropy_long", "entropy_long", analyses=(
         curves("entropy_long"),
         Analysis("entropy_tokens", (*FINDINGS_CMD, "entropy-tokens", *seeds("entropy_adaptive_long", 5),
