@@ -259,11 +259,15 @@ class TorchEngine:
         step = 0
         while True:
             inputs, fed, stop, called = self._step(d, episodes, forced, step, sample)  # [A] each; called: D = 0
-            stop |= d.column[d.rows] >= max_new_tokens
+            if episodes is None:  # one token per row and step: every row reaches the last column at this step
+                if step == max_new_tokens - 1:
+                    break
+            else:
+                stop |= d.column[d.rows] >= max_new_tokens
             if bool(stop.all()):
                 break
             if bool(stop.any()):
-                for r in d.rows[stop].tolist():
+                for r in d.rows[stop].tolist() if forced else ():
                     forced.pop(r, None)  # cut off by max_new_tokens: its call is still counted (drain)
                 keep = (~stop).nonzero().squeeze(1)
                 d.keep_rows(keep)
@@ -290,10 +294,10 @@ class TorchEngine:
         -> ([A] input ids, [A] 1 where a row feeds a token and 0 on padding, or None when none pads,
         [A] bool: the row ends here: EOS, or a call at its last turn; the called rows of D = 0)."""
         n, device = len(d.rows), d.rows.device
-        free, padded, ids = self._forced_inputs(d, episodes, forced, step) if forced else (list(range(n)), [], None)
+        free, padded, ids = self._forced_inputs(d, episodes, forced, step) if forced else (range(n), [], None)
         every = len(free) == n
         inputs = None if every else torch.tensor(ids, dtype=torch.long, device=device)
-        stop = torch.zeros(n, dtype=torch.bool, device=device)
+        stop = None if every else torch.zeros(n, dtype=torch.bool, device=device)
         called: list[int] = []
         if free:
             index = None if every else torch.tensor(free, dtype=torch.long, device=device)
@@ -301,7 +305,7 @@ class TorchEngine:
             token, token_logprob = sample(d.logits if every else d.logits[index], at)  # [S], [S]
             done = d.record(token, token_logprob, eos_token_id=self.eos_token_id, rows=at)
             if every:
-                inputs, stop = token, done.clone()
+                inputs, stop = token, done  # `done` is a tensor of its own (token == eos), free to change
             else:
                 inputs[free] = token
                 stop[free] = done
