@@ -100,7 +100,9 @@ def rl_step(trainer: Trainer, step: int, collected: Collected | None = None) -> 
     t_train = time.time()
     trainer.engine.update_weights(trainer.engine_weights())
     sent = push_weights(trainer, step) if cfg.generator_workers else {}  # train/generator.py, async
-    sync = {"perf/weight_sync_seconds": time.time() - t_train, **sent}
+    sync = {"perf/weight_sync_seconds": time.time() - t_train}  # the engine's update and the send together
+    if sent:
+        sync["perf/weight_sync_bytes"] = sent["perf/weight_sync_bytes"]
 
     # ---- log: the stages' metrics, merged once ------------------------------------------------------
     metrics = {**got.metrics, **prep.checks.metrics, **scored.metrics, **staleness, **adv_metrics, **mask_metrics,
