@@ -267,8 +267,9 @@ class TorchEngine:
             if bool(stop.all()):
                 break
             if bool(stop.any()):
-                for r in d.rows[stop].tolist() if forced else ():
-                    forced.pop(r, None)  # cut off by max_new_tokens: its call is still counted (drain)
+                if forced:
+                    for r in d.rows[stop].tolist():
+                        forced.pop(r, None)  # cut off by max_new_tokens: its call is still counted (drain)
                 keep = (~stop).nonzero().squeeze(1)
                 d.keep_rows(keep)
                 inputs, fed = inputs[keep], None if fed is None else fed[keep]
