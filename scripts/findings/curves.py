@@ -145,9 +145,9 @@ def steps_to(run: RunSeries, metric: str, threshold: float) -> int | None:
 
 def collapsed(run: RunSeries, metric: str, drop: float = COLLAPSE) -> bool:
     """Whether some evaluation of `metric` is more than `drop` below the best evaluation before it."""
-    best = -math.inf
-    for step in sorted(run.series(metric)):
-        value = run.series(metric)[step]
+    best, series = -math.inf, run.series(metric)
+    for step in sorted(series):
+        value = series[step]
         if not math.isfinite(value):
             continue
         if value < best - drop:
@@ -163,14 +163,13 @@ def permutation_p(a: list[float], b: list[float]) -> float:
     pooled, n = a + b, len(a)
     if not a or not b:
         return math.nan
-    observed = sum(a) / n - sum(b) / len(b)
+    observed = math.fsum(a) / n - math.fsum(b) / len(b)
     total = math.fsum(pooled)
-    splits = list(itertools.combinations(range(len(pooled)), n))
     hits = 0
-    for chosen in splits:
+    for chosen in itertools.combinations(range(len(pooled)), n):
         first = math.fsum(pooled[i] for i in chosen)
         hits += first / n - (total - first) / len(b) >= observed - 1e-12
-    return hits / len(splits)
+    return hits / math.comb(len(pooled), n)
 
 
 def curve(run: RunSeries, metric: str, *, window: int, x_tokens: bool) -> dict[float, float] | None:
