@@ -238,7 +238,7 @@ def test_arith_sft_rows_are_training_split_and_clean(tmp_path):
     # SFT rows must never be held-out problems (the eval set stays unseen), and with slip_prob=0 every
     # worked solution ends in the right answer.
     from mathrl.tasks.arithmetic import ArithmeticTask
-    from mathrl.tasks.loading import _last_boxed
+    from mathrl.tasks.rows import _last_boxed
 
     path = write_arith_sft_jsonl(tmp_path / "a.jsonl", rows=200, max_digits=2, seed=3)
     task = ArithmeticTask(min_digits=1, max_digits=2)

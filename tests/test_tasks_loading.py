@@ -21,13 +21,13 @@ from mathrl.tasks.loading import (
     DataError,
     FieldMap,
     HfSource,
-    _last_boxed,
     load_jsonl,
     load_problems,
     preset_for,
     source_name,
 )
 from mathrl.tasks.prompts import BOXED_INSTRUCTION, TEMPLATES, render_chat, render_prompt
+from mathrl.tasks.rows import _last_boxed
 
 DATA = shared_math_dir()
 
