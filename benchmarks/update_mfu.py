@@ -21,7 +21,7 @@ S = prompt + response positions, T = response positions, L layers, query width d
                                     in the forward, ctx averages (S + 1) / 2 over the positions
 
 Not counted: the embedding lookup, norms, softmax, the optimizer, and recomputation (with
---gradient-checkpointing: hardware work, not model work). tests/test_update_mfu.py checks the three
+--gradient-checkpointing: hardware work, not model work). tests/project/test_update_mfu.py checks the three
 terms against torch's FLOP counter on a small model. MFU = FLOPs per
 step / step seconds / the device's dense bf16 peak, from PEAK_TFLOPS by device name or --peak-tflops.
 On CPU it reports tokens/s only. Numbers are per rank (each rank runs --batch rows).

@@ -39,7 +39,7 @@
 # not carried (its wheels are gigabytes): the vLLM check runs only where `import vllm` works, on what the
 # budget has left. Every python call is $PYTHON (default python3).
 # --dry-run runs every check on the CPU (gloo instead of NCCL, float32) with tiny models, so that
-# tests/test_gpu_check.py notices when the script, a benchmark or a config field it uses breaks.
+# tests/project/test_gpu_check.py notices when the script, a benchmark or a config field it uses breaks.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -511,7 +511,7 @@ key_vllm() { grep -E '[0-9]+ (passed|failed)' "$out/vllm.log" | tail -n 1; }
 if (( dry )); then
   report vllm skip "the dry run leaves vLLM to its own tests" 0
 elif "$py" -c "import vllm" >/dev/null 2>&1; then
-  check vllm "$py" -m pytest -q tests/test_vllm_engine.py tests/test_vllm_resume.py
+  check vllm "$py" -m pytest -q tests/rollout/test_vllm_engine.py tests/train/test_vllm_resume.py
 else
   report vllm skip "vLLM is not installed here (too big to carry: its wheels are gigabytes)" 0
 fi

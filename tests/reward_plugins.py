@@ -1,4 +1,4 @@
-"""Reward functions of the reward tests (tests/test_reward_functions.py), loaded by file path in the
+"""Reward functions of the reward tests (tests/reward/test_reward_functions.py), loaded by file path in the
 verifier's worker processes the way a user's module is. Each one misbehaves on a marked response."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What the two sandbox test files share: the interpreter a mode can run, and a call started cold or
-warm (tests/test_tools_sandbox.py, tests/test_tools_sandbox_classes.py)."""
+warm (tests/tools/test_tools_sandbox.py, tests/tools/test_tools_sandbox_classes.py)."""
 
 from __future__ import annotations
 

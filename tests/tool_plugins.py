@@ -1,4 +1,4 @@
-"""User tools of the tool pool's tests (tests/test_tools_pool.py), loaded by file path in the pool's
+"""User tools of the tool pool's tests (tests/tools/test_tools_pool.py), loaded by file path in the pool's
 worker processes the way a user's module is. Each one misbehaves in its own way."""
 
 from __future__ import annotations

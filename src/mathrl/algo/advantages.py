@@ -17,7 +17,7 @@ positions. The loop picks an estimator with ``algo.adv.estimator``:
 
 then broadcasts sequence-level advantages to tokens with ``expand_to_tokens``.
 
-Run the tests with ``python -m pytest tests/test_advantages.py tests/test_advantages_more.py -q``.
+Run the tests with ``python -m pytest tests/algo/test_advantages.py tests/algo/test_advantages_more.py -q``.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ Sign convention for entropy controllers: a positive coefficient is a *bonus*, th
 ``algo.entropy.mode``: ``none`` (no term), ``fixed`` (``FixedCoef(algo.entropy.coef)``),
 ``adaptive`` (``AdaptiveEntropyController``), ``skywork`` (``SkyworkEntropyController``).
 
-Run the tests with ``python -m pytest tests/test_controllers.py -q``.
+Run the tests with ``python -m pytest tests/algo/test_controllers.py -q``.
 """
 
 from __future__ import annotations

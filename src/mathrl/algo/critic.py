@@ -11,7 +11,7 @@ V(s_t) of the return from there. The loop uses them with `algo.adv.estimator: ga
     lam_actor        = length_adaptive_lambda(lengths, alpha)                       # VAPO, optional
     loss, clipped    = value_loss(new_values, values, returns, mask, clip_eps=...)
 
-Run the tests with ``python -m pytest tests/test_critic.py -q``.
+Run the tests with ``python -m pytest tests/algo/test_critic.py -q``.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
 Note on naming (STYLE.md rule 11): the entropy here is the exact entropy of the full next-token
 distribution, sum_v -p_v log p_v, not the mean negative log-prob of the sampled tokens.
 
-Run the tests with ``python -m pytest tests/test_entropy_kl.py -q``.
+Run the tests with ``python -m pytest tests/algo/test_entropy_kl.py -q``.
 """
 
 from __future__ import annotations

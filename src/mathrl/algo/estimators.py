@@ -2,7 +2,7 @@
 `AdvantageInputs` to `Advantages`, registered in `mathrl.registry.ADVANTAGE_ESTIMATORS`.
 
 A new estimator is one function and one registration, here or in any module imported before the
-config is loaded (tests/test_estimator_registry.py registers one and trains with it):
+config is loaded (tests/algo/test_estimator_registry.py registers one and trains with it):
 
     def my_advantages(x: AdvantageInputs, algo) -> Advantages:
         seq = x.rewards - x.rewards.mean()                                  # [N]

@@ -13,7 +13,7 @@ Resampling until enough groups are kept (data.dynamic_sampling.max_rounds / on_e
 loop's job; these functions only decide what one batch keeps. Metrics: ``filter/kept_groups``,
 ``filter/dropped_all_correct``, ``filter/dropped_all_wrong``, ``filter/dropped_out_of_band``.
 
-Run the tests with ``python -m pytest tests/test_filters.py -q``.
+Run the tests with ``python -m pytest tests/algo/test_filters.py -q``.
 """
 
 from __future__ import annotations

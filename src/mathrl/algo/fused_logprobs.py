@@ -19,7 +19,7 @@ so for upstream gradients a (logprob) and b (entropy) per position:
 
     dL/dz = a * onehot(target) - p * (a + b * (log p + H))
 
-    python -m pytest tests/test_entropy_kl.py -q     # values and gradients against autograd (float64)
+    python -m pytest tests/algo/test_entropy_kl.py -q     # values and gradients against autograd (float64)
 """
 
 from __future__ import annotations

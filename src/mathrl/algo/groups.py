@@ -8,7 +8,7 @@ their baselines, spans and constancy from it. Shapes use N = sampled responses, 
     mean = (s.sum / s.count)[s.index]        # [N] each response's group mean
     constant = s.max == s.min                # [G] groups without a learning signal
 
-Run the tests with ``python -m pytest tests/test_groups.py -q``.
+Run the tests with ``python -m pytest tests/algo/test_groups.py -q``.
 """
 
 from __future__ import annotations

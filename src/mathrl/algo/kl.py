@@ -5,7 +5,7 @@ GRPO, DeepSeekMath §4.1.2 eq. 4; ``reward``: subtract it from the token rewards
 advantages, as in Ziegler et al. 2019 / InstructGPT; ``none``), ``algo.kl.estimator`` and
 ``algo.kl.coef`` (or an ``AdaptiveKLController`` from ``mathrl.algo.controllers``).
 
-Run the tests with ``python -m pytest tests/test_entropy_kl.py -q``.
+Run the tests with ``python -m pytest tests/algo/test_entropy_kl.py -q``.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ How the training loop uses them, for one mini-batch split into micro-batches on 
     optimizer.step()
 
 Masks are [B, T] float or bool tensors; any nonzero entry counts as one token (masks are not
-weights). Run the tests with ``python -m pytest tests/test_losses.py
-tests/test_aggregation_invariance.py -q``.
+weights). Run the tests with ``python -m pytest tests/algo/test_losses.py
+tests/algo/test_aggregation_invariance.py -q``.
 """
 
 from __future__ import annotations

@@ -24,14 +24,14 @@ Micro-batches split rows, never a row's tokens, so no sequence is split.
 
 Each loss equals verl's `compute_policy_loss_<name>` (verl/trainer/ppo/core_algos.py @1dda039) at the
 same hyperparameters and aggregation: the loss, the metrics, the per-token loss and the gradient with
-respect to the logprobs (tests/test_policy_losses.py; the choices where verl is arguable are in
+respect to the logprobs (tests/algo/test_policy_losses.py; the choices where verl is arguable are in
 docs/tricks.md, "Policy losses"). One exception by design: `gspo` (the sequence form) weighs a row
 by the mean of its tokens' importance weights, so with weights that vary within a row its gradient
 spreads evenly over the row where verl's `gspo` (= `gspo_token` here, which matches it) weighs each
 token by its own.
 
 A new loss is one function and one registration, here or in any module imported before the config
-is loaded (tests/test_policy_losses.py registers one from outside and trains with it):
+is loaded (tests/algo/test_policy_losses.py registers one from outside and trains with it):
 
     def my_loss(logprobs, old_logprobs, advantages, mask, *, weights=None, beta=0.1):
         loss = -advantages * logprobs + beta * (logprobs - old_logprobs) ** 2          # [B, T]

@@ -8,7 +8,7 @@ curve toward the mean return. `position_means` gives those curves from the [N, T
     values_mean, counts = position_means(batch.old_values, batch.loss_mask)
     adv_mean, _ = position_means(batch.advantages, batch.loss_mask)
 
-Run the tests with ``python -m pytest tests/test_positions.py -q``.
+Run the tests with ``python -m pytest tests/algo/test_positions.py -q``.
 """
 
 from __future__ import annotations

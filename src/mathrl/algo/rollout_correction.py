@@ -39,7 +39,7 @@ mask, and several rules chain by intersection (a token is kept only if every rul
     keep = chain(keeps.values(), like=mask)  # [B, T] bool
     w = w * keep                             # rejected tokens teach nothing
 
-Run the tests with ``python -m pytest tests/test_rollout_correction.py -q``.
+Run the tests with ``python -m pytest tests/train/test_rollout_correction.py -q``.
 """
 
 from __future__ import annotations

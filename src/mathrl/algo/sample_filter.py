@@ -14,7 +14,7 @@ group baselines, stay as sampled), or remove them before advantages (the baselin
 over the remaining samples only). Metrics: ``filter/dropped_repetitive``, ``filter/dropped_garbled``,
 ``filter/dropped_no_answer``.
 
-Run the tests with ``python -m pytest tests/test_sample_filter.py -q``.
+Run the tests with ``python -m pytest tests/algo/test_sample_filter.py -q``.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ later turns read and must stay in place, but they are not the model's choices: `
 observation=...)` records them, and every statistic built on the scores (moved, over-confident, the
 class summary, the exploration counts, the entropy probe) counts only the sampled tokens.
 
-Run the tests with ``python -m pytest tests/test_inspect.py -q``.
+Run the tests with ``python -m pytest tests/analysis/test_inspect.py -q``.
 """
 
 from __future__ import annotations

@@ -10,12 +10,12 @@ A targeted linear layer computes `W x + (alpha / r) * B A x` (Hu et al. 2021, eq
 with `fan_in_fan_out=False`). An engine that holds plain weights (vLLM) receives the merged weights
 `W + (alpha / r) * B A` under the base model's parameter names after every update, so it samples from
 the trainer's distribution; the merge is computed from a state dict, so it works on the gathered full
-tensors of an FSDP2-sharded model too (tests/test_lora.py checks it against peft's `merge_and_unload`).
+tensors of an FSDP2-sharded model too (tests/model/test_lora.py checks it against peft's `merge_and_unload`).
 
 `stream_plain_weights` yields the same tensors one at a time: each sharded tensor is gathered when the
 consumer pulls it, merged with its adapter, and released before the next, so an engine that loads as it
 reads (vLLM's `update_weights`, one engine per torchrun rank) needs one module's full tensors at a time
-instead of the whole model on every rank (tests/test_lora_stream.py).
+instead of the whole model on every rank (tests/model/test_lora_stream.py).
 
 On disk an adapter is peft's own format (`adapter_config.json`, `adapter_model.safetensors`): what
 `PeftModel.from_pretrained` and `AutoPeftModelForCausalLM` read.

@@ -22,7 +22,7 @@ latex2sympy2 keeps its own LL parsing: every answer is still checked the same wa
 one RuntimeWarning per process says so. `fast_parse_active()` says which way this process parses
 (the Verifier's workers report it: `Verifier.latex_fast_parse`).
 
-`tests/test_latex_parse.py` checks that both ways give the same expressions and the same errors, that
+`tests/reward/test_latex_parse.py` checks that both ways give the same expressions and the same errors, that
 the fast way really predicts with SLL, and that a changed private API falls back.
 """
 

@@ -21,7 +21,7 @@ reproduce a negative result: a practitioners' field report found that rewarding 
 or steering it towards a scheduled target length, was useless. They are ablation switches, off by
 default, not recommendations.
 
-Run the tests with ``python -m pytest tests/test_shaping.py -q``.
+Run the tests with ``python -m pytest tests/reward/test_shaping.py -q``.
 """
 
 from __future__ import annotations

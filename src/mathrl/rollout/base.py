@@ -79,7 +79,7 @@ class RolloutBatch:
 class Engine(Protocol):
     """A rollout engine: token ids in; ids, sampling logprobs and truncation flags out.
 
-    Contract (tests/test_engine.py and tests/test_vllm_engine.py check it for each engine):
+    Contract (tests/rollout/test_engine.py and tests/rollout/test_vllm_engine.py check it for each engine):
     - `generate` samples one continuation per prompt (repeat a prompt n times for n samples). The
       same seed, prompts and engine settings give the same samples; no global RNG is used.
       `first_row` (a multiple of `seed_block`) says that the prompts are rows first_row, ... of a

@@ -16,7 +16,7 @@ Why the details are as they are:
   with tensor_parallel_size=1, so scripts need no `if __name__ == "__main__":` guard for it.
 - Logprobs: vLLM reports logprobs of the raw logits by default; `logprobs_mode="processed_logprobs"`
   makes them those of the distribution sampled from (temperature applied), which is what the loss
-  and the trainer's scoring pass use (tests/test_vllm_engine.py checks equality to 1e-4).
+  and the trainer's scoring pass use (tests/rollout/test_vllm_engine.py checks equality to 1e-4).
 - Seeds: every request carries its own seed (`base.row_seed(seed, row)`), so a call is reproducible
   and a row's sample does not depend on the rest of the batch.
 - `generation_config="vllm"`: the model's generation_config.json must not change the sampling

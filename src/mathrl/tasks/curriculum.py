@@ -16,7 +16,7 @@ for its prioritised sampling, §2.3.4); the order is recomputed from the current
 How the loop walks the order (one pass, re-ordering every k steps, ...) is its choice; this class
 only ranks.
 
-Run the tests with ``python -m pytest tests/test_curriculum.py -q``.
+Run the tests with ``python -m pytest tests/tasks/test_curriculum.py -q``.
 """
 
 from __future__ import annotations

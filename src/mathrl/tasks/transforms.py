@@ -29,7 +29,7 @@ commands (\\! \\, \\; \\: \\ ), only these forms are recognised:
   - k\\sqrt{r}, k \\cdot \\sqrt{r}, \\sqrt{r} and \\sqrt2.
 Negative fractions and radicals are dropped: m + n would be ambiguous (the sign can sit on m or n).
 
-Run the tests with ``python -m pytest tests/test_transforms.py -q``.
+Run the tests with ``python -m pytest tests/tasks/test_transforms.py -q``.
 """
 
 from __future__ import annotations

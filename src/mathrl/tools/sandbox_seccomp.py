@@ -17,7 +17,7 @@ privilege to unmount what hides the host:
   ``perf_event_open``, ``userfaultfd``, ``io_uring_setup``);
 * any other architecture's system calls (x32, i386 through ``int 0x80``).
 
-Checked in tests/test_tools_sandbox.py from outside the sandbox (a key added by one call is not there
+Checked in tests/tools/test_tools_sandbox.py from outside the sandbox (a key added by one call is not there
 for the next; ``umount2("/proc")`` fails).
 """
 

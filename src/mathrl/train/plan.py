@@ -65,7 +65,7 @@ counts are exact. What the estimate assumes, term by term (GiB = 2^30 bytes, per
   received weights on their way into its engine.
 
 The activation model is checked against autograd's saved tensors of a random-init model on a CPU in
-tests/test_plan.py; parameter and optimizer bytes are checked exactly.
+tests/train/test_plan.py; parameter and optimizer bytes are checked exactly.
 
 Where each part is computed: plan_arch.py (the architecture, exact parameter counts), plan_trainer.py
 (the trainer's states and activations), plan_engine.py (the trainer's and the generators' engines),

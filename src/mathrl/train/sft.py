@@ -195,7 +195,7 @@ def sft_backward(model, batch: Rows, *, micro_batch_tokens: int, chunk_size: int
     """Accumulate the gradient of the token-mean response NLL of `batch` (one mini-batch) over micro-batches
     of at most `micro_batch_tokens` tokens; returns (loss, response tokens). Each micro-batch's loss is
     divided by the whole mini-batch's token count (all ranks), so the sum of the micro-batch gradients
-    is the full-batch gradient whatever the split (tests/test_sft.py)."""
+    is the full-batch gradient whatever the split (tests/train/test_sft.py)."""
     num_tokens, num_seqs = global_counts(batch.loss_mask)
     total = 0.0
     for micro in micro_batches(batch, micro_batch_tokens):

@@ -65,7 +65,7 @@ def engine_logprobs_are_old(cfg: Config, model) -> bool:
     """train.old_logprobs: whether the rollout engine's sampling logprobs stand in for the old-policy
     logprobs (no scoring pass). `auto` says yes only where they are the trainer's own to float
     rounding (`Config.engine_logprobs_not_old`: e.g. the torch engine samples from these very float32
-    weights, tests/test_old_logprobs.py measures the gap, ~1e-6) and no FSDP-sharded model is involved."""
+    weights, tests/train/test_old_logprobs.py measures the gap, ~1e-6) and no FSDP-sharded model is involved."""
     from torch.distributed.fsdp import FSDPModule
 
     mode = cfg.train.old_logprobs
@@ -115,7 +115,7 @@ class Updated:
 def loss_scaler(cfg: Config, device: torch.device, *, distributed: bool):
     """The dynamic loss scaler of model.dtype=float16, None otherwise. Several ranks: FSDP's
     ShardedGradScaler, which all-reduces the inf check, so every rank skips the same steps and keeps the
-    same scale (its unscale works on FSDP2's DTensor gradients: tests/test_dist_train.py, float16)."""
+    same scale (its unscale works on FSDP2's DTensor gradients: tests/train/test_dist_train.py, float16)."""
     if cfg.model.dtype != "float16":
         return None
     if distributed:

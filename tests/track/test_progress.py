@@ -1,0 +1,42 @@
+"""The progress lines' remaining-time estimate (mathrl.track.console): smooth under changing step times.
+
+Run: python -m pytest tests/track/test_progress.py -q
+"""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+
+import mathrl.track.console as console_mod
+from mathrl.track.console import PlainProgress, remaining_seconds
+
+
+def test_remaining_seconds_is_the_mean_after_the_first_unit() -> None:
+    assert remaining_seconds(0, 10, 0.0, 0.0) is None  # nothing done: no estimate
+    assert remaining_seconds(1, 9, 30.0, 0.0) == pytest.approx(270.0)  # one unit: its own time
+    # 1 start-up unit of 30 s, then 4 units in 8 s: 2 s each, the start-up left out
+    assert remaining_seconds(5, 5, 38.0, 8.0) == pytest.approx(10.0)
+
+
+def test_plain_eta_moves_little_when_one_step_is_slow(monkeypatch) -> None:
+    # the bug story: a run under load printed eta 0:02:50 and then 0:07:08 a few steps later. A step that
+    # takes 4x the others (an evaluation step, a burst of load) must move the estimate by a fraction,
+    # not multiply it.
+    clock = [0.0]
+    monkeypatch.setattr(console_mod.time, "monotonic", lambda: clock[0])
+    out = io.StringIO()
+    bar = PlainProgress(Console(file=out, width=200), "RL step", every_s=0.0)
+    task = bar.add_task("rl", total=40)
+    durations = [20.0] + [2.0] * 9 + [8.0] + [2.0] * 4  # start-up, steady steps, one slow step, steady again
+    for d in durations:
+        clock[0] += d
+        bar.advance(task)
+    etas = [line.rsplit("eta ", 1)[1] for line in out.getvalue().splitlines()]
+    seconds = [int(m) * 60 + int(s) for _, m, s in (e.split(":") for e in etas)]
+    assert len(seconds) == len(durations)
+    assert seconds[1] == (40 - 2) * 2  # from the second unit on, the start-up unit is left out
+    before, after = seconds[9], seconds[10]  # around the slow step
+    assert after / (40 - 11) < 1.4 * before / (40 - 10)  # per-step estimate rose by under 40%
