@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field, fields
-from typing import NamedTuple
 
 import torch
 
@@ -53,25 +52,41 @@ class GroupDrops:
         return {f"filter/dropped_{k}": float(v) for k, v in asdict(self).items()}
 
 
-@dataclass
-class Collected:
-    """The kept groups of one step: G problems, N = G x n samples."""
+@dataclass(kw_only=True)
+class Samples:
+    """Scored samples in whole groups of rollout.n: G problems, N = G x n rows, in group order. One
+    generation round's kept groups are a `Samples`; the step's, the rounds joined, a `Collected`."""
 
     problems: list[Problem]
     prompts_text: list[str]
-    rollout: RolloutBatch | None
+    rollout: RolloutBatch | None  # None: no rows
     texts: list[str]
     results: list[RewardResult]
     rewards: torch.Tensor  # [N] the components' weighted total plus shaping terms
     correct: torch.Tensor  # [N] 1.0 where the math checker accepted the answer (no math component: total > 0)
+    scores: Scores | None = None  # every component's scores of the N samples
+    void: list[bool] | None = None  # [N] tool episodes whose last turn has neither a call nor an answer (`void_turns`)
+
+    def groups(self, keep: list[int], n: int) -> Samples:
+        """The groups `keep` (indices of problems), their n rows each, in that order."""
+        rows = [g * n + j for g in keep for j in range(n)]
+        return Samples(problems=[self.problems[g] for g in keep], prompts_text=[self.prompts_text[g] for g in keep],
+                       rollout=select_rollout_rows(self.rollout, rows), texts=[self.texts[i] for i in rows],
+                       results=[self.results[i] for i in rows], rewards=self.rewards[rows], correct=self.correct[rows],
+                       scores=self.scores.select(rows), void=[self.void[i] for i in rows])
+
+
+@dataclass(kw_only=True)
+class Collected(Samples):
+    """The kept groups of one step (the rounds' `Samples` joined: `joined`) and what the step logs of
+    their collection."""
+
     metrics: dict[str, float]  # filter/*, rollout/*, reward/* of the collection, for the log
     rollout_seconds: float
     reward_seconds: float
-    scores: Scores | None = None  # every component's scores of the N samples
     versions: torch.Tensor | None = None  # [N] long: the policy version that sampled each row (set by a generator, train/generator.py)
-    void: list[bool] | None = None  # [N] tool episodes whose last turn has neither a call nor an answer (`void_turns`)
     drops: GroupDrops = field(default_factory=GroupDrops)  # the groups dynamic sampling dropped (the kept ones: `problems`)
-    dropped: RoundKept | None = None  # no group kept: the first round's first groups as sampled, for rollouts.jsonl
+    dropped: Samples | None = None  # no group kept: the first round's first groups as sampled, for rollouts.jsonl
 
 
 class DynamicSamplingExhausted(RuntimeError):
@@ -139,20 +154,6 @@ def kept_groups(ds, total: torch.Tensor, group_ids: torch.Tensor, correct: torch
     return gf.group_order[gf.keep].tolist(), drops
 
 
-class RoundKept(NamedTuple):
-    """The kept groups of one generation round: G' problems, N' = G' x n rows."""
-
-    problems: list[Problem]
-    prompts_text: list[str]
-    rollout: RolloutBatch
-    texts: list[str]
-    results: list[RewardResult]
-    rewards: torch.Tensor  # [N']
-    correct: torch.Tensor  # [N']
-    scores: Scores
-    void: list[bool]
-
-
 def collect_rollouts(cfg: Config, step: int, *, train_stream: ProblemStream, engine, tokenizer, verifier,
                      ranks: Ranks = SINGLE) -> Collected:
     """Generate, score and (with dynamic sampling) filter groups until the batch is full or
@@ -163,14 +164,14 @@ def collect_rollouts(cfg: Config, step: int, *, train_stream: ProblemStream, eng
     of them (and the same as in one process).
     """
     n, want, ds = cfg.rollout.n, cfg.rollout.prompts_per_step, cfg.data.dynamic_sampling
-    parts: list[RoundKept] = []
+    parts: list[Samples] = []
     kept, drops = 0, GroupDrops()
     t_gen = t_rew = 0.0
     rounds = generated_tokens = 0
     shaping: dict[str, list[float]] = {}  # each shaping term's mean, per round
     failed: dict[str, float] = {}  # reward/<name>/errors and /timeouts, summed over the rounds
     episodes = []  # (rollout, void flags) of every round with tools: tool/* count every episode sampled
-    first_round: RoundKept | None = None  # what a step that keeps no group logs instead (log.rollouts_per_step rows)
+    first_round: Samples | None = None  # what a step that keeps no group logs instead (log.rollouts_per_step rows)
     while kept < want and rounds < (ds.max_rounds if ds.mode != "none" else 1):
         rounds += 1
         problems, prompt_ids, prompts_text = train_stream.next_batch(want)
@@ -194,19 +195,13 @@ def collect_rollouts(cfg: Config, step: int, *, train_stream: ProblemStream, eng
         for name, mean in term_means.items():
             shaping.setdefault(name, []).append(mean)
         keep, dropped = kept_groups(ds, total, group_ids, correct)
-        if first_round is None:
-            groups = range(min(len(problems), -(-cfg.log.rollouts_per_step // n)))  # enough whole groups for the log
-            rows = [g * n + j for g in groups for j in range(n)]
-            first_round = RoundKept([problems[g] for g in groups], [prompts_text[g] for g in groups],
-                                    select_rollout_rows(rollout, rows), [texts[i] for i in rows],
-                                    [scores.results[i] for i in rows], rewards[rows], correct[rows], scores.select(rows),
-                                    [void[i] for i in rows])
+        sampled = Samples(problems=problems, prompts_text=prompts_text, rollout=rollout, texts=texts, results=scores.results,
+                          rewards=rewards, correct=correct, scores=scores, void=void)
+        if first_round is None:  # enough whole groups for the log
+            first_round = sampled.groups(list(range(min(len(problems), -(-cfg.log.rollouts_per_step // n)))), n)
         keep, drops = keep[: want - kept], drops + dropped
         kept += len(keep)
-        rows = [g * n + j for g in keep for j in range(n)]
-        parts.append(RoundKept([problems[g] for g in keep], [prompts_text[g] for g in keep], select_rollout_rows(rollout, rows),
-                               [texts[i] for i in rows], [scores.results[i] for i in rows], rewards[rows], correct[rows],
-                               scores.select(rows), [void[i] for i in rows]))
+        parts.append(sampled.groups(keep, n))
     metrics = {"filter/kept_groups": float(kept), **drops.metrics(), "filter/gen_rounds": float(rounds),
                "rollout/generated_tokens": float(generated_tokens)}
     metrics.update({f"reward/{name}": sum(v) / len(v) for name, v in shaping.items()})
@@ -229,7 +224,7 @@ def collect_rollouts(cfg: Config, step: int, *, train_stream: ProblemStream, eng
                   scores=kept_scores, drops=drops, dropped=first_round if kept == 0 else None)
 
 
-def joined(parts: list[RoundKept], pad_token_id: int, **rest) -> Collected:
+def joined(parts: list[Samples], pad_token_id: int, **rest) -> Collected:
     """The rounds' kept groups as one step's `Collected` (no group kept: empty, without a rollout)."""
     parts = [p for p in parts if p.problems]
     if not parts:
