@@ -73,7 +73,8 @@ class Samples:
         return Samples(problems=[self.problems[g] for g in keep], prompts_text=[self.prompts_text[g] for g in keep],
                        rollout=select_rollout_rows(self.rollout, rows), texts=[self.texts[i] for i in rows],
                        results=[self.results[i] for i in rows], rewards=self.rewards[rows], correct=self.correct[rows],
-                       scores=self.scores.select(rows), void=[self.void[i] for i in rows])
+                       scores=None if self.scores is None else self.scores.select(rows),
+                       void=None if self.void is None else [self.void[i] for i in rows])
 
 
 @dataclass(kw_only=True)
