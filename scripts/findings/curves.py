@@ -32,6 +32,7 @@ from mathrl.evaluation.evaluate import EvalResult
 from mathrl.run_dir import RunDir
 
 TOKENS = "rollout/generated_tokens"
+UNRECORDED = "machine not recorded"
 COLLAPSE = 0.2  # a run collapsed when an evaluation's pass@1 falls more than this below its best so far
 
 
@@ -42,6 +43,7 @@ class RunSeries:
     name: str
     train: dict[str, dict[int, float]] = field(default_factory=dict)
     evals: dict[str, dict[int, float]] = field(default_factory=dict)
+    machine: str = UNRECORDED  # the CPU type it ran on (summary.json; mathrl/machine.py)
 
     def series(self, metric: str) -> dict[int, float]:
         return (self.evals if is_eval(metric) else self.train).get(metric, {})
@@ -103,7 +105,28 @@ def read_run(path: Path) -> RunSeries:
     for row in run.evals():
         for key, value in _eval_row_metrics(row).items():
             out.evals.setdefault(key, {}).setdefault(int(row["step"]), float(value))
+    out.machine = machine_of(run.summary())
     return out
+
+
+def machine_of(summary: dict | None) -> str:
+    """The CPU type a run ran on, from its summary.json: every process's ("mixed: A + B" when a resume
+    moved it to another type), else the summary's own; UNRECORDED for runs of earlier versions."""
+    summary = summary or {}
+    types = [p["machine"]["cpu_type"] for p in summary.get("processes", []) if isinstance(p.get("machine"), dict)]
+    if not types and isinstance(summary.get("machine"), dict):
+        types = [summary["machine"]["cpu_type"]]
+    types = list(dict.fromkeys(types))
+    if not types:
+        return UNRECORDED
+    return types[0] if len(types) == 1 else "mixed: " + " + ".join(types)
+
+
+def by_machine(variants: dict[str, list[RunSeries]]) -> dict[str, dict[str, list[RunSeries]]]:
+    """The variants split by the CPU type their runs ran on (one entry when all ran on one type), each
+    variant kept in every type, empty where none of its runs ran there."""
+    types = list(dict.fromkeys(r.machine for runs in variants.values() for r in runs)) or [UNRECORDED]
+    return {t: {name: [r for r in runs if r.machine == t] for name, runs in variants.items()} for t in types}
 
 
 # ---- per seed -------------------------------------------------------------------------------------
@@ -356,10 +379,26 @@ def run_curves(sources: list[Path], *, fig_path: Path, out: Path | None = None, 
                 if not r.tokens_at():
                     print(f"note: {r.name} did not log {TOKENS}; it is left out of the token-axis plot",
                           file=sys.stderr)
-    table = summary_table(variants, metrics, last, threshold, versus)
+    groups = by_machine(variants)
+    if len(groups) == 1:
+        table = summary_table(variants, metrics, last, threshold, versus)
+        write_outputs(fig_path, plot(variants, metrics, window=window, x_tokens=x_tokens), table)
+        return table
+    # runs of several CPU types: one table and one figure per type (<fig>_<type>.png), a verdict per machine
+    parts = []
+    for machine, group in groups.items():
+        parts.append(f"### {machine}\n\n" + summary_table(group, metrics, last, threshold, versus))
+        write_outputs(fig_path.with_name(f"{fig_path.stem}_{slug(machine)}{fig_path.suffix}"),
+                      plot(group, metrics, window=window, x_tokens=x_tokens), parts[-1])
+    table = "\n".join(parts)
     write_outputs(fig_path, plot(variants, metrics, window=window, x_tokens=x_tokens), table)
     return table
 
 
-__all__ = ["COLLAPSE", "MISSING", "RunSeries", "best_and_change", "collapsed", "curve", "default_metrics", "final_value",
-           "load_variants", "mean_curve", "permutation_p", "read_run", "run_curves", "smooth", "steps_to", "summary_table"]
+def slug(text: str) -> str:
+    """A file-name piece of a CPU type: "Intel Xeon (AMX)" -> "intel_xeon_amx"."""
+    return "_".join("".join(c if c.isalnum() else " " for c in text.lower()).split())
+
+
+__all__ = ["COLLAPSE", "MISSING", "UNRECORDED", "RunSeries", "best_and_change", "by_machine", "collapsed", "curve", "default_metrics", "final_value",
+           "load_variants", "machine_of", "mean_curve", "permutation_p", "read_run", "run_curves", "smooth", "steps_to", "summary_table"]

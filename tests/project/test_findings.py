@@ -202,6 +202,38 @@ def test_curves_writes_figure_and_table(grid, tmp_path: Path) -> None:
                                                       "reward/accuracy", "actor/ref_kl |"]
 
 
+def machine_summary(*types: str) -> str:
+    """summary.json of a run whose processes ran on these CPU types, as train/loop.py writes it."""
+    processes = [{"first_step": 1, "last_step": 3, "wall_seconds": 1.0,
+                  "machine": {"cpu_model": t, "cpu_type": t, "cpu_flags": [], "threads": 1, "torch": "2"}} for t in types]
+    return json.dumps({"steps": 3, "machine": processes[-1]["machine"], "processes": processes})
+
+
+def test_runs_of_two_cpu_types_give_one_table_per_type(grid, tmp_path: Path) -> None:
+    from findings.curves import UNRECORDED, machine_of
+
+    out = grid[1]
+    for name in ("a", "a_seed1", "b"):
+        (out / name / "summary.json").write_text(machine_summary("Intel Xeon (AMX)"))
+    (out / "a_seed2" / "summary.json").write_text(machine_summary("AMD EPYC"))
+    (out / "b_seed1" / "summary.json").write_text(machine_summary("AMD EPYC", "Intel Xeon (AMX)"))  # resumed elsewhere
+    assert machine_of({}) == UNRECORDED and machine_of(json.loads(machine_summary("AMD EPYC"))) == "AMD EPYC"
+    fig = tmp_path / "g.png"
+    table = run_curves([grid[0]], fig_path=fig, out=out, metrics=[PASS1], window=1, last=1)
+    sections = table.split("### ")[1:]
+    assert [s.splitlines()[0] for s in sections] == ["Intel Xeon (AMX)", "AMD EPYC", "mixed: AMD EPYC + Intel Xeon (AMX)"]
+    intel, amd, mixed = sections
+    assert f"| a | {ci_cell(A_FINAL[:2])} |" in intel and f"| b | {ci_cell([0.4])} |" in intel
+    assert f"| a | {ci_cell(A_FINAL[2:])} |" in amd and "| b | — |" in amd  # b has no AMD run
+    for machine in ("intel_xeon_amx", "amd_epyc", "mixed_amd_epyc_intel_xeon_amx"):
+        assert (tmp_path / f"g_{machine}.png").is_file()
+    assert fig.with_suffix(".md").read_text() == table
+    # one type: one table, no headings (every run of the fixture before this test: not recorded)
+    (out / "a_seed2" / "summary.json").write_text(machine_summary("Intel Xeon (AMX)"))
+    (out / "b_seed1" / "summary.json").write_text(machine_summary("Intel Xeon (AMX)"))
+    assert "###" not in run_curves([grid[0]], fig_path=fig, out=out, metrics=[PASS1], window=1, last=1)
+
+
 def test_command_line_on_run_directories(grid, tmp_path: Path) -> None:
     fig = tmp_path / "cli.png"
     runs = [str(grid[1] / n) for n in ("a", "a_seed1", "b")]

@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "src" / "mathrl"
 # Lowest first. A room may import its own modules and any room of a lower layer; within the
 # middle layer the rooms are peers, except for the pairs in PEER_BANS.
 LAYERS = [
-    {"cache", "workers"},
+    {"cache", "workers", "machine"},
     {"seeds"},
     {"shards"},
     {"registry"},

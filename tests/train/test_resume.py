@@ -107,6 +107,8 @@ def test_killed_and_resumed_run_matches_uninterrupted(reference, mode, kill_step
     assert [(p["first_step"], p["last_step"]) for p in processes] == [(1, 2), (3, 6)]
     assert summary["wall_seconds"] == pytest.approx(sum(p["wall_seconds"] for p in processes))
     assert all(p["wall_seconds"] > 0 for p in processes)
+    assert all(p["machine"] == summary["machine"] for p in processes)  # each process records its CPU (mathrl/machine.py)
+    assert summary["machine"]["cpu_type"] and summary["machine"]["threads"] >= 1
     uninterrupted = json.loads((tmp / "uninterrupted" / "summary.json").read_text())["processes"]
     assert [(p["first_step"], p["last_step"]) for p in uninterrupted] == [(1, 6)]
 

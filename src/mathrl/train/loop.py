@@ -208,7 +208,7 @@ def finish(trainer: Trainer) -> TrainResult:
     (t.run.final / "trainer_state.json").write_text(json.dumps({"step": cfg.train.steps, **t.state(), "processes": processes},
                                                                indent=2))
     t.run.write_summary({**summary(wall_seconds=wall, steps=cfg.train.steps, base=t.base_results, final=t.latest),
-                         "processes": processes})
+                         "machine": t.machine, "processes": processes})
     console.print(summary_table(t.base_results, t.latest, wall_seconds=wall, n=cfg.eval.n, processes=processes))
     console.print(f"[bold]run directory[/bold] {t.run.path}")
     return TrainResult(run_dir=t.run.path, base=t.base_results, final=t.latest, wall_seconds=wall)

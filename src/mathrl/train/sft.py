@@ -29,6 +29,7 @@ from rich.console import Console
 
 from mathrl.algo.losses import aggregate, dp_scale, global_counts, sft_loss
 from mathrl.config import Config, ConfigError, dump_yaml
+from mathrl.machine import describe_machine, machine_comment
 from mathrl.model.io import load_model_and_tokenizer
 from mathrl.model.paths import resolve_model_path
 from mathrl.model.scoring import response_logprobs
@@ -259,7 +260,7 @@ class SFTRun:
 def build_sft(cfg: Config, console: Console, *, resume: bool) -> SFTRun:
     """The run directory, model, data, optimizer and tracker of an SFT run, resumed from the run
     directory's last checkpoint when it holds one."""
-    run, checkpoint = open_run_dir(cfg.run_dir, config_text=dump_yaml(cfg), resume=resume, console=console)
+    run, checkpoint = open_run_dir(cfg.run_dir, config_text=machine_comment(describe_machine()) + dump_yaml(cfg), resume=resume, console=console)
     console.print(f"[bold]run directory[/bold] {run.path}")
     seed_everything(cfg.seed)
     model_path = resolve_model_path(cfg, console, pretraining_text=base_pretraining_text(cfg.base))
@@ -348,6 +349,7 @@ def finish_sft(s: SFTRun, *, base: dict, last: dict, wall_seconds: float) -> Non
     losses = [r for r in run.metrics() if "sft/eval_loss" in r]
     run.write_summary({  # train's summary, plus the held-out loss before and after
         **summary(wall_seconds=wall_seconds, steps=cfg.sft.steps, base=base, final=last),
+        "machine": describe_machine(),
         "sft_eval_loss": {"base": losses[0]["sft/eval_loss"], "final": losses[-1]["sft/eval_loss"]} if losses else None,
     })
     s.console.print(f"[bold]run directory[/bold] {run.path}; continue with RL: mathrl train model.path={run.final}")

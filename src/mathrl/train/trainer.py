@@ -32,6 +32,7 @@ from mathrl.algo.controllers import (
 )
 from mathrl.config import Config, dump_yaml
 from mathrl.evaluation.evaluate import EvalResult
+from mathrl.machine import describe_machine, machine_comment
 from mathrl.model.dtypes import trainer_dtype
 from mathrl.model.io import load_model_and_tokenizer, model_overrides
 from mathrl.model.lora import adapter_params, add_adapters, has_adapter, is_lora, load_adapter_weights, stream_plain_weights
@@ -96,6 +97,7 @@ class Trainer:
     # a resumed run's earlier processes, from its checkpoint: {"first_step", "last_step", "wall_seconds"} each, their
     # seconds counted up to the checkpoint they saved (a kill's lost work is not counted: it is redone, and counted, here)
     processes: list[dict] = field(default_factory=list)
+    machine: dict = field(default_factory=describe_machine)  # this process's CPU, threads and torch (mathrl/machine.py)
 
     @property
     def optimizers(self) -> dict[str, Any]:
@@ -124,7 +126,7 @@ class Trainer:
         """Every process that has run this run, up to step `step`: the earlier ones and this one so far
         (from `build_trainer`'s start). Checkpoints record it, so the run's wall time sums over resumes."""
         return [*self.processes, {"first_step": self.start_step, "last_step": step,
-                                  "wall_seconds": round(time.time() - self.t_start, 3)}]
+                                  "wall_seconds": round(time.time() - self.t_start, 3), "machine": self.machine}]
 
     @contextlib.contextmanager
     def reference(self) -> Iterator[Any]:
@@ -258,7 +260,7 @@ def _open_run(cfg: Config, ranks: Ranks, *, console: Console, resume: bool) -> t
     opened = None
     if ranks.main:
         try:
-            opened = (open_run_dir(cfg.run_dir, config_text=dump_yaml(cfg), resume=resume, console=console), None)
+            opened = (open_run_dir(cfg.run_dir, config_text=machine_comment(describe_machine()) + dump_yaml(cfg), resume=resume, console=console), None)
         except Exception as e:  # every rank raises it, none waits for the others in vain
             opened = (None, e)
     found, error = broadcast_object(opened)
