@@ -26,7 +26,8 @@ LAYERS = [
     {"cli"},
 ]
 PEER_BANS = {("algo", "model"), ("algo", "rollout"), ("algo", "tasks"), ("reward", "model"), ("reward", "rollout"),
-             ("model", "rollout")}  # engines use models; a model never needs an engine
+             ("model", "rollout"), ("evaluation", "train")}  # engines use models; a model never needs an engine;
+# an evaluation sweep reads checkpoints and never needs the trainer
 # Known exceptions (file, room), each with its reason; none today.
 KNOWN: set[tuple[str, str]] = set()
 ENTRY_POINTS = {"__main__.py"}  # `python -m mathrl.train` starts the command line
@@ -102,6 +103,28 @@ def test_no_function_is_over_80_lines():
     assert not long, long
 
 
+def test_no_file_is_over_500_lines():
+    """A file holds one responsibility; one that outgrows 500 lines is split by what it holds, into a
+    folder where its pieces form a family."""
+    long = [f"{p.relative_to(PACKAGE)} ({n} lines)" for p in sorted(PACKAGE.rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > 500]
+    assert not long, long
+
+
+def test_modules_import_their_siblings_by_full_path():
+    """`from mathrl.tools import sandbox_command` inside tools/ goes through the package's __init__, which
+    imports the module back: a circle at the file level. Siblings are named by their full path."""
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if path.name == "__init__.py" or path.name in ENTRY_POINTS or len(rel.parts) == 1:
+            continue
+        own = ".".join(("mathrl", *rel.parts[:-1]))
+        bad += [f"{rel}:{node.lineno} imports from {own}" for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, ast.ImportFrom) and (node.level > 0 or node.module == own)]
+    assert not bad, bad
+
+
 # ---- circles between modules --------------------------------------------------------------------------
 # Each entry: the modules of one circle, with why it stays. A new circle is broken (a name moved to the
 # lower module, or to a leaf module both import), not added here.
@@ -116,8 +139,9 @@ def module_name(path: Path, root: Path) -> str:
 
 def module_graph(root: Path, package: str = "mathrl") -> dict[str, dict[str, int]]:
     """{module: {imported module: line}} over the package under `root`: every import statement, wherever
-    it stands. `from a.b import c` is an edge to a.b.c when that is a module, else to a.b; a name that is
-    not one of the package's modules goes to the longest module prefix it has."""
+    it stands. `from a.b import c` is an edge to a.b (the package face, when a.b is a package) and to
+    a.b.c when that is a module; a name that is not one of the package's modules goes to the longest
+    module prefix it has."""
     files = {module_name(p, root): p for p in sorted((root / package).rglob("*.py"))}
 
     def resolve(name: str) -> str | None:
@@ -136,7 +160,9 @@ def module_graph(root: Path, package: str = "mathrl") -> dict[str, dict[str, int
                 if node.level:  # relative: from the module's package, one level up per extra dot
                     here = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
                     base = ".".join(here[: len(here) - node.level + 1] + ([base] if base else []))
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names]
+                # `from a.b import c` runs a/b/__init__.py: an edge to the package face a.b as well as
+                # to the module a.b.c, so a circle through a package's __init__ is seen
+                targets = [base] + [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in files]
             else:
                 continue
             for target in targets:
@@ -209,12 +235,19 @@ def test_the_check_sees_a_circle_behind_deferred_and_type_checking_imports(tmp_p
     (pkg / "loop.py").write_text("from mathrl.train import step\n")
     graph = module_graph(tmp_path)
     assert graph["mathrl.train.trainer"] == {"mathrl.train.generator": 3}
-    assert graph["mathrl.train.step"] == {"mathrl.train.loop": 3}  # relative, and under TYPE_CHECKING
+    # relative, and under TYPE_CHECKING; `from . import loop` also runs the package's __init__
+    assert graph["mathrl.train.step"] == {"mathrl.train": 3, "mathrl.train.loop": 3}
     assert sorted(map(sorted, cycles(graph))) == [["mathrl.train.generator", "mathrl.train.trainer"],
                                                   ["mathrl.train.loop", "mathrl.train.step"]]
     # one way only: no circle
     (pkg / "trainer.py").write_text("class Trainer:\n    pass\n")
     (pkg / "loop.py").write_text("")
+    assert cycles(module_graph(tmp_path)) == []
+    # through the package face: __init__ imports a module that takes a sibling from the package
+    (pkg / "__init__.py").write_text("from mathrl.train.step import X\n")
+    (pkg / "step.py").write_text("from mathrl.train import loop\nX = 1\n")
+    assert sorted(map(sorted, cycles(module_graph(tmp_path)))) == [["mathrl.train", "mathrl.train.step"]]
+    (pkg / "step.py").write_text("import mathrl.train.loop as loop\nX = 1\n")  # by full path: no circle
     assert cycles(module_graph(tmp_path)) == []
 
 

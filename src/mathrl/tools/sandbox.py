@@ -76,7 +76,7 @@ import sys
 import threading
 import time
 
-from mathrl.tools import sandbox_command
+import mathrl.tools.sandbox_command as sandbox_command
 from mathrl.tools.base import ToolResult
 from mathrl.tools.sandbox_command import Call
 from mathrl.tools.sandbox_memory import memory_bound

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
+import mathrl.train.dist as tdist
 from mathrl.algo.filters import group_filter, overlong_mask
 from mathrl.algo.sample_filter import sample_filter
 from mathrl.config import Config
@@ -29,7 +30,6 @@ from mathrl.seeds import REFILL_ROUND_STRIDE, derive_seed
 from mathrl.shards import group_rows, rank_pieces, shard_seed
 from mathrl.tasks.base import Problem
 from mathrl.tasks.sources import ProblemStream
-from mathrl.train import dist as tdist
 from mathrl.train.batching import Rows
 from mathrl.train.dist import Ranks
 

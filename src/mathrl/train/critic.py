@@ -9,6 +9,7 @@ import math
 import torch
 from rich.console import Console
 
+import mathrl.train.dist as tdist
 from mathrl.algo.critic import explained_variance, gae, outcome_token_rewards, value_loss
 from mathrl.algo.losses import aggregate, dp_scale, global_counts, masked_mean
 from mathrl.config import Config
@@ -17,7 +18,6 @@ from mathrl.model.scoring import input_device
 from mathrl.model.value import response_values
 from mathrl.seeds import CRITIC_STREAM, derive_seed
 from mathrl.tasks.sources import ProblemStream
-from mathrl.train import dist as tdist
 from mathrl.train.batching import Rows, TrainBatch, ValueBatch
 from mathrl.train.collect import SINGLE, collect_rollouts, prepare
 from mathrl.train.dist import Ranks

@@ -49,10 +49,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+import mathrl.train.dist as tdist
 from mathrl.config import Config
 from mathrl.rollout import weight_sync as ws
 from mathrl.rollout.placement import child_cuda_env, generator_gpus, weight_backend
-from mathrl.train import dist as tdist
 from mathrl.train.checkpoint import VERSIONS_FILE
 from mathrl.train.collect import Collected
 from mathrl.train.generator_process import POLL_S, Generated, GeneratorError, WorkerFailure, WorkerSpec, needed_version, worker_main

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
+import mathrl.train.dist as tdist
 from mathrl.config import Config
 from mathrl.rollout import weight_sync as ws
-from mathrl.train import dist as tdist
 from mathrl.train.collect import Collected
 
 POLL_S = 0.5  # how often the trainer looks at its generators while it waits for a batch

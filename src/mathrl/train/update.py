@@ -17,6 +17,7 @@ from typing import Callable
 
 import torch
 
+import mathrl.train.dist as tdist
 from mathrl.algo.entropy import entropy_bonus_mask
 from mathrl.algo.kl import kl_penalty
 from mathrl.algo.losses import aggregate, dp_scale, global_counts, positive_example_lm_loss
@@ -26,7 +27,6 @@ from mathrl.model.scoring import input_device, next_token_logprobs, response_log
 from mathrl.registry import LOSS_TERMS, POLICY_LOSSES
 from mathrl.seeds import derive_seed
 from mathrl.tasks.sources import PretrainText
-from mathrl.train import dist as tdist
 from mathrl.train.batching import Rows, TrainBatch, micro_batch_slices, micro_batches, row_lengths
 
 
