@@ -217,15 +217,15 @@ def test_settings_out_of_their_domain_are_refused(override, fragment):
 
 
 def test_plan_counts_the_adapters_and_no_reference_copy(make_tiny_qwen2):
-    from mathrl.train.plan import estimate_memory
-    from mathrl.train.plan_arch import architecture_of
+    from mathrl.plan.arch import architecture_of
+    from mathrl.plan.memory import estimate_memory
 
     cfg = load_config(None, ["model.lora.r=8", "algo.kl.use=loss"])
     arch = architecture_of(cfg)
-    # the adapters peft builds on the tiny base's architecture (same numbers as train.plan_arch's Qwen2Config)
+    # the adapters peft builds on the tiny base's architecture (same numbers as plan.arch's Qwen2Config)
     from transformers import AutoModelForCausalLM
 
-    from mathrl.train.plan_arch import hf_config
+    from mathrl.plan.arch import hf_config
 
     real = adapter_params(add_adapters(AutoModelForCausalLM.from_config(hf_config(cfg)), cfg.model.lora))
     assert arch.lora_params == sum(p.numel() for p in real) and arch.lora_param_tensors == len(real)

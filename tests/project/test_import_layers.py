@@ -21,13 +21,14 @@ LAYERS = [
     {"registry"},
     {"config", "run_dir"},
     {"tasks", "reward", "rollout", "algo", "model", "track", "tools"},
-    {"train", "evaluation"},
+    {"train", "evaluation", "plan"},
     {"analysis"},
     {"cli"},
 ]
 PEER_BANS = {("algo", "model"), ("algo", "rollout"), ("algo", "tasks"), ("reward", "model"), ("reward", "rollout"),
-             ("model", "rollout"), ("evaluation", "train")}  # engines use models; a model never needs an engine;
-# an evaluation sweep reads checkpoints and never needs the trainer
+             ("model", "rollout"), ("evaluation", "train"), ("plan", "train"), ("plan", "evaluation")}
+# engines use models, a model never needs an engine; an evaluation sweep reads checkpoints and never
+# needs the trainer; the memory plan is arithmetic over the config, read by train/ and the CLI
 # Known exceptions (file, room), each with its reason; none today.
 KNOWN: set[tuple[str, str]] = set()
 ENTRY_POINTS = {"__main__.py"}  # `python -m mathrl.train` starts the command line

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mathrl.config import ConfigError, load_config
-from mathrl.train.plan import estimate_memory
+from mathrl.plan.memory import estimate_memory
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = sorted((REPO / "recipes" / "real").glob("*.yaml"))

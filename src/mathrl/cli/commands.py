@@ -184,9 +184,9 @@ def inspect(ns: argparse.Namespace, console: Console) -> int:
 
 
 def plan(ns: argparse.Namespace, console: Console) -> int:
-    from mathrl.train.plan import estimate_memory
-    from mathrl.train.plan_format import format_plan
-    from mathrl.train.plan_setup import setup_time
+    from mathrl.plan.format import format_plan
+    from mathrl.plan.memory import estimate_memory
+    from mathrl.plan.setup_time import setup_time
 
     recipe, overrides = _split_recipe(ns.args)
     cfg = load_config(recipe, overrides, check_paths=False)  # planning needs the architecture, not the data

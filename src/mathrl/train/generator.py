@@ -330,12 +330,12 @@ def start_generator(trainer: Trainer) -> Generator | None:
 
 
 def check_layout(cfg: Config, *, trainer_gpus: list[int], gpus: int) -> None:
-    """On GPUs: a layout whose generators cannot fit beside the trainer (train/plan.py's estimate, vLLM's
+    """On GPUs: a layout whose generators cannot fit beside the trainer (plan/memory.py's estimate, vLLM's
     shares of one GPU) stops here, in one line naming the GPUs, before any generator starts."""
     if not trainer_gpus:
         return
     from mathrl.config import ConfigError
-    from mathrl.train.plan import generator_layout_error
+    from mathrl.plan.memory import generator_layout_error
 
     gib = torch.cuda.get_device_properties(trainer_gpus[0]).total_memory / 2**30
     try:

@@ -1,4 +1,4 @@
-"""Where the memory plan's bytes sit (train/plan.py): the plan record (`MemoryPlan`), the generator
+"""Where the memory plan's bytes sit (plan/memory.py): the plan record (`MemoryPlan`), the generator
 processes placed on their GPUs (rollout.placement) with their engines, the kept policy versions and the
 weight staging bucket, and every device's peak (`DeviceLoad`).
 """
@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mathrl.config import Config
+from mathrl.plan.arch import BYTES, GIB, Architecture
+from mathrl.plan.engine import GeneratorUse, generator_engine
 from mathrl.rollout.placement import generator_gpus, weight_backend
-from mathrl.train.plan_arch import BYTES, GIB, Architecture
-from mathrl.train.plan_engine import GeneratorUse, generator_engine
 
 __all__ = ["DeviceLoad", "MemoryPlan"]
 

@@ -1,4 +1,4 @@
-"""The model side of the memory plan (train/plan.py): the numbers of a decoder-only model that memory
+"""The model side of the memory plan (plan/memory.py): the numbers of a decoder-only model that memory
 depends on, with exact parameter counts from modules built on the meta device (no memory, no weights,
 no download), and the byte sizes the plan counts in.
 """

@@ -10,10 +10,10 @@ import torch
 from mathrl.cli import main
 from mathrl.config import load_config
 from mathrl.model.init import CONFIG_DIR, build_random_model
-from mathrl.train.plan import estimate_memory, generator_layout_error
-from mathrl.train.plan_arch import GIB, architecture_of
-from mathrl.train.plan_format import format_plan
-from mathrl.train.plan_trainer import activation_bytes_per_token
+from mathrl.plan.arch import GIB, architecture_of
+from mathrl.plan.format import format_plan
+from mathrl.plan.memory import estimate_memory, generator_layout_error
+from mathrl.plan.trainer import activation_bytes_per_token
 
 
 def test_tiny_model_by_hand():
@@ -211,8 +211,8 @@ def _tiny_buckets(bucket_mb: float = 256.0):
     """The weight buckets train/generator.py cuts the tiny model's state dict into (built on the meta device)."""
     from transformers import AutoModelForCausalLM
 
+    from mathrl.plan.arch import hf_config
     from mathrl.rollout import weight_sync as ws
-    from mathrl.train.plan_arch import hf_config
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config(load_config(None, [])))
@@ -343,7 +343,7 @@ def test_plan_states_the_setup_time_of_the_base_model(tmp_path, monkeypatch, cap
     # Bug story: the tool recipes' base-model builds (5.5 and 17.5 min) were stated only in docs/findings.md,
     # and `mathrl plan` on them reported GPU memory only. Its last line now says what the run does first.
     from mathrl.model.tiny import recipe_hash
-    from mathrl.train.plan_setup import MEASURED_BUILDS, setup_time
+    from mathrl.plan.setup_time import MEASURED_BUILDS, setup_time
 
     monkeypatch.setenv("MATHRL_CACHE", str(tmp_path / "empty-cache"))  # nothing built here
     for recipe, minutes in [("recipes/arith_tools.yaml", "5.5 min"), ("recipes/arith_tools_mul.yaml", "17.5 min")]:

@@ -1,4 +1,4 @@
-"""The trainer's own memory per GPU in the memory plan (train/plan.py, whose docstring states every
+"""The trainer's own memory per GPU in the memory plan (plan/memory.py, whose docstring states every
 term's assumptions): weights, gradients and AdamW states sharded over the ranks, the gathered layers,
 the activations of one micro-batch (`activation_bytes_per_token`), the head gradients, the reference
 model, the runtime allowance and the PPO critic.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from mathrl.config import Config
-from mathrl.train.plan_arch import GIB, RUNTIME_GIB, Architecture
+from mathrl.plan.arch import GIB, RUNTIME_GIB, Architecture
 
 __all__ = ["activation_bytes_per_token"]
 

@@ -4,8 +4,8 @@ generators, each device's peak and the verdict (fits, or what does not and how t
 
 from __future__ import annotations
 
-from mathrl.train.plan_arch import GIB
-from mathrl.train.plan_layout import DeviceLoad, MemoryPlan
+from mathrl.plan.arch import GIB
+from mathrl.plan.layout import DeviceLoad, MemoryPlan
 
 __all__ = ["format_plan"]
 

@@ -1,4 +1,4 @@
-"""The rollout engines in the memory plan (train/plan.py): the trainer's own engine (vLLM's share of the
+"""The rollout engines in the memory plan (plan/memory.py): the trainer's own engine (vLLM's share of the
 GPU, or the torch engine's weights copy and KV cache) and each generator process's engine
 (`GeneratorUse`).
 """
@@ -9,8 +9,8 @@ import math
 from dataclasses import dataclass
 
 from mathrl.config import Config
+from mathrl.plan.arch import BYTES, GIB, RUNTIME_GIB, Architecture
 from mathrl.registry import ENGINES
-from mathrl.train.plan_arch import BYTES, GIB, RUNTIME_GIB, Architecture
 
 __all__ = ["GeneratorUse"]
 

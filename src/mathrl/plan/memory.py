@@ -3,7 +3,7 @@
     mathrl plan recipes/deepscaler_1.5b_8k.yaml --gpus 8 --gpu-mem 80
     mathrl plan recipes/real/dapo_qwen2.5_math_7b.yaml rollout.max_staleness=1 --gpus 8 --trainer-gpus 7
 
-Its last line is the setup time (`plan_setup.setup_time`): a base model to build or download before
+Its last line is the setup time (`setup_time.setup_time`): a base model to build or download before
 the first step, or none.
 
 The architecture is built on the meta device (no memory, no weights, no download), so parameter
@@ -67,19 +67,19 @@ counts are exact. What the estimate assumes, term by term (GiB = 2^30 bytes, per
 The activation model is checked against autograd's saved tensors of a random-init model on a CPU in
 tests/train/test_plan.py; parameter and optimizer bytes are checked exactly.
 
-Where each part is computed: plan_arch.py (the architecture, exact parameter counts), plan_trainer.py
-(the trainer's states and activations), plan_engine.py (the trainer's and the generators' engines),
-plan_layout.py (the generators' placement and every device's peak); this module adds them up per phase.
-plan_format.py writes the plan as text, plan_setup.py the setup-time line.
+Where each part is computed: arch.py (the architecture, exact parameter counts), trainer.py
+(the trainer's states and activations), engine.py (the trainer's and the generators' engines),
+layout.py (the generators' placement and every device's peak); this module adds them up per phase.
+format.py writes the plan as text, setup_time.py the setup-time line.
 """
 
 from __future__ import annotations
 
 from mathrl.config import Config
-from mathrl.train.plan_arch import BYTES, Architecture, architecture_of
-from mathrl.train.plan_engine import engine_owns_weights, trainer_engine
-from mathrl.train.plan_layout import MemoryPlan, add_generators, device_loads
-from mathrl.train.plan_trainer import trainer_states
+from mathrl.plan.arch import BYTES, Architecture, architecture_of
+from mathrl.plan.engine import engine_owns_weights, trainer_engine
+from mathrl.plan.layout import MemoryPlan, add_generators, device_loads
+from mathrl.plan.trainer import trainer_states
 
 __all__ = ["estimate_memory", "generator_layout_error"]
 
