@@ -208,7 +208,7 @@ TINY_VERSION = 813_952 * 4
 
 
 def _tiny_buckets(bucket_mb: float = 256.0):
-    """The weight buckets train/generator.py cuts the tiny model's state dict into (built on the meta device)."""
+    """The weight buckets train/generators/host.py cuts the tiny model's state dict into (built on the meta device)."""
     from transformers import AutoModelForCausalLM
 
     from mathrl.plan.arch import hf_config

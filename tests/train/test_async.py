@@ -1,4 +1,4 @@
-"""Generate while training (train/generator.py, rollout/weight_sync.py).
+"""Generate while training (train/generators/host.py, rollout/weight_sync.py).
 
 The same quantity two ways: staleness 0 through a generator process is the synchronous loop (same
 metrics, same final weights); with fixed lag k = 1 every consumed sample comes from version step - 2
@@ -23,7 +23,7 @@ import torch
 from mathrl.config import ConfigError, load_config
 from mathrl.rollout import weight_sync as ws
 from mathrl.run_dir import latest_checkpoint
-from mathrl.train.generator import needed_version, plan_placement
+from mathrl.train.generators.host import needed_version, plan_placement
 from mathrl.train.step import staleness_metrics
 
 DRIVER = r'''

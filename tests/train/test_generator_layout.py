@@ -1,5 +1,5 @@
 """Where generator processes run and how weights reach them, as far as a CPU can show it
-(train/generator.py, rollout/placement.py, rollout/weight_sync.py): each child's GPU through
+(train/generators/host.py, rollout/placement.py, rollout/weight_sync.py): each child's GPU through
 CUDA_VISIBLE_DEVICES, sends through one staging bucket, every wait bounded by the timeout."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 from mathrl.config import load_config
 from mathrl.rollout import weight_sync as ws
 from mathrl.rollout.placement import child_cuda_env, generator_gpus, weight_backend
-from mathrl.train.generator import plan_placement, spawn_with_env
+from mathrl.train.generators.host import plan_placement, spawn_with_env
 
 
 def _port() -> int:
@@ -252,7 +252,7 @@ def test_a_layout_that_cannot_fit_stops_before_any_generator_starts(monkeypatch)
     from types import SimpleNamespace
 
     from mathrl.config import ConfigError
-    from mathrl.train.generator import check_layout
+    from mathrl.train.generators.host import check_layout
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=80 * 2**30))
     cfg = load_config("recipes/real/dapo_qwen2.5_math_7b.yaml", ["rollout.max_staleness=1"], check_paths=False)

@@ -1,4 +1,4 @@
-"""Generate while training with vLLM generators (train/generator.py with rollout.engine=vllm): the run ends
+"""Generate while training with vLLM generators (train/generators/host.py with rollout.engine=vllm): the run ends
 as a finished run (exit 0, final/ and summary.json) in free mode with two generators, whose last steps may
 still be sent versions after their engine's last sample; each step trains on one version within the bound.
 

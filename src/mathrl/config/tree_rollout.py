@@ -46,7 +46,7 @@ class VLLMConfig:
 
 @dataclass
 class GeneratorConfig:
-    """The generator processes that sample while the trainer trains (train/generator.py, docs/async.md): each
+    """The generator processes that sample while the trainer trains (train/generators/host.py, docs/async.md): each
     runs its own engine on its own cores (CPU) or GPU and receives every needed policy version over a
     torch.distributed group (gloo; NCCL between distinct GPUs), in buckets, never through disk."""
 

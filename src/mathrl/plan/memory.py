@@ -51,7 +51,7 @@ counts are exact. What the estimate assumes, term by term (GiB = 2^30 bytes, per
   response tokens; with several GPUs it samples from its own unsharded copy of the policy in
   `model.dtype` (ranks finish their responses at different lengths, which a sharded model's
   collectives cannot follow), counted as "torch engine weights".
-* generator processes (`rollout.max_staleness` >= 1, train/generator.py): each on the GPU that
+* generator processes (`rollout.max_staleness` >= 1, train/generators/host.py): each on the GPU that
   `rollout.placement.generator_gpus` gives it, or on the CPU in a CPU run. A vLLM generator claims its
   `gpu_memory_utilization` share of that GPU (on a CPU: its weights and `rollout.vllm.kv_cache_gb`); a
   torch generator holds its own copy of the policy in `model.dtype`, a KV cache of `rollout.batch_size`

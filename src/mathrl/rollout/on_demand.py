@@ -1,5 +1,5 @@
 """An engine that exists only while it is used: the trainer's evaluation engine when generator processes do
-all the sampling (train/generator.py). A vLLM engine built beside the generators' would hold its share of
+all the sampling (train/generators/host.py). A vLLM engine built beside the generators' would hold its share of
 the GPU for the whole run, and a generator's vLLM that shares that GPU could then not start.
 
     engine = OnDemandEngine(build=lambda: build_engine(cfg, ...), weights=trainer.engine_weights, release="close")

@@ -1,5 +1,5 @@
 """Which GPU each generator process samples on: one rule, read by the generator's placement
-(train/generator.py) and by the memory plan (plan/memory.py).
+(train/generators/host.py) and by the memory plan (plan/memory.py).
 
     generator_gpus([], workers=1, gpus=8, trainer_gpus=[0, 1, 2, 3])   # [4]
     generator_gpus([], workers=1, gpus=1, trainer_gpus=[0])            # [0]: shared with the trainer

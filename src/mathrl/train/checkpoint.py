@@ -10,7 +10,7 @@ A checkpoint is a directory `checkpoints/step_<N>/`:
     critic/              the PPO critic, when there is one (algo.adv.estimator: gae); its optimizer and
                          scheduler state are in trainer_state.pt
     generator_versions.safetensors  with fixed-lag generation (rollout.max_staleness k >= 1): the older
-                         policy versions the next k steps sample from (train/generator.py)
+                         policy versions the next k steps sample from (train/generators/host.py)
 Written by several ranks (torchrun, FSDP2-sharded models), the optimizer states are instead sharded
 Distributed Checkpoint directories, each rank writing its own shard:
     optimizer/           torch.distributed.checkpoint of the policy's AdamW state (Hugging Face names)
@@ -87,7 +87,7 @@ def save_checkpoint(
     A PPO critic goes to critic/ (safetensors), its optimizer and scheduler into trainer_state.pt.
     With several ranks (sharded models) every rank must call it: see `_save_sharded`. `extra_tensors`
     ({file name: {key: tensor}}, rank 0's) are written as safetensors files into the checkpoint too
-    (e.g. train/generator.py's older policy versions)."""
+    (e.g. train/generators/host.py's older policy versions)."""
     if ranks is not None and ranks.distributed:
         return _save_sharded(checkpoints_dir, step, model=model, tokenizer=tokenizer, optimizer=optimizer,
                              scheduler=scheduler, state=state, keep_last=keep_last, keep_every=keep_every,

@@ -85,7 +85,7 @@ class Collected(Samples):
     metrics: dict[str, float]  # filter/*, rollout/*, reward/* of the collection, for the log
     rollout_seconds: float
     reward_seconds: float
-    versions: torch.Tensor | None = None  # [N] long: the policy version that sampled each row (set by a generator, train/generator.py)
+    versions: torch.Tensor | None = None  # [N] long: the policy version that sampled each row (set by a generator, train/generators/host.py)
     drops: GroupDrops = field(default_factory=GroupDrops)  # the groups dynamic sampling dropped (the kept ones: `problems`)
     dropped: Samples | None = None  # no group kept: the first round's first groups as sampled, for rollouts.jsonl
 

@@ -256,6 +256,14 @@ def is_sharded(model) -> bool:
     return isinstance(model, FSDPModule)
 
 
+def full_weights(model) -> list[tuple[str, torch.Tensor]]:
+    """The policy's full weights (Hugging Face names): gathered on rank 0 when sharded (a collective:
+    every rank calls it; the others get []), the model's own tensors in one process."""
+    if is_sharded(model):
+        return list(full_state_dict(model).items())
+    return list(model.state_dict().items())
+
+
 def full_state_dict(model) -> dict[str, torch.Tensor]:
     """The model's whole (unsharded) state dict on CPU, Hugging Face names, on rank 0 only (other ranks
     get {}); a collective when the model is sharded. An engine on every rank (vLLM under torchrun) loads

@@ -10,7 +10,7 @@ collect -> score -> advantages -> update -> sync -> log), collect.py, update.py,
 shards.py (which rows each rank takes) and monitors.py (the watches that read each step's result).
 
 With rollout.max_staleness >= 1 (or rollout.generator.workers >= 1) generator processes sample the
-steps' batches (train/generator.py): they start before the first evaluation, `rl_step` takes each
+steps' batches (train/generators/host.py): they start before the first evaluation, `rl_step` takes each
 step's batch from them and sends them the new weights after its update.
 
 SIGTERM (a scheduler's preemption) stops the run promptly (train/preempt.py). Before the first step
@@ -51,7 +51,7 @@ from mathrl.track.console import StepProgress, summary_table
 from mathrl.train.checkpoint import save_final_model, save_hf_model
 from mathrl.train.critic import pretrain_critic
 from mathrl.train.dist import DistributedError, Ranks, close_distributed, collective_failure, init_distributed
-from mathrl.train.generator import next_batch, start_generator
+from mathrl.train.generators.host import next_batch, start_generator
 from mathrl.train.preempt import Preempted, StopSignal
 from mathrl.train.shared import NonFiniteError, eval_due, evals_from_log, log_evals, run_evals, summary
 from mathrl.train.step import rl_step

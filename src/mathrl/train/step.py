@@ -6,7 +6,7 @@
 
 `collect` (problems -> rollout -> reward -> group filter, refilled) is a call of its own whose result
 `rl_step` consumes: a caller that generated the batch elsewhere (ahead of time, in other processes:
-train/generator.py) hands it in as `collected` and the rest of the step is unchanged.
+train/generators/host.py) hands it in as `collected` and the rest of the step is unchanged.
 
 Each stage hands the next a typed value (`Prepared`, `Scored`, `Advantages`, then the `TrainBatch`
 the updates read, and the updates' `Updated`) and returns its own metrics; `rl_step` merges them once
@@ -36,7 +36,6 @@ from mathrl.train.batching import TrainBatch
 from mathrl.train.collect import CollapseRates, Collected, Prepared, collect_rollouts, prepare
 from mathrl.train.critic import update_critic, value_pass
 from mathrl.train.dist import Ranks
-from mathrl.train.generator import push_weights
 from mathrl.train.monitors import GroupOutcomes
 from mathrl.train.trainer import Trainer
 from mathrl.train.update import engine_logprobs_are_old, scoring_pass, update_policy
@@ -98,8 +97,7 @@ def rl_step(trainer: Trainer, step: int, collected: Collected | None = None) -> 
 
     # ---- sync: the engine (and the generators) sample the updated policy from now on (in memory) ---
     t_train = time.time()
-    trainer.engine.update_weights(trainer.engine_weights())
-    sent = push_weights(trainer, step) if cfg.generator_workers else {}  # train/generator.py, async
+    sent = trainer.sync_weights(step)  # the engine's update, and the send to generator processes (async)
     sync = {"perf/weight_sync_seconds": time.time() - t_train}  # the engine's update and the send together
     if sent:
         sync["perf/weight_sync_bytes"] = sent["perf/weight_sync_bytes"]
@@ -118,8 +116,7 @@ def skip(trainer: Trainer, step: int, got: Collected) -> StepResult:
     why = ", ".join(f"{count} {reason}" for reason, count in (("all wrong", d.all_wrong), ("all correct", d.all_correct),
                                                               ("out of band", d.out_of_band)) if count)
     trainer.console.print(f"[yellow]warning:[/yellow] step {step}: dynamic sampling kept no group ({why}); update skipped")
-    if trainer.cfg.generator_workers:  # version `step` is the unchanged weights: the generators count versions by sends
-        push_weights(trainer, step)
+    trainer.sync_weights(step, updated=False)  # version `step` is the unchanged weights: the generators count sends
     trainer.tracker.log(step, got.metrics)
     if trainer.ranks.main and got.dropped is not None:  # what was sampled and dropped: the samples to read when no group is kept
         d = got.dropped

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from rich.console import Console
 
+import mathrl.train.dist as tdist
 from mathrl.algo.controllers import (
     AdaptiveEntropyController,
     AdaptiveKLController,
@@ -82,7 +83,7 @@ class Trainer:
     critic_scaler: Any = None  # ... and the critic's
     tracker: Any = None
     rewarder: Rewarder | None = None  # the reward components (reward.functions), scoring in its Verifier's workers
-    generator: Any = None  # train/generator.py:Generator, on rank 0, when generator processes sample (rollout.max_staleness)
+    generator: Any = None  # train/generators/host.py:Generator, on rank 0, when generator processes sample (rollout.max_staleness)
     start_step: int = 1
     skips: SkipCount = field(default_factory=SkipCount)
     collapse: CollapseWatch = field(default_factory=CollapseWatch)
@@ -137,6 +138,18 @@ class Trainer:
             return
         with self.model.disable_adapter():
             yield self.model
+
+    def sync_weights(self, step: int, *, updated: bool = True) -> dict[str, float]:
+        """After step `step`: the engine samples the updated policy from now on (`updated`: loaded in
+        memory), and the generator processes receive version `step` (rollout.max_staleness; a skipped
+        update still sends it, since they count versions by sends). Every rank calls it (a sharded
+        policy is gathered); returns the send's metrics (rank 0, with generators) or {}."""
+        if updated:
+            self.engine.update_weights(self.engine_weights())
+        if not self.cfg.generator_workers:
+            return {}
+        named = tdist.full_weights(self.model)
+        return self.generator.push(step, [t for _, t in named]) if self.ranks.main else {}
 
     def engine_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
         """The tensors the engine loads after an update: the policy's state dict, which an engine

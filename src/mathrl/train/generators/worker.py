@@ -1,4 +1,4 @@
-"""The generator process of asynchronous training (train/generator.py is the trainer's side): what the
+"""The generator process of asynchronous training (train/generators/host.py is the trainer's side): what the
 trainer sends it (`WorkerSpec`), what it sends back (`Generated`, `WorkerFailure`), and its loop,
 `worker_main`: receive the policy versions a step needs, run `collect_rollouts` for the step exactly as
 the synchronous loop does, put the step's batch on the queue; at the end a barrier with the trainer.
