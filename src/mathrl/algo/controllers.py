@@ -132,7 +132,53 @@ class AdaptiveKLController:
         self._coef = float(state["coef"])
 
 
-class AdaptiveEntropyController:
+class _EntropyController:
+    """What the two entropy controllers share: a start coefficient kept within [min_coef, max_coef],
+    a target entropy, and one move per update from the measured entropy (`_move`, their one
+    difference). ``coef`` is the coefficient of the coming loss."""
+
+    _extra_state: tuple[str, ...] = ()  # keys besides "coef" that a subclass's state holds
+
+    def __init__(self, init_coef: float, target_entropy: float, *, size: float, size_name: str,
+                 min_coef: float, max_coef: float) -> None:
+        owner = type(self).__name__
+        if size < 0:
+            raise ValueError(f"{owner}: {size_name} must be >= 0, got {size}")
+        _check_bounds(init_coef, min_coef, max_coef, owner)
+        self.target_entropy = float(target_entropy)
+        self.min_coef = float(min_coef)
+        self.max_coef = float(max_coef)
+        self._raw_coef = float(init_coef)
+
+    @property
+    def coef(self) -> float:
+        return self._raw_coef
+
+    def _move(self, entropy: float) -> float:
+        """The coefficient's change for a batch of mean entropy `entropy` (before the clamp)."""
+        raise NotImplementedError
+
+    def update(self, measured: float | Tensor | None = None, *, n_steps: int = 1) -> float:
+        """``measured``: the batch's mean token entropy. ``n_steps`` is ignored."""
+        if measured is None:
+            raise ValueError(f"{type(self).__name__}.update needs the measured entropy")
+        entropy = float(measured)
+        self._raw_coef = _clamp(self._raw_coef + self._move(entropy), self.min_coef, self.max_coef)
+        self._after(entropy)
+        return self.coef
+
+    def _after(self, entropy: float) -> None:
+        """A subclass's state change after the coefficient moved (none here)."""
+
+    def state_dict(self) -> dict[str, float | bool]:
+        return {"coef": self._raw_coef}
+
+    def load_state_dict(self, state: Mapping[str, float | bool]) -> None:
+        _require(state, ("coef", *self._extra_state), type(self).__name__)
+        self._raw_coef = float(state["coef"])
+
+
+class AdaptiveEntropyController(_EntropyController):
     """Proportional entropy-coefficient controller (``algo.entropy.mode: adaptive``).
 
         coef = clamp(coef + kp * (target_entropy - entropy), min_coef, max_coef)
@@ -144,45 +190,16 @@ class AdaptiveEntropyController:
     ``algo.entropy.min_coef``, ``algo.entropy.max_coef``; ``algo.entropy.coef`` is the start.
     """
 
-    def __init__(
-        self,
-        init_coef: float,
-        target_entropy: float,
-        *,
-        kp: float,
-        min_coef: float,
-        max_coef: float,
-    ) -> None:
-        if kp < 0:
-            raise ValueError(f"AdaptiveEntropyController: kp must be >= 0, got {kp}")
-        _check_bounds(init_coef, min_coef, max_coef, type(self).__name__)
-        self.target_entropy = float(target_entropy)
+    def __init__(self, init_coef: float, target_entropy: float, *, kp: float, min_coef: float,
+                 max_coef: float) -> None:
+        super().__init__(init_coef, target_entropy, size=kp, size_name="kp", min_coef=min_coef, max_coef=max_coef)
         self.kp = float(kp)
-        self.min_coef = float(min_coef)
-        self.max_coef = float(max_coef)
-        self._coef = float(init_coef)
 
-    @property
-    def coef(self) -> float:
-        return self._coef
-
-    def update(self, measured: float | Tensor | None = None, *, n_steps: int = 1) -> float:
-        """``measured``: the batch's mean token entropy. ``n_steps`` is ignored."""
-        if measured is None:
-            raise ValueError("AdaptiveEntropyController.update needs the measured entropy")
-        step = self.kp * (self.target_entropy - float(measured))
-        self._coef = _clamp(self._coef + step, self.min_coef, self.max_coef)
-        return self._coef
-
-    def state_dict(self) -> dict[str, float | bool]:
-        return {"coef": self._coef}
-
-    def load_state_dict(self, state: Mapping[str, float | bool]) -> None:
-        _require(state, ("coef",), type(self).__name__)
-        self._coef = float(state["coef"])
+    def _move(self, entropy: float) -> float:
+        return self.kp * (self.target_entropy - entropy)
 
 
-class SkyworkEntropyController:
+class SkyworkEntropyController(_EntropyController):
     """Skywork-OR1 adaptive entropy control (He et al. 2025, "Skywork Open Reasoner 1 Technical
     Report", MAGIC loss, "Adaptive Entropy Control"; ``algo.entropy.mode: skywork``).
 
@@ -198,23 +215,12 @@ class SkyworkEntropyController:
     ``algo.entropy.max_coef``; ``algo.entropy.coef`` is c_0 (0 in the paper).
     """
 
-    def __init__(
-        self,
-        init_coef: float,
-        target_entropy: float,
-        *,
-        step: float,
-        min_coef: float,
-        max_coef: float,
-    ) -> None:
-        if step < 0:
-            raise ValueError(f"SkyworkEntropyController: step must be >= 0, got {step}")
-        _check_bounds(init_coef, min_coef, max_coef, type(self).__name__)
-        self.target_entropy = float(target_entropy)
+    _extra_state = ("active",)
+
+    def __init__(self, init_coef: float, target_entropy: float, *, step: float, min_coef: float,
+                 max_coef: float) -> None:
+        super().__init__(init_coef, target_entropy, size=step, size_name="step", min_coef=min_coef, max_coef=max_coef)
         self.step = float(step)
-        self.min_coef = float(min_coef)
-        self.max_coef = float(max_coef)
-        self._raw_coef = float(init_coef)
         self._active = True
 
     @property
@@ -231,22 +237,17 @@ class SkyworkEntropyController:
     def coef(self) -> float:
         return self._raw_coef if self._active else 0.0
 
-    def update(self, measured: float | Tensor | None = None, *, n_steps: int = 1) -> float:
-        """``measured``: the batch's mean token entropy. ``n_steps`` is ignored."""
-        if measured is None:
-            raise ValueError("SkyworkEntropyController.update needs the measured entropy")
-        entropy = float(measured)
-        if entropy < self.target_entropy:
-            self._raw_coef = _clamp(self._raw_coef + self.step, self.min_coef, self.max_coef)
-        elif entropy > self.target_entropy:
-            self._raw_coef = _clamp(self._raw_coef - self.step, self.min_coef, self.max_coef)
+    def _move(self, entropy: float) -> float:
+        if entropy == self.target_entropy:
+            return 0.0
+        return self.step if entropy < self.target_entropy else -self.step
+
+    def _after(self, entropy: float) -> None:
         self._active = entropy <= self.target_entropy
-        return self.coef
 
     def state_dict(self) -> dict[str, float | bool]:
         return {"coef": self._raw_coef, "active": self._active}
 
     def load_state_dict(self, state: Mapping[str, float | bool]) -> None:
-        _require(state, ("coef", "active"), type(self).__name__)
-        self._raw_coef = float(state["coef"])
+        super().load_state_dict(state)
         self._active = bool(state["active"])
