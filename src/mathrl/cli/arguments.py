@@ -44,8 +44,8 @@ def distill_data(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-per-prompt", type=int, default=1,
                    help="distinct correct answers kept per prompt [1: a prompt the teacher always solves would "
                         "otherwise weigh n times as much as one it solves once]")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature, > 0 [1.0]")
-    p.add_argument("--seed", type=int, default=0, help="seed of the problem draw and of the sampling [0]")
+    p.add_argument("--temperature", type=float, default=None, help="sampling temperature, > 0 [rollout.temperature: 1.0]")
+    p.add_argument("--seed", type=int, default=None, help="seed of the problem draw and of the sampling [seed: 0]")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
 
 

@@ -55,8 +55,8 @@ class DistillSettings:
     n: int = 4  # answers sampled per prompt
     prompts: int | None = None  # prompts to sample; None: every row of data.train, 1000 arithmetic problems
     max_per_prompt: int = 1  # distinct correct answers kept per prompt
-    temperature: float = 1.0
-    seed: int = 0  # the problem draw (arithmetic) and the sampling
+    temperature: float | None = None  # None: rollout.temperature of the config
+    seed: int | None = None  # the problem draw (arithmetic) and the sampling; None: seed of the config
     force: bool = False  # overwrite an existing --out
 
     def validate(self) -> None:
@@ -67,7 +67,7 @@ class DistillSettings:
             errors.append(f"--prompts must be >= 1, got {self.prompts}")
         if self.max_per_prompt < 1:
             errors.append(f"--max-per-prompt must be >= 1, got {self.max_per_prompt}")
-        if not self.temperature > 0:
+        if self.temperature is not None and not self.temperature > 0:
             errors.append(f"--temperature must be > 0 (several samples per prompt need sampling), got {self.temperature}")
         if Path(self.out).suffix != ".jsonl":
             errors.append(f"--out {self.out!r} must end in .jsonl (mathrl sft reads data.train by its suffix)")
@@ -179,14 +179,17 @@ def teacher_model_path(teacher: str) -> str:
 
 
 def distill_config(recipe: str | None, overrides: list[str], settings: DistillSettings) -> Config:
-    """The recipe and overrides, with model.path the teacher and seed the --seed; an override of a key
-    a flag sets is refused, naming the flag."""
+    """The recipe and overrides, with model.path the teacher and (when given) seed the --seed and
+    rollout.temperature the --temperature; an override of a key a flag sets is refused, naming the flag."""
     for text in overrides:
         key, _ = parse_override(text)
         if key in _FLAG_KEYS:
             raise ConfigError(f"override {text!r} has no effect in `mathrl distill-data`; use {_FLAG_KEYS[key]} instead")
     teacher = teacher_model_path(settings.teacher)
-    return load_config(recipe, [*overrides, f"model.path={json.dumps(teacher)}", f"seed={settings.seed}"])
+    flags = [f"model.path={json.dumps(teacher)}"]
+    flags += [f"seed={settings.seed}"] if settings.seed is not None else []
+    flags += [f"rollout.temperature={settings.temperature}"] if settings.temperature is not None else []
+    return load_config(recipe, [*overrides, *flags])
 
 
 # ----------------------------------------------------------------------------------------------- prompts
@@ -220,7 +223,8 @@ def distill_prompts(cfg: Config, tokenizer, count: int | None) -> tuple[list[Pro
 def distill_data(cfg: Config, settings: DistillSettings, *, console: Console | None = None,
                  verifier=None) -> DistillSummary:
     """Sample settings.n answers per prompt from the teacher (cfg.model.path, as `distill_config` sets
-    it), keep the checked ones (`select_rows`) and write them to settings.out as SFT rows, with the
+    it; rollout.temperature, rollout.top_p, rollout.max_new_tokens; the problem draw and the samples
+    seeded by cfg.seed), keep the checked ones (`select_rows`) and write them to settings.out as SFT rows, with the
     summary beside them (`summary_path`). `verifier`: anything with the Verifier's `score(texts,
     golds)`; default the config's checker (reward.checker, reward.boxed) in worker processes."""
     console = console or Console()
@@ -249,8 +253,8 @@ def distill_data(cfg: Config, settings: DistillSettings, *, console: Console | N
     summary.prompts_dropped = dropped
     summary.settings = {"teacher": model_path, "data": cfg.data.train, "template": cfg.data.template,
                         "engine": cfg.rollout.engine, "n": settings.n, "max_per_prompt": settings.max_per_prompt,
-                        "temperature": settings.temperature, "top_p": cfg.rollout.top_p,
-                        "max_new_tokens": cfg.rollout.max_new_tokens, "seed": settings.seed, "out": str(settings.out)}
+                        "temperature": cfg.rollout.temperature, "top_p": cfg.rollout.top_p,
+                        "max_new_tokens": cfg.rollout.max_new_tokens, "seed": cfg.seed, "out": str(settings.out)}
     summary.wall_seconds = time.time() - t0
     _write(settings, [problems[i // settings.n] for i in kept], [texts[i] for i in kept], summary)
     console.print(f"wrote {settings.out}: {summary.line()}", highlight=False)
@@ -275,7 +279,7 @@ def _sample(engine, tokenizer, verifier, problems, prompts, cfg: Config, setting
         for lo in range(0, len(flat_prompts), piece):
             got = sample_rows(flat_prompts[lo : lo + piece], flat_problems[lo : lo + piece], first_row=lo, engine=engine,
                               tokenizer=tokenizer, verifier=verifier, max_new_tokens=cfg.rollout.max_new_tokens,
-                              temperature=settings.temperature, top_p=cfg.rollout.top_p, seed=settings.seed)
+                              temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, seed=cfg.seed)
             texts += got.texts
             correct += [r.score > 0 for r in got.results]
             truncated += [bool(t) for t in got.truncated]
