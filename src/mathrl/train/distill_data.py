@@ -224,9 +224,9 @@ def distill_data(cfg: Config, settings: DistillSettings, *, console: Console | N
                  verifier=None) -> DistillSummary:
     """Sample settings.n answers per prompt from the teacher (cfg.model.path, as `distill_config` sets
     it; rollout.temperature, rollout.top_p, rollout.max_new_tokens; the problem draw and the samples
-    seeded by cfg.seed), keep the checked ones (`select_rows`) and write them to settings.out as SFT rows, with the
-    summary beside them (`summary_path`). `verifier`: anything with the Verifier's `score(texts,
-    golds)`; default the config's checker (reward.checker, reward.boxed) in worker processes."""
+    seeded by cfg.seed), keep the checked ones (`select_rows`) and write them to settings.out as SFT
+    rows, with the summary beside them (`summary_path`). `verifier`: anything with the Verifier's
+    `score(texts, golds)`; default the config's checker (reward.checker, reward.boxed) in worker processes."""
     console = console or Console()
     settings.validate()
     settings.check_out()
@@ -293,11 +293,9 @@ def _write(settings: DistillSettings, problems: list[Problem], responses: list[s
     out = Path(settings.out).expanduser()
     out.parent.mkdir(parents=True, exist_ok=True)
     settings.check_out()  # again: something may have been written there while the teacher sampled
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    with tmp.open("w") as f:
-        for problem, response in zip(problems, responses):
-            f.write(json.dumps({"problem": problem.question, "answer": problem.answer, "response": response}) + "\n")
-    side = summary_path(out)
-    side.with_name(f".{side.name}.tmp-{os.getpid()}").write_text(json.dumps(asdict(summary), indent=2) + "\n")
-    os.replace(side.with_name(f".{side.name}.tmp-{os.getpid()}"), side)
-    os.replace(tmp, out)
+    rows = "".join(json.dumps({"problem": p.question, "answer": p.answer, "response": r}) + "\n"
+                   for p, r in zip(problems, responses))
+    for path, text in ((summary_path(out), json.dumps(asdict(summary), indent=2) + "\n"), (out, rows)):  # the rows last
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp.write_text(text)
+        os.replace(tmp, path)
