@@ -2,6 +2,8 @@
 
     mathrl train [RECIPE.yaml] [key.path=value ...] [--run-dir DIR] [--no-resume]
     mathrl sft   [RECIPE.yaml] [key.path=value ...] [--run-dir DIR] [--no-resume]   supervised fine-tuning (sft.*)
+    mathrl distill-data [RECIPE.yaml] [key.path=value ...] --teacher PATH --out FILE.jsonl [--n 4 --prompts N ...]
+                                                      a teacher's checked answers as rows for mathrl sft
     mathrl config [RECIPE.yaml] [key.path=value ...] [--yaml]   every key: type, default, allowed values, doc
     mathrl base  [base.key=value ...]                  build (or find) the tiny base model; prints its path
     mathrl eval  TARGET... [key.path=value ...] [--n 8 --seeds 0 1 2 ...]   evaluate checkpoints (docs/evaluation.md)
@@ -49,6 +51,8 @@ Verb = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.
 VERBS: dict[str, Verb] = {
     "train": ("run an RL experiment (no arguments: the built-in arithmetic demo)", arguments.train, commands.train),
     "sft": ("supervised fine-tuning on (prompt, response) data; then mathrl train model.path=<run>/final", arguments.sft, commands.sft),
+    "distill-data": ("sample a teacher's answers, keep those the checker accepts, write them as rows for mathrl sft",
+                     arguments.distill_data, commands.distill_data),
     "config": ("list every config key with its type, default, allowed values and doc", arguments.config, commands.config),
     "base": ("build (or find in the cache) the tiny base model; prints its path", arguments.base, commands.base),
     "eval": ("evaluate checkpoints: avg@n pass@1 over seeds with 95% CIs, pass@k, maj@n, collapse rates",
@@ -60,7 +64,8 @@ VERBS: dict[str, Verb] = {
     "plan": ("memory per device of a recipe (params, grads, optimizer, activations, KV cache, generators) and whether it fits",
              arguments.plan, commands.plan),
 }
-_EXTRA_POSITIONALS = {"train": "args", "sft": "args", "config": "args", "base": "args", "eval": "args", "report": "run_dirs", "plan": "args"}
+_EXTRA_POSITIONALS = {"train": "args", "sft": "args", "distill-data": "args", "config": "args",
+                       "base": "args", "eval": "args", "report": "run_dirs", "plan": "args"}
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
@@ -79,7 +84,7 @@ def _hoist_overrides(argv: list[str], verbs: dict[str, argparse.ArgumentParser])
     """key.path=value words (and a train/config recipe) moved to just after the verb, so that argparse
     reads them as the verb's positional words wherever they stood; an option's own value stays put."""
     at = next((i for i, a in enumerate(argv) if a in verbs), None)
-    if at is None or argv[at] not in ("train", "sft", "config", "base", "eval", "plan"):
+    if at is None or argv[at] not in ("train", "sft", "distill-data", "config", "base", "eval", "plan"):
         return argv
     takes_value = {s for a in verbs[argv[at]]._actions if a.option_strings and a.nargs is None for s in a.option_strings}
     hoisted, kept, rest = [], [], argv[at + 1 :]
@@ -93,7 +98,7 @@ def _hoist_overrides(argv: list[str], verbs: dict[str, argparse.ArgumentParser])
             kept += rest[i : i + 2]
             i += 2
             continue
-        recipe = argv[at] in ("train", "sft", "config", "plan") and word.endswith((".yaml", ".yml")) and not word.startswith("-")
+        recipe = argv[at] in ("train", "sft", "distill-data", "config", "plan") and word.endswith((".yaml", ".yml")) and not word.startswith("-")
         (hoisted if (_OVERRIDE.match(word) and not Path(word).exists()) or recipe else kept).append(word)
         i += 1
     return argv[: at + 1] + hoisted + kept

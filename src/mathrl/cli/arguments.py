@@ -32,6 +32,23 @@ def sft(p: argparse.ArgumentParser) -> None:
                    help="start over even if --run-dir holds a run (the old run is moved aside, never deleted)")
 
 
+def distill_data(p: argparse.ArgumentParser) -> None:
+    p.add_argument("args", nargs="*", help="an optional recipe .yaml, then key.path=value overrides (data.*, rollout.*, reward.*)")
+    p.add_argument("--teacher", required=True, metavar="PATH",
+                   help="the model that answers: a Hugging Face model directory or hub id, a run directory (its final/), or tiny-arith")
+    p.add_argument("--out", required=True, metavar="FILE.jsonl", help="the rows to write ({problem, answer, response}; "
+                   "the counts go to FILE.summary.json)")
+    p.add_argument("--n", type=int, default=4, help="answers sampled per prompt [4]")
+    p.add_argument("--prompts", type=int, default=None,
+                   help="prompts to sample [every row of data.train; 1000 problems of the arithmetic task]")
+    p.add_argument("--max-per-prompt", type=int, default=1,
+                   help="distinct correct answers kept per prompt [1: a prompt the teacher always solves would "
+                        "otherwise weigh n times as much as one it solves once]")
+    p.add_argument("--temperature", type=float, default=None, help="sampling temperature, > 0 [rollout.temperature: 1.0]")
+    p.add_argument("--seed", type=int, default=None, help="seed of the problem draw and of the sampling [seed: 0]")
+    p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+
+
 def config(p: argparse.ArgumentParser) -> None:
     p.add_argument("args", nargs="*", help="an optional recipe .yaml, then key.path=value overrides (their values are shown)")
     p.add_argument("--yaml", action="store_true", help="print the resolved config as YAML instead of the key listing")

@@ -110,6 +110,21 @@ def sft(ns: argparse.Namespace, console: Console) -> int:
     return _run(sft, cfg, ns, console)
 
 
+def distill_data(ns: argparse.Namespace, console: Console) -> int:
+    from mathrl.train import distill_data as distill
+
+    settings = distill.DistillSettings(teacher=ns.teacher, out=ns.out, n=ns.n, prompts=ns.prompts, max_per_prompt=ns.max_per_prompt,
+                               temperature=ns.temperature, seed=ns.seed, force=ns.force)
+    settings.validate()
+    settings.check_out()  # before anything loads
+    recipe, overrides = _split_recipe(ns.args)
+    cfg = distill.distill_config(recipe, overrides, settings)
+    check_data_files(cfg)
+    _quiet_libraries()
+    distill.distill_data(cfg, settings, console=console)
+    return 0
+
+
 def config(ns: argparse.Namespace, console: Console) -> int:
     from mathrl.config import dump_yaml
     from mathrl.config.schema import plain, reference
