@@ -101,6 +101,7 @@ LIMIT_DEFAULTS = {
     "max_processes": 32,  # processes and threads of the sandbox's user (RLIMIT_NPROC)
     "max_file_mb": 16,  # largest file written (RLIMIT_FSIZE); bwrap's /tmp holds TMPFS_FILES times it
     "max_open_files": 64,  # open file descriptors (RLIMIT_NOFILE)
+    "max_files": 4096,  # files and directories in bwrap's /tmp (its inodes: kernel memory no size bound counts)
     "max_output_bytes": 65536,  # stdout + stderr kept; past it the program is killed
 }
 """The sandbox's limits (kwargs of the `python` tool) and their defaults."""
