@@ -13,8 +13,8 @@ bubblewrap: on a new host (a cloud VM, a container) this shows what holds there 
 
 A class is "held" when every check of it passed, "NOT HELD" when one failed (the failing check is
 printed), "skipped" with the reason when it could not run here (a mode that does not work, no vsock
-transport, a class a mode does not claim). The exit status is 1 when a class is not held in a mode
-that claims it, else 0.
+transport, a class a mode does not claim). The exit status is 1 when a class is not held, 2 when none
+ran, else 0.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class Outcomes:
                 continue
             name = item.originalname.removeprefix("test_").replace("_", " ")
             case = params.get("case")
-            self.where[item.nodeid] = (f"{name}: {case.name}" if case is not None else name, mode)
+            self.where[item.nodeid] = (f"{name}: {getattr(case, 'name', case)}" if case is not None else name, mode)
             keep.append(item)
         items[:] = keep
 
@@ -84,8 +84,11 @@ def main() -> int:
     plugin = Outcomes(args.mode)
     print(f"mathrl: {Path(mathrl.__file__).parent}; python: {sys.executable}; uid {os.geteuid()}; "
           f"kernel {os.uname().release}", flush=True)
-    pytest.main([*FILES, "-p", "no:cacheprovider", "-q" if args.verbose else "-qq", "--no-header",
-                 *([] if args.verbose else ["--tb=no", "-p", "no:terminal"])], plugins=[plugin])
+    code = pytest.main([*FILES, "-p", "no:cacheprovider", "-q" if args.verbose else "-qq", "--no-header",
+                        *([] if args.verbose else ["--tb=no", "--no-summary"])], plugins=[plugin])
+    if not plugin.results:
+        print(f"no class ran (pytest's exit status {code}); run with -v to see why")
+        return 2
     not_held = 0
     for mode in ("bwrap", "unshare_unsafe", "rlimit_unsafe"):
         rows = {name: verdict(outcomes) for (name, m), outcomes in plugin.results.items() if m == mode}
