@@ -591,6 +591,21 @@ def test_observation_tokens_reach_no_loss_ratio_or_weight(make_model, char_token
         assert_close(w_clean * mask, w_dirty * mask)
 
 
+@pytest.mark.parametrize("text, same, why", [
+    ("1333332", True, "a calculator's answer: no special token, the ids of before"),
+    ("error: unsupported syntax 'import'", True, "an error line"),
+    ("a <b> c", True, "angle brackets that spell no special token"),
+    ("2<eos>3", False, "the character tokenizer's EOS printed by the tool: its five characters, not EOS"),
+    ("<pad><unk>", False, "its padding and unknown tokens, likewise"),
+])
+def test_a_tools_text_is_encoded_as_plain_text(char_tokenizer, text, same, why):
+    tools = ToolUse(fmt=STAR, pool=EchoPool(), tokenizer=char_tokenizer)
+    plain = tools.encode_text(text)
+    assert (plain == tools.encode(text)) == same, why
+    assert len(plain) == len(text) and not set(plain) & set(char_tokenizer.all_special_ids), why  # one id a character
+    assert char_tokenizer.decode(plain) == text, why
+
+
 @pytest.mark.parametrize("fields, min_calls, expected", [
     ([{"tool_calls": 1}], 1, [1.0]),  # the record says one call ran
     ([{"tool_calls": 1}], 2, [0.0]),  # one is not two, whatever the text holds
