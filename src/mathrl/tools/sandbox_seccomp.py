@@ -26,7 +26,7 @@ privilege to unmount what hides the host:
   processes' PSS cannot see (the memory cgroup does);
 * any other architecture's system calls (x32, i386 through ``int 0x80``).
 
-Checked in tests/tools/test_tools_sandbox.py and tests/tools/test_tools_sandbox_memory.py from
+Checked in tests/tools/test_tools_sandbox.py and tests/tools/test_tools_sandbox_kernel.py from
 outside the sandbox (a key added by one call is not there for the next; ``umount2("/proc")`` fails;
 a vsock port the host holds is not reported in use; ...).
 """
