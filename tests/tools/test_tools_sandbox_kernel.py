@@ -231,3 +231,16 @@ def test_no_watch_shows_the_hosts_reads_of_the_interpreter(bwrap, start):
     result = out["r"]
     assert "this.py" not in result.text, result.text
     assert "inotify -1" in result.text and "fanotify -1" in result.text, result.text
+
+
+@pytest.mark.parametrize("bound, counted", [
+    ("cgroup v1", "the call's processes, the files of its /tmp and the kernel's memory for them"),
+    ("cgroup v2", "charged by the kernel"),
+    ("watchdog", "the PSS of the call's processes plus the bytes of its /tmp, sampled every 50 ms"),
+])
+def test_the_log_says_what_each_bound_covers(bound, counted):
+    # the start-up log line names the bound and what it counts; both bounds leave memfd and System V
+    # shared memory to the filter, and the /tmp's files to the cap
+    text = sandbox_memory.memory_covers(bound)
+    assert text.startswith(bound + ": ") and counted in text
+    assert "memfd and System V shared memory refused (seccomp)" in text and "max_files files" in text

@@ -35,7 +35,7 @@ import os
 import time
 from pathlib import Path
 
-__all__ = ["CallMemory", "memory_bound", "tree_pss"]
+__all__ = ["CallMemory", "memory_bound", "memory_covers", "tree_pss"]
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +121,16 @@ def memory_bound() -> str:
     """How a call's memory is bounded on this machine: ``cgroup v1``, ``cgroup v2`` or ``watchdog``."""
     parent = _cgroup_parent()
     return "watchdog" if parent is None else f"cgroup {parent[0]}"
+
+
+def memory_covers(bound: str) -> str:
+    """What `bound` (`memory_bound()`'s answer) counts of a bwrap call, and what the sandbox refuses or
+    caps instead, in words for the log."""
+    counted = ("the call's processes, the files of its /tmp and the kernel's memory for them, charged by the kernel"
+               if bound.startswith("cgroup") else
+               "the PSS of the call's processes plus the bytes of its /tmp, sampled every 50 ms")
+    return (f"{bound}: {counted}; memfd and System V shared memory refused (seccomp); /tmp at most "
+            "4 x max_file_mb and max_files files")
 
 
 def tree_pss(pid: int) -> int:
