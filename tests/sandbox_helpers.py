@@ -1,5 +1,6 @@
-"""What the two sandbox test files share: the interpreter a mode can run, and a call started cold or
-warm (tests/tools/test_tools_sandbox.py, tests/tools/test_tools_sandbox_classes.py)."""
+"""What the sandbox test files share: the interpreter a mode can run, and a call started cold or warm
+(tests/tools/test_tools_sandbox.py, tests/tools/test_tools_sandbox_classes.py,
+tests/tools/test_tools_sandbox_kernel.py; scripts/sandbox_probe.py runs their classes)."""
 
 from __future__ import annotations
 

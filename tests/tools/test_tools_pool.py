@@ -129,7 +129,7 @@ SPEC_PROBLEMS = [
      ["rollout.tools[0].kwargs: the calculator takes no options; got digits"], "kwargs a built-in does not accept"),
     ([ToolSpec("t", "python", kwargs={"memory": 3})],
      ["rollout.tools[0].kwargs: the python tool has no option 'memory'; options: sandbox, python, audit_hook, site_packages, warm, cpu_s, "
-      "memory_mb, max_processes, max_file_mb, max_open_files, max_output_bytes"], "an unknown sandbox option"),
+      "memory_mb, max_processes, max_file_mb, max_open_files, max_files, max_output_bytes"], "an unknown sandbox option"),
     ([ToolSpec("t", "python", kwargs={"sandbox": "docker"})],
      ["rollout.tools[0].kwargs: sandbox must be one of auto, bwrap, unshare_unsafe, rlimit_unsafe, got 'docker'"], "an unknown mode"),
     ([ToolSpec("has space", "calculator")],

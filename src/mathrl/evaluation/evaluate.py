@@ -128,7 +128,8 @@ def sample_rows(prompts: list[list[int]], problems: list[Problem], *, first_row:
         context = out.context_lengths.tolist()
         tokens = [out.response_ids[i, : context[i]].tolist() for i in range(len(texts))]
         prompt_texts = tokenizer.batch_decode(prompts, skip_special_tokens=True)
-        sampled.scores = score_rows(verifier, prompt_texts, texts, problems, tokens)
+        calls = out.tool_calls.tolist() if out.tool_calls is not None else None  # the engine's record
+        sampled.scores = score_rows(verifier, prompt_texts, texts, problems, tokens, calls)
         sampled.results = sampled.scores.results
     else:
         sampled.results = verifier.score(texts, [p.answer for p in problems])

@@ -3,8 +3,9 @@
 A rollout with tools is a sequence of model turns and tool observations. The engine samples model
 tokens; when a turn ends with the format's closing tag of a call (`CallFormat.call_close`), the call
 is parsed from that turn's text, run in the tool pool, and its observation (the tool's output between
-the format's observation tags) is tokenized once and appended as forced tokens. The transcript is never
-re-tokenized and no chat template is re-applied: every model token stays the id that was sampled.
+the format's observation tags) is tokenized once and appended as forced tokens; the tool's text is
+tokenized as plain text (`ToolUse.encode_text`), so a special token it prints stays characters. The
+transcript is never re-tokenized and no chat template is re-applied: every model token stays the id that was sampled.
 
     tools = ToolUse(fmt=TOOL_FORMATS.get("python_blocks")(), pool=pool, tokenizer=tok, max_turns=4,
                     max_tool_calls=3, observation_max_tokens=64)
@@ -153,6 +154,12 @@ class ToolUse:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
+    def encode_text(self, text: str) -> list[int]:
+        """The ids of a tool's text as plain text: a special token it prints (``<|im_end|>``,
+        ``<|im_start|>``, the EOS) is spelled out in the characters' ids, never the control token, so
+        that no output can end a turn or open one. The tags around it (`encode`) keep theirs."""
+        return self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+
     def may_close(self, token: int) -> bool:
         """False when `token` cannot be the last token of a call's closing tag (no decode of the turn needed)."""
         if self._last_char is None:
@@ -245,7 +252,7 @@ class Episodes:
             self.seconds[row] += result.seconds
             self.errors[row] += result.status == "error"
             self.timeouts[row] += result.status == "timeout"
-        body = cut_middle(t.encode(text), t.observation_max_tokens, lambda cut: t.encode(CUT_NOTE.format(cut=cut)))
+        body = cut_middle(t.encode_text(text), t.observation_max_tokens, lambda cut: t.encode(CUT_NOTE.format(cut=cut)))
         return body + t.closing
 
     def ready(self, row: int) -> bool:

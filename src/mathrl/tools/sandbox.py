@@ -79,7 +79,7 @@ import time
 import mathrl.tools.sandbox_command as sandbox_command
 from mathrl.tools.base import ToolResult
 from mathrl.tools.sandbox_command import Call
-from mathrl.tools.sandbox_memory import memory_bound
+from mathrl.tools.sandbox_memory import memory_bound, memory_covers
 from mathrl.tools.sandbox_run import ROOT_UID_BASE, Prestarted, Refused, one_line, run_in_sandbox
 
 __all__ = ["LIMIT_DEFAULTS", "ROOT_UID_BASE", "SANDBOX_MODES", "UNSAFE_MODES", "WarmSandboxes", "check_python_kwargs", "python",
@@ -101,6 +101,7 @@ LIMIT_DEFAULTS = {
     "max_processes": 32,  # processes and threads of the sandbox's user (RLIMIT_NPROC)
     "max_file_mb": 16,  # largest file written (RLIMIT_FSIZE); bwrap's /tmp holds TMPFS_FILES times it
     "max_open_files": 64,  # open file descriptors (RLIMIT_NOFILE)
+    "max_files": 4096,  # files and directories in bwrap's /tmp (its inodes: kernel memory no size bound counts)
     "max_output_bytes": 65536,  # stdout + stderr kept; past it the program is killed
 }
 """The sandbox's limits (kwargs of the `python` tool) and their defaults."""
@@ -283,7 +284,7 @@ def sandbox_mode(*, python: str | None = None) -> str:
 def _auto_mode(python: str) -> str:
     problem = sandbox_problem("bwrap", python=python)
     if problem is None:
-        log.info("python tool sandbox: bwrap; memory per call bounded by %s", memory_bound())
+        log.info("python tool sandbox: bwrap; memory per call bounded by %s", memory_covers(memory_bound()))
         return "bwrap"
     raise RuntimeError(f"no safe python sandbox works here (bwrap: {problem}); install bubblewrap from the "
                        "distribution's packages (apt-get install bubblewrap, dnf install bubblewrap); "

@@ -14,7 +14,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["MODE_ARGV", "RUNNER_SOURCE", "TMPFS_FILES", "Call", "binary", "command", "rlimits"]
+__all__ = ["MODE_ARGV", "RUNNER_SOURCE", "TMPFS_FILES", "Call", "binary", "command", "rlimits", "tmpfs_bytes"]
 
 RUNNER_SOURCE = Path(__file__).with_name("sandbox_runner.py").read_text(encoding="utf-8")
 """The runner's text, passed to ``python -c`` (the sandbox does not mount the package)."""
@@ -113,13 +113,17 @@ def _bwrap_args(call: Call, *, work_dir: Path, root: bool, env: dict, code_file:
         for parent in parents:
             args += ["--perms", "0755", "--dir", parent]
         args += ["--ro-bind", prefix, prefix]
-    tmpfs_bytes = int(call.limits["max_file_mb"]) * TMPFS_FILES << 20
-    args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(tmpfs_bytes), "--tmpfs", "/tmp",
+    args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(tmpfs_bytes(call.limits)), "--tmpfs", "/tmp",
              *(["--ro-bind", str(work_dir / "code.py"), "/code.py"] if code_file else []),
              "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp", "--clearenv"]
     for key, value in env.items():
         args += ["--setenv", key, value]
     return args
+
+
+def tmpfs_bytes(limits: dict) -> int:
+    """The size of bwrap's /tmp: `TMPFS_FILES` x max_file_mb."""
+    return int(limits["max_file_mb"]) * TMPFS_FILES << 20
 
 
 def _readable_roots(interpreter: str) -> list[str]:

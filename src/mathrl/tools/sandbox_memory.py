@@ -1,9 +1,9 @@
 """A call's memory, bounded across all its processes: a memory cgroup where one is writable, else a
-watchdog on the total proportional set size (PSS) of the call's processes.
+watchdog on the total proportional set size (PSS) of the call's processes and the bytes of its /tmp.
 
-    memory = CallMemory(512 << 20, cgroup=True)   # creates the cgroup, or falls back to the watchdog
+    memory = CallMemory(512 << 20, cgroup=True, tmpfs=(64 << 20, 4096))  # the cgroup, or the watchdog
     argv = memory.wrap(argv)                      # the sandbox's process joins the cgroup before it execs
-    memory.exceeded(pid)                          # polled while the call runs: over the limit?
+    memory.exceeded(pid)                          # polled while the call runs: "", "memory" or "files"
     memory.close()                                # removes the cgroup (once the call's processes are gone)
     memory_bound()                                # "cgroup v1", "cgroup v2" or "watchdog": what this machine gives
 
@@ -14,6 +14,15 @@ writes to a tmpfs are charged to it too. Without one, the watchdog sums the PSS 
 process tree (``/proc/<pid>/task/*/children``) every time the call's wait wakes (at most every 50
 ms): a sample, so a process may pass the limit between two of them, each bounded meanwhile by its
 own address-space limit (RLIMIT_AS).
+
+What neither process maps nor a file holds is out of the watchdog's sight, so the sandbox's seccomp
+filter refuses it (`sandbox_seccomp`: ``memfd_create``, ``memfd_secret``, ``shmget``). The files of
+bwrap's /tmp (a tmpfs) are memory too: its size is bounded by bwrap's ``--size``, its bytes are in the
+watchdog's sum, and its inodes (the kernel memory of empty files, about 1 KiB each, which no size
+bound counts) are capped at a number of files in both cases, by the same poll: the /tmp of a process of the call's
+tree that lives in another mount namespace, read through ``/proc/<pid>/root`` once it is the
+sandbox's tmpfs (its size is the one bwrap was given: before its mounts, a new namespace shows the
+host's).
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ import os
 import time
 from pathlib import Path
 
-__all__ = ["CallMemory", "memory_bound", "tree_pss"]
+__all__ = ["CallMemory", "memory_bound", "memory_covers", "tree_pss"]
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +45,10 @@ _counter = itertools.count()
 class CallMemory:
     """One call's memory bound (see the module's docstring). `cgroup` False: the watchdog only."""
 
-    def __init__(self, limit_bytes: int, *, cgroup: bool = True):
+    def __init__(self, limit_bytes: int, *, cgroup: bool = True, tmpfs: tuple[int, int] | None = None):
         self.limit = int(limit_bytes)
+        self.tmpfs = tmpfs  # (bytes, files) of the sandbox's /tmp (None: it has none of its own)
+        self._inside: int | None = None  # a pid of the call's tree in the sandbox's mount namespace
         self.path: Path | None = None
         self.how = "watchdog"
         parent = _cgroup_parent() if cgroup else None
@@ -60,12 +71,34 @@ class CallMemory:
             return argv
         return ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self.path / "cgroup.procs"), *argv]
 
-    def exceeded(self, pid: int) -> bool:
-        """Whether the call's processes passed the limit: the cgroup's out-of-memory kills, or the
-        watchdog's sum over `pid` and its descendants."""
+    def exceeded(self, pid: int) -> str:
+        """What the call passed, "" for nothing: "memory" (the cgroup's out-of-memory kills, or the
+        watchdog's sum over `pid`, its descendants and its /tmp) or "files" (its /tmp's inodes)."""
+        tmp = self._tmp(pid) if self.tmpfs is not None else None
+        if tmp is not None and tmp.f_files - tmp.f_ffree > self.tmpfs[1]:
+            return "files"
         if self.path is not None:
-            return _oom_kills(self.path) > 0
-        return tree_pss(pid) > self.limit
+            return "memory" if _oom_kills(self.path) > 0 else ""
+        held = (tmp.f_blocks - tmp.f_bfree) * tmp.f_frsize if tmp is not None else 0
+        return "memory" if tree_pss(pid) + held > self.limit else ""
+
+    def _tmp(self, pid: int) -> os.statvfs_result | None:
+        """statvfs of the sandbox's /tmp, or None while no process of the tree is inside it yet."""
+        for _ in range(2):
+            if self._inside is None:
+                self._inside = _inside_process(pid)
+                if self._inside is None:
+                    return None
+            try:
+                tmp = os.statvfs(f"/proc/{self._inside}/root/tmp")
+            except OSError:  # that process is gone: look again
+                self._inside = None
+                continue
+            if tmp.f_blocks * tmp.f_frsize != self.tmpfs[0]:  # not mounted yet: the host's /tmp
+                self._inside = None
+                return None
+            return tmp
+        return None
 
     def close(self) -> None:
         """Remove the cgroup; its processes must have been killed (a few tries while they exit)."""
@@ -90,6 +123,16 @@ def memory_bound() -> str:
     return "watchdog" if parent is None else f"cgroup {parent[0]}"
 
 
+def memory_covers(bound: str) -> str:
+    """What `bound` (`memory_bound()`'s answer) counts of a bwrap call, and what the sandbox refuses or
+    caps instead, in words for the log."""
+    counted = ("the call's processes, the files of its /tmp and the kernel's memory for them, charged by the kernel"
+               if bound.startswith("cgroup") else
+               "the PSS of the call's processes plus the bytes of its /tmp, sampled every 50 ms")
+    return (f"{bound}: {counted}; memfd and System V shared memory refused (seccomp); /tmp at most "
+            "4 x max_file_mb and max_files files")
+
+
 def tree_pss(pid: int) -> int:
     """Bytes of PSS of `pid` and its descendants (0 for those gone). PSS shares a page among the
     processes that map it, so forked children are not counted twice."""
@@ -102,6 +145,25 @@ def tree_pss(pid: int) -> int:
         total += _pss(p)
         todo.extend(_children(p))
     return total
+
+
+def _inside_process(pid: int) -> int | None:
+    """A process of `pid`'s tree in another mount namespace than this process's (the sandbox's), or None."""
+    try:
+        own = os.readlink("/proc/self/ns/mnt")
+    except OSError:
+        return None
+    seen, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{p}/ns/mnt") != own:
+                return p
+        todo.extend(_children(p))
+    return None
 
 
 def _children(pid: int) -> list[int]:

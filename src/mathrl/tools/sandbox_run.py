@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from mathrl.tools.sandbox_command import Call, command
+from mathrl.tools.sandbox_command import Call, command, tmpfs_bytes
 from mathrl.tools.sandbox_memory import CallMemory
 from mathrl.tools.sandbox_seccomp import seccomp_program
 
@@ -83,7 +83,8 @@ def _workspace(stack: contextlib.ExitStack, call: Call, *, code: str | None) -> 
 def _call_memory(stack: contextlib.ExitStack, call: Call, uid: int | None) -> CallMemory:
     """The call's memory bound: a cgroup when the sandbox's first process runs as this process's user
     (bwrap; the unsafe modes start as the call's uid when root), else the watchdog."""
-    memory = CallMemory(int(call.limits["memory_mb"]) << 20, cgroup=call.mode == "bwrap" or uid is None)
+    memory = CallMemory(int(call.limits["memory_mb"]) << 20, cgroup=call.mode == "bwrap" or uid is None,
+                        tmpfs=(tmpfs_bytes(call.limits), int(call.limits["max_files"])) if call.mode == "bwrap" else None)
     stack.callback(memory.close)
     return memory
 
@@ -128,9 +129,9 @@ def _finish(proc: subprocess.Popen, call: Call, uid: int | None, memory: CallMem
     try:
         stdout, stderr, ended = _collect(proc, deadline=time.monotonic() + timeout_s,
                                          cap=int(call.limits["max_output_bytes"]), stop=stop,
-                                         over_memory=lambda: memory.exceeded(proc.pid))
-        if ended == "exit" and memory.exceeded(proc.pid):  # a process the kernel stopped at the limit
-            ended = "memory"
+                                         over_limit=lambda: memory.exceeded(proc.pid))
+        if ended == "exit" and memory.path is not None and memory.exceeded(proc.pid) == "memory":
+            ended = "memory"  # a process the kernel stopped at the cgroup's limit
     finally:
         _end(proc, call, uid)
     return _outcome(proc.returncode, stdout, stderr, ended, call, timeout_s)
@@ -189,10 +190,11 @@ class Prestarted:
 
 
 def _collect(proc: subprocess.Popen, *, deadline: float, cap: int, stop: threading.Event | None,
-             over_memory=lambda: False) -> tuple[bytes, bytes, str]:
+             over_limit=lambda: "") -> tuple[bytes, bytes, str]:
     """Read stdout and stderr until the program has exited and both pipes are closed. Returns them
     (each cut to `cap` bytes) and how the wait ended: ``exit``, ``timeout``, ``output`` (more than
-    `cap` bytes in all), ``memory`` (`over_memory()`, asked at most every _POLL_S) or ``stopped``.
+    `cap` bytes in all), ``memory`` or ``files`` (what `over_limit()`, asked at most every _POLL_S,
+    names) or ``stopped``.
     A program that closes its pipes early still gets its time."""
     out, err = proc.stdout.fileno(), proc.stderr.fileno()
     buffers = {out: bytearray(), err: bytearray()}
@@ -215,8 +217,8 @@ def _collect(proc: subprocess.Popen, *, deadline: float, cap: int, stop: threadi
                 return result("timeout")
             if exited_at is None and now - memory_checked >= _POLL_S:
                 memory_checked = now
-                if over_memory():
-                    return result("memory")
+                if passed := over_limit():
+                    return result(passed)
             if exited_at is None and _exited(proc):
                 exited_at = now
                 _kill_group(proc)  # descendants left in its group would hold the pipes open
@@ -324,6 +326,9 @@ def _outcome(returncode: int | None, stdout: bytes, stderr: bytes, ended: str, c
     if ended == "memory":
         return ((f"{output}\n" if output else "") + f"error: the program's processes together used more than "
                 f"{int(call.limits['memory_mb'])} MiB of memory; it was stopped"), "error"
+    if ended == "files":
+        return ((f"{output}\n" if output else "") + f"error: the program made more than "
+                f"{int(call.limits['max_files'])} files; it was stopped"), "error"
     number = _signal_of(returncode if returncode is not None else -signal.SIGKILL, call.mode)
     if number == signal.SIGXCPU:
         return f"timeout: the code used more than {call.limits['cpu_s']:g} s of CPU and was stopped", "timeout"

@@ -134,7 +134,8 @@ def generate_and_score(cfg: Config, prompts: list[list[int]], problems: list[Pro
         lengths = rollout.context_lengths.tolist()  # with tools, the observations are part of the transcript
         tokens = [rollout.response_ids[i, : lengths[i]].tolist() for i in range(len(texts))]
         prompt_texts = prompts_text[lo:hi] if prompts_text is not None else tokenizer.batch_decode(prompts[lo:hi])
-        scores = score_rows(verifier, prompt_texts, texts, problems[lo:hi], tokens)
+        calls = rollout.tool_calls.tolist() if rollout.tool_calls is not None else None  # the engine's record
+        scores = score_rows(verifier, prompt_texts, texts, problems[lo:hi], tokens, calls)
     t2 = time.time()
     if ranks.world_size > 1:
         gathered = [g for g in tdist.all_gather_objects((rollout, texts, scores)) if g[0] is not None]
