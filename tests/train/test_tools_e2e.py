@@ -100,3 +100,20 @@ def test_sft_on_tool_traces_learns_the_calls_not_the_outputs(char_tokenizer):
     assert torch.equal(batch.loss_mask[0, : len(ids) + 1], 1 - torch.tensor(observation + [0], dtype=torch.float32))
     assert torch.equal(batch.context_mask[0, : len(ids) + 1], torch.ones(len(ids) + 1))
     assert batch.loss_mask[1].tolist()[:2] == [1.0, 1.0] and batch.observation_mask[1].sum() == 0
+
+
+
+def test_sft_encodes_an_observation_as_an_episode_does(char_tokenizer):
+    # Bug story: SFT tokenized an observation block in one piece with the tokenizer's defaults, so an
+    # output that printed the EOS string became the EOS token in the training ids, where an episode
+    # (rollout/episodes.py) spells it out as characters: the model would learn a turn end no turn made.
+    from mathrl.rollout.episodes import ToolUse, python_blocks
+    from mathrl.train.sft import encode_trace
+
+    eos_text = char_tokenizer.eos_token
+    trace = f"```python\nprint(tag)\n```\n```output\n{eos_text}\n```\n\\boxed{{1}}"
+    ids, observation = encode_trace(trace, char_tokenizer, python_blocks())
+    assert char_tokenizer.eos_token_id not in ids
+    tools = ToolUse(fmt=python_blocks(), pool=None, tokenizer=char_tokenizer)
+    seen = [t for t, o in zip(ids, observation) if o]
+    assert seen == tools.opening + tools.encode_text(eos_text) + tools.closing

@@ -119,7 +119,8 @@ def load_examples(cfg: Config, tokenizer) -> tuple[list[Example], dict[str, int]
 def encode_trace(response: str, tokenizer, fmt) -> tuple[list[int], list[int]]:
     """A response's token ids and its observation mask. With a tool format (`fmt`, rollout.tools set),
     the text between the format's observation tags is a tool's output: it is tokenized on its own, as
-    an episode appends it, and masked (1) so that SFT learns the calls and the answers, not the outputs.
+    an episode appends it (the tags, then the output as plain text), and masked (1) so that SFT learns
+    the calls and the answers, not the outputs.
     Without one, the whole response is one model segment."""
     if fmt is None:
         return tokenizer(response, add_special_tokens=False)["input_ids"], []
@@ -130,7 +131,12 @@ def encode_trace(response: str, tokenizer, fmt) -> tuple[list[int], list[int]]:
         if start < 0 or end < 0:
             break
         model = tokenizer(rest[:start], add_special_tokens=False)["input_ids"]
-        seen = tokenizer(rest[start : end + len(fmt.observation_close)], add_special_tokens=False)["input_ids"]
+        # as an episode appends it (rollout/episodes.py): the tags' own ids around the output as plain
+        # text, so a special token the output printed stays characters here too
+        inner = rest[start + len(fmt.observation_open) : end]
+        seen = (tokenizer(fmt.observation_open, add_special_tokens=False)["input_ids"]
+                + tokenizer(inner, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+                + tokenizer(fmt.observation_close, add_special_tokens=False)["input_ids"])
         ids, mask = ids + model + seen, mask + [0] * len(model) + [1] * len(seen)
         rest = rest[end + len(fmt.observation_close) :]
     tail = tokenizer(rest, add_special_tokens=False)["input_ids"]
