@@ -142,9 +142,9 @@ class RolloutCorrectionConfig:
     rejected: Literal["zero", "drop"] = knob("zero",
         "a rejected token: zero = a zero term that stays in the loss normalisers "
         "(AReaL); drop = out of the loss mask and the normalisers (verl)")
-    masks: Annotated[list[Literal["geo_rs", "icepop", "k3_rs", "k2_rs", "opsm"]], DISTINCT] = knob([],
-        "rejection rules, chained (a token is kept only if every listed rule keeps "
-        "it; rejected tokens follow `rejected`): geo_rs, icepop, k3_rs, k2_rs compare "
+    masks: Annotated[list[Literal["geo_rs", "icepop", "k3_rs", "k2_mean_rs", "k2_max_rs", "opsm"]], DISTINCT] = knob([],
+        "rejection rules, chained (a token is kept only if every listed rule keeps it; "
+        "rejected tokens follow `rejected`): geo_rs, icepop, k3_rs, k2_mean_rs, k2_max_rs compare "
         "pi_trainer with pi_rollout, opsm also reads the advantages (docs/tricks.md)")
     geo_rs_bounds: Annotated[list[float], RATIO_WINDOW] = knob([0.999, 1.001],
         "geo_rs: a response is kept when the geometric mean of its ratios pi_trainer "
@@ -155,13 +155,14 @@ class RolloutCorrectionConfig:
         "k3_rs: a response is rejected when its mean k3 estimate of "
         "KL(pi_rollout || pi_trainer) is above it (verl's decoupled_k3_rs preset)")
     k2_rs_threshold: Annotated[float, positive("a KL estimate in nats per token")] = knob(0.01,
-        "k2_rs: the same with k2 = (log ratio)^2 / 2")
+        "k2_mean_rs: the same with k2 = (log ratio)^2 / 2; k2_max_rs: the largest token's k2 above it")
     opsm_delta: Annotated[float, positive("the mean log-ratio of an on-policy response is 0")] = knob(0.5,
         "opsm (DeepSeek-V3.2): a response with negative advantage is rejected when "
         "its mean log(pi_rollout / pi_trainer) is above it (TRL's suggested start)")
     bypass: bool = knob(False,
         "the PPO ratio against the rollout engine's logprobs: old logprobs := rollout logprobs, no scoring "
-        "pass (verl's bypass_mode); then nothing can weigh the gap (mode none, no masks, off_policy none)")
+        "pass (verl's bypass_mode); mode and masks then weigh pi_theta against the engine in the loss "
+        "(mode needs policy_loss=gpg, rejected=zero; no opsm, off_policy none)")
 
 
 @dataclass

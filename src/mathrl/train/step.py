@@ -184,10 +184,10 @@ def importance_weights(cfg, old_logprobs: torch.Tensor, rollout_logprobs: torch.
     the sampling ones (Config.correction: algo.off_policy or algo.rollout_correction; None when neither
     is on), times the keep mask of the rejection rules that compare the two (algo.rollout_correction.masks
     but opsm, which waits for the advantages: `advantage_masks`), and the loss mask, less the rejected
-    tokens with rejected=drop (so they leave the normalisers too). All [N, T]. With any of them on, the
+    tokens with rejected=drop (so they leave the normalisers too; a token tis capped stays). All [N, T]. With any of them on, the
     gap itself is logged (rollout_corr/k1_kl, k3_kl over the sample filters' loss mask)."""
     c, rc = cfg.correction(), cfg.algo.rollout_correction
-    if c is None and not rc.masks:
+    if (c is None and not rc.masks) or rc.bypass:  # bypass: the loss weighs pi_theta against the engine (bypass_weights)
         return None, loss_mask, {}
     k1, k3 = mismatch_kl(old_logprobs, rollout_logprobs, loss_mask)
     metrics = {"rollout_corr/k1_kl": float(k1), "rollout_corr/k3_kl": float(k3)}
@@ -197,8 +197,8 @@ def importance_weights(cfg, old_logprobs: torch.Tensor, rollout_logprobs: torch.
                                                   mode=c.mode, level=c.level, cap=c.cap, lower=c.lower)
         metrics["actor/rollout_is_weight"] = float(masked_mean(is_weights, loss_mask))
         metrics["actor/rollout_is_over_cap"] = float(masked_mean(rejected, loss_mask))
-        if c.rejected == "drop":
-            loss_mask = loss_mask * (1.0 - rejected)
+        if c.rejected == "drop":  # only the zeroed tokens leave: a token tis capped keeps the weight C and stays
+            loss_mask = loss_mask * (1.0 - rejected * (is_weights == 0).to(rejected.dtype))
     keeps = rule_keeps(old_logprobs, rollout_logprobs, response_mask, [r for r in rc.masks if r not in ADVANTAGE_RULES],
                        **rule_settings(rc))
     is_weights, loss_mask, rejected_metrics = rejection(keeps, is_weights, loss_mask, filtered=filtered,
