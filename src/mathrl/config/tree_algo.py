@@ -104,8 +104,9 @@ class EntropyConfig:
 class KLConfig:
     use: Literal["none", "loss", "reward"] = knob("none",
         "KL to the reference model as a loss term or a reward penalty")
-    estimator: Literal["k1", "k2", "k3"] = knob("k3",
-        "KL estimator (Schulman 2020): k1 log-ratio, k2 squared, k3 unbiased low-variance")
+    estimator: Literal["k1", "k2", "k3", "k1+", "k3+"] = knob("k3",
+        "KL estimator (Schulman 2020): k1 log-ratio, k2 squared, k3 unbiased low-variance; "
+        "k1+ / k3+ the value of k1 / k3 with the gradient of k2 (verl)")
     coef: NonNeg[float] = knob(0.001, "fixed coefficient, or the starting one when `target` is set")
     target: Annotated[float, positive("null is a fixed coefficient")] | None = knob(None,
         "adaptive controller (Ziegler et al. 2019): target per-token KL; None = fixed")
