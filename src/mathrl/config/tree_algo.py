@@ -32,7 +32,7 @@ RATIO_WINDOW = Rule(lambda v: len(v) == 2 and all(math.isfinite(x) for x in v) a
 DISTINCT = Rule(lambda v: len(set(v)) == len(v), "a list without repeats")
 DUAL_CLIP = Range(1, open_low=True, why="the dual-clip bound sits above the ratio clip")
 LOWER_RATIO = unit(open_low=True, open_high=True, why="a ratio of 1 is on-policy; 0.5 is IcePop's")
-TOKEN_SHARE = unit(open_low=True, why="the share of tokens kept; 0.2 is the paper's")
+TOKEN_SHARE = unit(why="the share of tokens kept; 0.2 is the paper's, 0 keeps the highest-entropy token (TRL)")
 
 
 @dataclass
@@ -47,7 +47,8 @@ class ClipConfig:
 class AdvConfig:
     estimator: Annotated[str, Registered(ADVANTAGE_ESTIMATORS)] = knob("grpo",
         "a registered advantage estimator (algo/estimators.py): grpo, rloo, reinforce_pp, gae (PPO with a learned "
-        "critic, algo.critic), grpo_passk, reinforce_pp_baseline, opo, gpg, maxrl, or gdpo (docs/tricks.md)")
+        "critic, algo.critic), grpo_passk, reinforce_pp_baseline, opo, gpg, maxrl, gdpo, optimal_token_baseline, "
+        "tir_optimal_token_baseline, or remax (the greedy response per prompt is its baseline; docs/tricks.md)")
     std_normalize: bool = knob(True,
         "divide by the reward std (GRPO; also grpo_passk and gdpo's per-component normalisation); False is Dr. GRPO")
     std_scope: Literal["group", "batch"] = knob("group",
@@ -55,9 +56,9 @@ class AdvConfig:
     gpg_alpha: Literal["valid_groups", "nonzero_rewards", "none"] = knob("valid_groups",
         "gpg's scale alpha: valid_groups = N / (N - M), M the samples of all-equal groups "
         "(GPG paper and code); nonzero_rewards = N / #(reward != 0) (verl); none = 1")
-    gdpo_whiten: bool = knob(True,
-        "gdpo's last step (GDPO paper, verl): whiten the summed advantage "
-        "over the batch's counted tokens; False keeps the decoupled sum")
+    gdpo_whiten: Literal["token", "sequence", "none"] = knob("token",
+        "gdpo's last step, whitening the summed advantage over the batch: token = over its counted tokens "
+        "(verl), sequence = over its responses (TRL, NeMo-RL), none = the decoupled sum")
 
 
 @dataclass
@@ -229,7 +230,8 @@ class AlgoConfig:
     dro: DROConfig = section(DROConfig, "algo.policy_loss=dro")
     top_entropy_quantile: Annotated[float, TOKEN_SHARE] | None = knob(None,
         "80/20 forking tokens (Wang et al. 2025): the policy gradient only on the "
-        "step's tokens whose old-policy entropy is in this top share; null = every token")
+        "step's tokens whose old-policy entropy is in this top share; 0 = only the highest-entropy token "
+        "(ties too), as TRL; null = every token")
     adv: AdvConfig = section(AdvConfig, "advantage estimator")
     critic: CriticConfig = section(CriticConfig)
     entropy: EntropyConfig = section(EntropyConfig, "entropy bonus and its controllers")

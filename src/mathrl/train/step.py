@@ -39,7 +39,7 @@ from mathrl.train.dist import Ranks
 from mathrl.train.generator import push_weights
 from mathrl.train.monitors import GroupOutcomes
 from mathrl.train.trainer import Trainer
-from mathrl.train.update import engine_logprobs_are_old, scoring_pass, update_policy
+from mathrl.train.update import engine_logprobs_are_old, scoring_pass, sum_pi_squared_pass, update_policy
 
 
 @dataclass
@@ -288,10 +288,16 @@ def advantages(trainer: Trainer, got: Collected, prep: Prepared, scored: Scored,
     group_ids = torch.arange(len(got.problems)).repeat_interleave(cfg.rollout.n)  # [N]
     components = None if got.scores is None else {  # [N] each reward component's raw score (gdpo normalises each)
         name: torch.tensor([0.0 if v is None else v for v in vs], dtype=torch.float32) for name, vs in got.scores.values.items()}
+    estimator = ADVANTAGE_ESTIMATORS.get(cfg.algo.adv.estimator)
+    stats = {}
+    if estimator.needs_policy_stats:  # the optimal token baseline: pi_old's sum_v pi_v^2 per position (one more pass)
+        stats = {"old_logprobs": scored.old_logprobs, "is_weights": scored.is_weights,
+                 "sum_pi_squared": sum_pi_squared_pass(trainer.model, prep.batch, cfg, rows=prep.rows)}
     inputs = AdvantageInputs(rewards=got.rewards, response_mask=response_mask, loss_mask=scored.loss_mask,
                              kl_rewards=kl_rewards, group_ids=group_ids, values=values, components=components,
-                             component_weights={f.name: f.weight for f in cfg.reward.functions})
-    out = ADVANTAGE_ESTIMATORS.get(cfg.algo.adv.estimator).fn(inputs, cfg.algo)
+                             component_weights={f.name: f.weight for f in cfg.reward.functions},
+                             greedy_rewards=got.greedy_rewards, **stats)
+    out = estimator.fn(inputs, cfg.algo)
     return out, values, {**metrics, **out.metrics}
 
 

@@ -23,7 +23,7 @@ from mathrl.algo.losses import aggregate, dp_scale, global_counts, positive_exam
 from mathrl.algo.rollout_correction import bypass_weights
 from mathrl.config import AlgoConfig, Config
 from mathrl.model.dtypes import autocast
-from mathrl.model.scoring import input_device, next_token_logprobs, response_logprobs
+from mathrl.model.scoring import input_device, next_token_logprobs, response_logprobs, response_sum_pi_squared
 from mathrl.registry import LOSS_TERMS, POLICY_LOSSES
 from mathrl.seeds import derive_seed
 from mathrl.tasks.sources import PretrainText
@@ -89,6 +89,17 @@ def scoring_pass(model, batch: Rows, cfg: Config, *, with_entropy: bool,
 
     logprobs, entropy = per_token_pass(model, batch, cfg, forward, rows=rows)
     return logprobs, entropy
+
+
+def sum_pi_squared_pass(model, batch: Rows, cfg: Config, *, rows: list[int] | None = None) -> torch.Tensor:
+    """[N, T] sum_v pi_v^2 of each response position's next-token distribution under `model`, no grad
+    (the estimators with needs_policy_stats: the optimal token baseline)."""
+
+    def forward(model, mb: Rows) -> list[torch.Tensor]:
+        return [response_sum_pi_squared(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.context_mask,
+                                        temperature=cfg.rollout.temperature, chunk_size=cfg.model.logprob_chunk_size)]
+
+    return per_token_pass(model, batch, cfg, forward, rows=rows)[0]
 
 
 # ----------------------------------------------------------------------------- mini-batches and optimizer steps
