@@ -216,10 +216,8 @@ def reinforce_pp_advantages(
     With gamma = 1 the return of token t is the sequence reward minus the KL penalty still to go,
         G_t = r(x, y) + sum_{i >= t} kl_rewards_i,
     and the advantage is G_t whitened over every counted token of the batch (global advantage
-    normalisation: one mean and one variance for the whole batch, no per-prompt baseline). The variance
-    is the unbiased (n-1) one of verl's ``masked_whiten`` (``compute_reinforce_plus_plus_outcome_advantage``),
-    the convention of every estimator here that whitens over the batch (reinforce_pp_baseline, gdpo);
-    OpenRLHF divides by n, a factor sqrt(n/(n-1)) on every advantage.
+    normalisation: one mean and one variance for the whole batch, no per-prompt baseline), the unbiased
+    (n-1) variance of verl's ``masked_whiten``, as every estimator here that whitens (OpenRLHF divides by n).
 
     rewards: [B] outcome reward per response; response_mask: [B, T] nonzero on generated tokens (where returns
     are accumulated); kl_rewards: [B, T] per-token KL penalty (<= 0 when the coefficient is positive), None = 0;
