@@ -25,7 +25,7 @@ DELTA = torch.tensor([[LN3, -LN3, 0.0], [0.1, -0.1, 0.0], [LN2, LN2, 0.0]])
 MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
 ROLLOUT = torch.full((3, 3), -2.0) * MASK
 TRAINER = (ROLLOUT + DELTA) * MASK  # pi_old in decoupled mode, pi_theta in bypass mode
-ADV = torch.tensor([[1.0], [-1.0], [2.0]]).expand(3, 3) * MASK
+ADV = torch.tensor([[1.0], [-0.5], [2.0]]).expand(3, 3) * MASK  # A, B, C: no two kept rows cancel
 
 RC = "algo.rollout_correction."
 GEO = f"{RC}geo_rs_bounds=[0.999000999000999, 1.001001001001001]"  # verl's "0.999_1.001" bounds 1/rho
