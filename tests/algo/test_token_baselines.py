@@ -136,3 +136,43 @@ def test_the_estimators_are_registered_and_read_their_inputs():
         otb.fn(_inputs(), None)
     with pytest.raises(ValueError, match="greedy"):
         rmx.fn(_inputs(), None)
+
+
+TINY = [
+    "base.steps=200", "base.max_digits=1", "data.arith.max_digits=1", "base.hidden_size=32",
+    "base.intermediate_size=64", "base.num_layers=2", "base.num_heads=2", "base.num_kv_heads=1",
+    "train.steps=2", "rollout.prompts_per_step=4", "rollout.n=4", "train.mini_batch_size=8", "data.eval_size=4",
+    "eval.n=2", "eval.every=2", "reward.num_workers=0", "data.dynamic_sampling.mode=none", "train.save_every=0",
+]
+
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides", [
+    ["algo.adv.estimator=optimal_token_baseline"],
+    ["algo.adv.estimator=tir_optimal_token_baseline"],
+    ["algo.adv.estimator=remax"],
+    ["algo.adv.estimator=remax", "rollout.n=1", "train.mini_batch_size=4"],
+], ids=["otb", "tir_otb", "remax", "remax-n1"])
+def test_training_with_each_estimator(overrides, shared_cache, tmp_path, monkeypatch):
+    import io
+    import math
+
+    from rich.console import Console
+
+    from mathrl.config import load_config
+    from mathrl.track.sinks import read_metrics
+    from mathrl.train.loop import train
+
+    monkeypatch.setenv("MATHRL_CACHE", str(shared_cache))
+    cfg = load_config(None, [*TINY, *overrides, f"run_dir={tmp_path / 'run'}"])
+    result = train(cfg, console=Console(file=io.StringIO()))
+    rows = [r for r in read_metrics(result.run_dir / "metrics.jsonl") if "actor/pg_loss" in r]
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        assert all(math.isfinite(v) for v in row.values() if isinstance(v, (int, float)))
+        assert ("reward/greedy" in row) == ("algo.adv.estimator=remax" in overrides)
