@@ -64,6 +64,7 @@ class Scored:
     is_weights: torch.Tensor | None  # [N, T] the policy-gradient term's importance weights; None: no correction
     loss_mask: torch.Tensor  # [N, T] the sample filters' mask, less the tokens the correction drops
     metrics: dict[str, float]  # actor/ref_*, the correction's and the rejection rules' (rollout_corr/*, actor/rollout_is_*)
+    correction: torch.Tensor | None = None  # [N, T] is_weights before the 80/20 token mask: the importance weights alone
 
 
 def rl_step(trainer: Trainer, step: int, collected: Collected | None = None) -> StepResult:
@@ -172,10 +173,11 @@ def score(trainer: Trainer, got: Collected, prep: Prepared) -> Scored:
         metrics["actor/ref_entropy"] = float(masked_mean(ref_entropy, loss_mask))
     is_weights, loss_mask, corr_metrics = importance_weights(cfg, old_logprobs, got.rollout.logprobs,
                                                              batch.response_mask, loss_mask)
+    correction = is_weights
     is_weights, fork_metrics = forking_tokens(cfg, entropy, loss_mask, is_weights)
     return Scored(old_logprobs=old_logprobs, entropy=entropy, ref_logprobs=ref_logprobs, ref_entropy=ref_entropy,
                   ref_kl=ref_kl, is_weights=is_weights, loss_mask=loss_mask,
-                  metrics={**metrics, **corr_metrics, **fork_metrics})
+                  metrics={**metrics, **corr_metrics, **fork_metrics}, correction=correction)
 
 
 def importance_weights(cfg, old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, response_mask: torch.Tensor,
@@ -291,7 +293,7 @@ def advantages(trainer: Trainer, got: Collected, prep: Prepared, scored: Scored,
     estimator = ADVANTAGE_ESTIMATORS.get(cfg.algo.adv.estimator)
     stats = {}
     if estimator.needs_policy_stats:  # the optimal token baseline: pi_old's sum_v pi_v^2 per position (one more pass)
-        stats = {"old_logprobs": scored.old_logprobs, "is_weights": scored.is_weights,
+        stats = {"old_logprobs": scored.old_logprobs, "is_weights": scored.correction,
                  "sum_pi_squared": sum_pi_squared_pass(trainer.model, prep.batch, cfg, rows=prep.rows)}
     inputs = AdvantageInputs(rewards=got.rewards, response_mask=response_mask, loss_mask=scored.loss_mask,
                              kl_rewards=kl_rewards, group_ids=group_ids, values=values, components=components,
