@@ -195,13 +195,13 @@ def test_reinforce_pp_hand_values_outcome_reward_minus_kl_to_go():
     # gamma = 1: the return of token t is the sequence reward minus the KL penalty still to go:
     #   row 0: 1 - 0.6 = 0.4, 1 - 0.5 = 0.5, 1 - 0.3 = 0.7
     #   row 1: 0 - 0.9 = -0.9, 0 - 0.5 = -0.5, (padding)
-    # then one mean (0.04) and one biased variance (1.952 / 5 = 0.3904) over all five tokens.
+    # then one mean (0.04) and one unbiased variance (1.952 / 4 = 0.488, verl's masked_whiten) over all five tokens.
     # (An earlier loop whitened the sequence rewards instead, giving every token of a row one value.)
     rewards = torch.tensor([1.0, 0.0])
     response_mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     kl = torch.tensor([[-0.1, -0.2, -0.3], [-0.4, -0.5, 0.0]])
     returns = [0.4, 0.5, 0.7, -0.9, -0.5]
-    mean, var = 0.04, 0.3904
+    mean, var = 0.04, 0.488
     std = math.sqrt(var + 1e-8)
     expected = torch.tensor([[(returns[0] - mean) / std, (returns[1] - mean) / std, (returns[2] - mean) / std],
                              [(returns[3] - mean) / std, (returns[4] - mean) / std, 0.0]])
@@ -210,12 +210,14 @@ def test_reinforce_pp_hand_values_outcome_reward_minus_kl_to_go():
 
 def test_reinforce_pp_without_kl_and_with_a_filtered_row():
     # No KL: every token of a response has the return r; a row masked out of the loss (sample
-    # filter) neither shares the statistics nor gets an advantage. Counted: 1, 1 | 0, 0 -> +-1.
+    # filter) neither shares the statistics nor gets an advantage. Counted: 1, 1 | 0, 0: mean 1/2, unbiased
+    # variance (4 * 1/4) / 3 = 1/3, so +-(1/2) / sqrt(1/3) = +-0.8660.
     rewards = torch.tensor([1.0, 0.0, 5.0])
     response_mask = torch.tensor([[1.0, 1.0], [1.0, 1.0], [1.0, 0.0]])
     loss_mask = torch.tensor([[1.0, 1.0], [1.0, 1.0], [0.0, 0.0]])
     out = reinforce_pp_advantages(rewards, response_mask, loss_mask=loss_mask)
-    assert_close(out, torch.tensor([[1.0, 1.0], [-1.0, -1.0], [0.0, 0.0]]), atol=1e-6, rtol=0)
+    h = 0.5 / math.sqrt(1 / 3)
+    assert_close(out, torch.tensor([[h, h], [-h, -h], [0.0, 0.0]]), atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="rewards"):
         reinforce_pp_advantages(torch.ones(2), torch.ones(3, 2))
 

@@ -237,7 +237,7 @@ def test_gdpo_estimator_reads_the_components_and_their_weights():
     x = AdvantageInputs(rewards=acc + 0.5 * fmt, response_mask=mask, loss_mask=mask, kl_rewards=torch.zeros(4, 4),
                         group_ids=ids(0, 0, 0, 0), components={"acc": acc, "fmt": fmt},
                         component_weights={"acc": 1.0, "fmt": 0.5})
-    out = ADVANTAGE_ESTIMATORS.get("gdpo").fn(x, gdpo_cfg("algo.adv.gdpo_whiten=false").algo).advantages
+    out = ADVANTAGE_ESTIMATORS.get("gdpo").fn(x, gdpo_cfg("algo.adv.gdpo_whiten=none").algo).advantages
     seq = torch.tensor([h + 0.25, h - 0.75, -h + 0.25, -h + 0.25])
     assert_close(out, seq[:, None] * mask, atol=1e-5, rtol=1e-5)  # eps = 1e-6 in the std
 
@@ -254,12 +254,31 @@ def test_gdpo_estimator_whitens_over_the_batch_tokens():
     assert_close(out, torch.tensor([[r3, r3], [-2 * r3, 0]]), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("whiten, value, why", [
+    ("token", math.sqrt(2) / math.sqrt(12 / 5),
+     "verl (test_core_algos GDPO case): +-sqrt(2) on 6 tokens, unbiased var 2*6/5 = 12/5: +-0.9129"),
+    ("sequence", math.sqrt(2) / 2,
+     "TRL test_grpo_trainer / NeMo-RL test_grpo GDPO case: +-sqrt(2) over 2 responses, unbiased std 2: +-0.7071"),
+    ("none", math.sqrt(2), "the decoupled sum: 0 + 1/sqrt(2) + 1/sqrt(2)"),
+])
+def test_gdpo_whitens_per_token_as_verl_or_per_sequence_as_trl(whiten, value, why):
+    # one group of two responses of 3 tokens; components correctness [1, 1] (constant: 0), integer [1, -1]
+    # (+-1/sqrt(2), unbiased group std sqrt(2)) and format [1, 0] (+-1/sqrt(2), std 1/sqrt(2)): sum +-sqrt(2)
+    mask = torch.ones(2, 3)
+    comps = {"correctness": torch.tensor([1.0, 1.0]), "integer": torch.tensor([1.0, -1.0]), "format": torch.tensor([1.0, 0.0])}
+    x = AdvantageInputs(rewards=sum(comps.values()), response_mask=mask, loss_mask=mask, kl_rewards=torch.zeros(2, 3),
+                        group_ids=ids(0, 0), components=comps, component_weights={k: 1.0 for k in comps})
+    cfg = load_config(None, ["algo.adv.estimator=gdpo", f"algo.adv.gdpo_whiten={whiten}"])
+    out = ADVANTAGE_ESTIMATORS.get("gdpo").fn(x, cfg.algo).advantages
+    assert_close(out, torch.tensor([[value] * 3, [-value] * 3]), atol=1e-5, rtol=1e-5, msg=why)
+
+
 def test_gdpo_estimator_with_one_component_and_no_whitening_is_the_grpo_estimator():
     mask = lengths_mask(3, 2, 1, 4).float()
     r = torch.tensor([1.0, 0.0, 0.0, 1.0])
     x = AdvantageInputs(rewards=r, response_mask=mask, loss_mask=mask, kl_rewards=torch.zeros(4, 4),
                         group_ids=ids(0, 0, 1, 1), components={"math": r})
-    cfg = load_config(None, ["algo.adv.estimator=gdpo", "algo.adv.gdpo_whiten=false"])
+    cfg = load_config(None, ["algo.adv.estimator=gdpo", "algo.adv.gdpo_whiten=none"])
     assert_close(ADVANTAGE_ESTIMATORS.get("gdpo").fn(x, cfg.algo).advantages, ADVANTAGE_ESTIMATORS.get("grpo").fn(x, cfg.algo).advantages)
 
 

@@ -169,6 +169,21 @@ def test_kl_estimators_hand_values():
     assert_close(kl_penalty(lp, ref, estimator="k3"), torch.tensor([[0.5 + LN2 - 1.0]]))
 
 
+@pytest.mark.parametrize("estimator, value, why", [
+    ("k1+", LN2, "the value of k1 = log p - log q"),
+    ("k3+", 0.5 + LN2 - 1.0, "the value of k3 = q/p - ln(q/p) - 1"),
+])
+def test_plus_estimators_take_the_value_of_one_and_the_gradient_of_k2(estimator, value, why):
+    # p = 1/2, q = 1/4 as above: d k2 / d log p = log p - log q = ln 2 (k1's gradient would be 1,
+    # k3's 1 - q/p = 1/2): verl's kl_penalty("k1+" / "k3+") straight-through.
+    lp = torch.tensor([[math.log(0.5)]], requires_grad=True)
+    ref = torch.tensor([[math.log(0.25)]])
+    out = kl_penalty(lp, ref, estimator=estimator)
+    out.sum().backward()
+    assert_close(out.detach(), torch.tensor([[value]]), msg=why)
+    assert_close(lp.grad, torch.tensor([[LN2]]), msg="the gradient of k2")
+
+
 def test_k1_and_k3_are_unbiased_k2_is_not():
     # Exact expectation over the vocabulary under p (no sampling noise): E_p[k1] = E_p[k3] = KL(p||q).
     gen = torch.Generator().manual_seed(0)

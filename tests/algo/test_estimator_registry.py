@@ -98,4 +98,8 @@ def test_the_group_estimators_are_the_group_functions_on_every_token(name):
 def test_the_builtins_declare_what_they_need():
     assert [n for n in ADVANTAGE_ESTIMATORS.names() if ADVANTAGE_ESTIMATORS.get(n).needs_critic] == ["gae"]
     assert [n for n in ADVANTAGE_ESTIMATORS.names() if ADVANTAGE_ESTIMATORS.get(n).needs_groups] == [
-        "grpo", "rloo", "grpo_passk", "reinforce_pp_baseline", "opo", "gpg", "maxrl", "gdpo"]
+        "grpo", "rloo", "grpo_passk", "reinforce_pp_baseline", "opo", "gpg", "maxrl", "gdpo", "optimal_token_baseline",
+        "tir_optimal_token_baseline"]
+    assert [n for n in ADVANTAGE_ESTIMATORS.names() if ADVANTAGE_ESTIMATORS.get(n).needs_policy_stats] == [
+        "optimal_token_baseline", "tir_optimal_token_baseline"]
+    assert [n for n in ADVANTAGE_ESTIMATORS.names() if ADVANTAGE_ESTIMATORS.get(n).needs_greedy] == ["remax"]

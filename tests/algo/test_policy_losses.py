@@ -709,6 +709,7 @@ ENTROPY_CASES = [
     (0.25, {7.0, 8.0, 9.0}, "quantile(0.75) = 6.75: 3 of 10 kept, ties to the discrete grid"),
     (0.05, {9.0}, "quantile(0.95) = 8.55: only 9"),
     (1.0, {float(v) for v in range(10)}, "quantile(0) = the minimum: every counted token"),
+    (0.0, {9.0}, "TRL allows 0: quantile(1) = the maximum, only the highest-entropy token keeps its gradient"),
 ]
 
 
@@ -720,9 +721,19 @@ def test_top_entropy_mask(quantile, kept, why):
     assert keep.dtype == torch.float32 and set(keep.unique().tolist()) <= {0.0, 1.0}
 
 
-def test_top_entropy_mask_rejects_an_empty_share():
-    with pytest.raises(ValueError, match="quantile"):
-        top_entropy_mask(torch.tensor(ENTROPY), torch.tensor(ENTROPY_MASK), quantile=0.0)
+def test_top_entropy_mask_rejects_a_share_outside_the_unit_interval():
+    for quantile in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="quantile"):
+            top_entropy_mask(torch.tensor(ENTROPY), torch.tensor(ENTROPY_MASK), quantile=quantile)
+
+
+def test_top_entropy_mask_at_zero_keeps_every_tie_of_the_maximum():
+    # two counted tokens share the top entropy 3: TRL's entropy >= max keeps both
+    keep = top_entropy_mask(torch.tensor([[3.0, 1.0, 3.0]]), torch.ones(1, 3), quantile=0.0)
+    assert keep.tolist() == [[1.0, 0.0, 1.0]]
+    from mathrl.config import load_config
+
+    assert load_config(None, ["algo.top_entropy_quantile=0"]).algo.top_entropy_quantile == 0.0
 
 
 # ----------------------------------------------------------------------------- training (slow)

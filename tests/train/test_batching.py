@@ -219,3 +219,22 @@ def test_scoring_pass_matches_a_single_pass(tiny_model, rollout_batch):
     assert_close(entropy[mask], ref_ent[mask], rtol=1e-5, atol=1e-5)
     assert (logprobs[~mask] == 0).all() and (entropy[~mask] == 0).all()
     assert not tiny_model.training  # restored to the mode it had (the fixture model is in eval mode)
+
+
+def test_sum_pi_squared_pass_is_the_softmax_squared_over_the_vocabulary(tiny_model, rollout_batch):
+    # the optimal token baseline's sum_v pi_v^2, against the model's full logits: softmax(logits / T)^2 summed
+    from mathrl.train.update import sum_pi_squared_pass
+
+    cfg = load_config(None, ["train.micro_batch_tokens=64"])  # several micro-batches
+    got = sum_pi_squared_pass(tiny_model, rollout_batch, cfg)
+    b = rollout_batch
+    ids = torch.cat([b.prompt_ids, b.response_ids], 1)
+    attn = torch.cat([b.prompt_mask, b.response_mask], 1)
+    with torch.no_grad():
+        logits = tiny_model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(1) - 1).clamp(min=0)).logits
+    p = b.prompt_ids.shape[1]
+    probs = torch.softmax(logits[:, p - 1 : p - 1 + b.response_ids.shape[1]].float() / cfg.rollout.temperature, -1)
+    want = probs.square().sum(-1)
+    mask = b.response_mask.bool()
+    assert_close(got[mask], want[mask], rtol=1e-4, atol=1e-5)
+    assert (got[~mask] == 0).all()

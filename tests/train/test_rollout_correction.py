@@ -326,11 +326,24 @@ KL_RS_CASES = [
     ("k2", 0.16, [[F_] * 3, [F_, F_, T_]], "0.1602 > 0.16"),
     ("k3", 1.0, [[T_] * 3, [T_] * 3], "both means are under 1"),
 ]
+# the max over a row's tokens (verl seq_max_k2): row 0's k2 = [ln2^2/2, 0, ln2^2/2] = 0.2402 at most, row 1's 0.6035
+KL_MAX_CASES = [
+    (0.2, [[F_] * 3, [F_, F_, T_]], "row 0's max 0.2402 > 0.2 although its mean 0.1602 is under"),
+    (0.25, ROW0_KEPT_ROW1_REJECTED, "0.2402 <= 0.25 < 0.6035"),
+    (0.61, [[T_] * 3, [T_] * 3], "both maxima under 0.61"),
+]
 
 
 @pytest.mark.parametrize("estimator, threshold, keep, why", KL_RS_CASES, ids=[f"{c[0]}-{c[1]}" for c in KL_RS_CASES])
 def test_kl_rs_rejects_responses_whose_mean_kl_estimate_is_over_the_threshold(estimator, threshold, keep, why):
     assert kl_rs_keep(OLD, ROLLOUT, MASK, estimator=estimator, threshold=threshold).tolist() == keep, why
+
+
+@pytest.mark.parametrize("threshold, keep, why", KL_MAX_CASES, ids=[str(c[0]) for c in KL_MAX_CASES])
+def test_k2_max_rs_rejects_a_response_by_its_largest_token(threshold, keep, why):
+    assert kl_rs_keep(OLD, ROLLOUT, MASK, estimator="k2", threshold=threshold, reduce="max").tolist() == keep, why
+    by_name = rule_keeps(OLD, ROLLOUT, MASK, ["k2_max_rs"], k2_rs_threshold=threshold)["k2_max_rs"]
+    assert by_name.tolist() == keep, why
 
 
 # OPSM on the mirrored batch: old = -OLD, so log pi_rollout - log pi_old is row 0 = [ln2, 0, -ln2]
@@ -478,8 +491,10 @@ def test_bypass_takes_the_rollout_logprobs_as_old_without_a_scoring_pass(monkeyp
 
 
 @pytest.mark.parametrize("overrides, fragment", [
-    (["algo.rollout_correction.mode=tis"], "algo.rollout_correction.mode=tis"),
-    (["algo.rollout_correction.masks=[k3_rs]"], "algo.rollout_correction.masks=[k3_rs]"),
+    (["algo.rollout_correction.mode=tis"], "algo.rollout_correction.mode=tis with algo.policy_loss=ppo_clip"),
+    (["algo.rollout_correction.masks=[k3_rs, opsm]"], "algo.rollout_correction.masks with opsm"),
+    (["algo.rollout_correction.masks=[k3_rs]", "algo.rollout_correction.rejected=drop"],
+     "algo.rollout_correction.rejected=drop"),
     (["algo.off_policy=decoupled"], "algo.off_policy=decoupled"),
     (["train.old_logprobs=recompute"], "leave train.old_logprobs=auto"),
     (["algo.entropy.mode=adaptive"], "algo.entropy.mode=adaptive"),
@@ -510,7 +525,7 @@ TINY = [
     "train.steps=2", "rollout.prompts_per_step=4", "rollout.n=4", "train.mini_batch_size=8", "data.eval_size=4",
     "eval.n=2", "eval.every=2", "reward.num_workers=0", "data.dynamic_sampling.mode=none", "train.save_every=0",
 ]
-ALL_RULES = "[geo_rs, icepop, k3_rs, k2_rs, opsm]"
+ALL_RULES = "[geo_rs, icepop, k3_rs, k2_mean_rs, k2_max_rs, opsm]"
 
 
 @pytest.fixture(scope="module")
@@ -523,11 +538,13 @@ def shared_cache(tmp_path_factory):
     (["algo.rollout_correction.masks=[geo_rs]"], ["geo_rs"]),
     (["algo.rollout_correction.masks=[icepop]", "algo.rollout_correction.mode=tis"], ["icepop"]),
     (["algo.rollout_correction.masks=[k3_rs]"], ["k3_rs"]),
-    (["algo.rollout_correction.masks=[k2_rs]", "algo.rollout_correction.rejected=drop"], ["k2_rs"]),
+    (["algo.rollout_correction.masks=[k2_mean_rs]", "algo.rollout_correction.rejected=drop"], ["k2_mean_rs"]),
     (["algo.rollout_correction.masks=[opsm]"], ["opsm"]),
-    ([f"algo.rollout_correction.masks={ALL_RULES}"], ["geo_rs", "icepop", "k3_rs", "k2_rs", "opsm"]),
+    ([f"algo.rollout_correction.masks={ALL_RULES}"], ["geo_rs", "icepop", "k3_rs", "k2_mean_rs", "k2_max_rs", "opsm"]),
     (["algo.rollout_correction.bypass=true"], []),
-], ids=["geo_rs", "icepop+tis", "k3_rs", "k2_rs-drop", "opsm", "chained", "bypass"])
+    (["algo.rollout_correction.bypass=true", "algo.policy_loss=gpg", "algo.rollout_correction.mode=tis",
+      "algo.rollout_correction.masks=[geo_rs]"], []),
+], ids=["geo_rs", "icepop+tis", "k3_rs", "k2_mean_rs-drop", "opsm", "chained", "bypass", "bypass+tis+geo_rs"])
 def test_training_with_each_mask(overrides, rules, shared_cache, tmp_path, monkeypatch):
     import io
 

@@ -216,7 +216,8 @@ def reinforce_pp_advantages(
     With gamma = 1 the return of token t is the sequence reward minus the KL penalty still to go,
         G_t = r(x, y) + sum_{i >= t} kl_rewards_i,
     and the advantage is G_t whitened over every counted token of the batch (global advantage
-    normalisation: one mean and one variance for the whole batch, no per-prompt baseline).
+    normalisation: one mean and one variance for the whole batch, no per-prompt baseline), the unbiased
+    (n-1) variance of verl's ``masked_whiten``, as every estimator here that whitens (OpenRLHF divides by n).
 
     rewards: [B] outcome reward per response; response_mask: [B, T] nonzero on generated tokens (where returns
     are accumulated); kl_rewards: [B, T] per-token KL penalty (<= 0 when the coefficient is positive), None = 0;
@@ -234,7 +235,7 @@ def reinforce_pp_advantages(
     if kl_rewards is not None:
         token_rewards = token_rewards + kl_rewards
     returns = discounted_returns(token_rewards, response_mask, gamma=1.0)  # [B, T]
-    return whiten_advantages(returns, response_mask if loss_mask is None else loss_mask)
+    return whiten_advantages(returns, response_mask if loss_mask is None else loss_mask, unbiased=True)
 
 
 def expand_to_tokens(adv: Tensor, mask: Tensor) -> Tensor:

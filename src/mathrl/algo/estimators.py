@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from mathrl.algo.advantages import (
+    discounted_returns,
     expand_to_tokens,
     gdpo_advantages,
     gpg_advantages,
@@ -34,6 +35,7 @@ from mathrl.algo.advantages import (
     whiten_advantages,
 )
 from mathrl.algo.critic import gae, length_adaptive_lambda, outcome_token_rewards
+from mathrl.algo.token_baselines import optimal_token_baseline_advantages, remax_advantages
 from mathrl.registry import ADVANTAGE_ESTIMATORS
 
 
@@ -49,6 +51,10 @@ class AdvantageInputs:
     values: Tensor | None = None  # [N, T] critic values at sampling time (estimators with needs_critic)
     components: dict[str, Tensor] | None = None  # reward.functions[].name -> [N] its raw (unweighted) score; None: not kept (gdpo)
     component_weights: dict[str, float] | None = None  # reward.functions[].name -> its weight (1.0 where absent)
+    old_logprobs: Tensor | None = None  # [N, T] the old policy's logprobs (estimators with needs_policy_stats)
+    sum_pi_squared: Tensor | None = None  # [N, T] sum_v pi_v^2 of each next-token distribution (needs_policy_stats)
+    is_weights: Tensor | None = None  # [N, T] the policy-gradient term's importance weights; None: no correction
+    greedy_rewards: Tensor | None = None  # [N] the reward of the greedy response to each row's prompt (needs_greedy)
 
 
 @dataclass
@@ -63,6 +69,8 @@ class Estimator:
     fn: Callable[[AdvantageInputs, Any], Advantages]  # (inputs, the config's algo section) -> advantages
     needs_critic: bool = False  # a learned value model is built, trained and its values passed in
     needs_groups: bool = True  # rollout.n must be > 1 (a group baseline of one sample is the sample)
+    needs_policy_stats: bool = False  # old_logprobs and sum_pi_squared are passed in (a pass over the vocabulary)
+    needs_greedy: bool = False  # a greedy response per prompt is sampled and scored: greedy_rewards
 
 
 def sequence_rewards(x: AdvantageInputs) -> Tensor:
@@ -153,7 +161,8 @@ def maxrl(x: AdvantageInputs, algo) -> Advantages:
 
 def gdpo(x: AdvantageInputs, algo) -> Advantages:
     """GDPO (Liu et al. 2026; verl gdpo): each reward.functions component normalised within its group, summed
-    with reward.functions[].weight, then (algo.adv.gdpo_whiten) whitened over the batch's counted tokens.
+    with reward.functions[].weight, then (algo.adv.gdpo_whiten) whitened over the batch's counted tokens
+    (token, verl) or its counted responses (sequence, TRL and NeMo-RL), or not (none).
 
     The rest of the sequence reward (shaping terms, reward.incorrect, the KL penalty) is centred on its group
     mean and added unscaled (`gdpo_advantages`). Without per-component scores the sequence reward is the one
@@ -168,9 +177,12 @@ def gdpo(x: AdvantageInputs, algo) -> Advantages:
         components, weights, shaping = total[None], None, None  # [1, N]
     seq = gdpo_advantages(components, x.group_ids, weights=weights, shaping=shaping,
                           std_normalize=adv.std_normalize, std_scope=adv.std_scope)  # [N]
+    if adv.gdpo_whiten == "sequence":  # TRL / NeMo-RL: one value per counted response, unbiased std
+        counted = x.loss_mask.sum(-1) > 0  # [N]
+        seq = whiten_advantages(seq, counted.to(seq.dtype), unbiased=True)
     tokens = expand_to_tokens(seq, x.loss_mask)  # [N, T]
-    if adv.gdpo_whiten:
-        tokens = whiten_advantages(tokens, x.loss_mask, unbiased=True)  # verl's masked_whiten
+    if adv.gdpo_whiten == "token":  # verl's masked_whiten: a long response weighs more in the statistics
+        tokens = whiten_advantages(tokens, x.loss_mask, unbiased=True)
     return Advantages(tokens)
 
 
@@ -180,3 +192,48 @@ ADVANTAGE_ESTIMATORS.register("opo", Estimator(opo))
 ADVANTAGE_ESTIMATORS.register("gpg", Estimator(gpg))
 ADVANTAGE_ESTIMATORS.register("maxrl", Estimator(maxrl))
 ADVANTAGE_ESTIMATORS.register("gdpo", Estimator(gdpo))
+
+
+# ---- per-token and greedy baselines (algo/token_baselines.py): the reward to go G_t (the outcome reward
+# on the last token plus the KL penalty, gamma 1) minus a baseline, no whitening.
+
+
+def reward_to_go(x: AdvantageInputs) -> Tensor:
+    """[N, T] G_t = the outcome reward plus the KL penalty still to go (gamma 1), 0 off the response."""
+    return discounted_returns(outcome_token_rewards(x.rewards, x.response_mask) + x.kl_rewards, x.response_mask)
+
+
+def _policy_stats(x: AdvantageInputs, name: str) -> tuple[Tensor, Tensor]:
+    if x.old_logprobs is None or x.sum_pi_squared is None:
+        raise ValueError(f"algo.adv.estimator={name} needs the old logprobs and sum_pi_squared in its inputs")
+    return x.old_logprobs, x.sum_pi_squared
+
+
+def optimal_token_baseline(x: AdvantageInputs, algo) -> Advantages:
+    """Optimal token baseline (verl optimal_token_baseline): G_t minus the group's W-weighted mean return at
+    response position t, W the cumulative path variance sum_j (1 - 2 pi_j + sum_v pi_v^2), times the
+    squared importance weight when a correction is on."""
+    lp, spp = _policy_stats(x, "optimal_token_baseline")
+    return Advantages(optimal_token_baseline_advantages(reward_to_go(x), lp, spp, x.loss_mask, x.group_ids,
+                                                        is_weights=x.is_weights, align="position"))
+
+
+def tir_optimal_token_baseline(x: AdvantageInputs, algo) -> Advantages:
+    """The tool-integrated variant (verl tir_optimal_token_baseline): the steps are each response's counted
+    tokens in order, so tool output between turns does not misalign the group's steps."""
+    lp, spp = _policy_stats(x, "tir_optimal_token_baseline")
+    return Advantages(optimal_token_baseline_advantages(reward_to_go(x), lp, spp, x.loss_mask, x.group_ids,
+                                                        is_weights=x.is_weights, align="token"))
+
+
+def remax(x: AdvantageInputs, algo) -> Advantages:
+    """ReMax (Li et al. 2024; verl remax): G_t minus the reward of the greedy response to the same prompt."""
+    if x.greedy_rewards is None:
+        raise ValueError("algo.adv.estimator=remax needs greedy_rewards in its inputs (the greedy rollout)")
+    return Advantages(remax_advantages(reward_to_go(x), x.greedy_rewards, x.loss_mask))
+
+
+ADVANTAGE_ESTIMATORS.register("optimal_token_baseline", Estimator(optimal_token_baseline, needs_policy_stats=True))
+ADVANTAGE_ESTIMATORS.register("tir_optimal_token_baseline", Estimator(tir_optimal_token_baseline,
+                                                                      needs_policy_stats=True))
+ADVANTAGE_ESTIMATORS.register("remax", Estimator(remax, needs_groups=False, needs_greedy=True))

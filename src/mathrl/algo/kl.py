@@ -17,8 +17,8 @@ from torch import Tensor
 
 __all__ = ["KLEstimator", "KL_ESTIMATORS", "kl_penalty", "apply_kl_reward_penalty"]
 
-KLEstimator = Literal["k1", "k2", "k3"]
-KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
+KLEstimator = Literal["k1", "k2", "k3", "k1+", "k3+"]
+KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3", "k1+", "k3+")
 
 # exp() of a log-ratio beyond +-20 only adds inf/NaN risk; verl clamps the same way.
 _LOG_RATIO_CLAMP = 20.0
@@ -44,6 +44,11 @@ def kl_penalty(
     [-clamp, clamp] (k3 >= 0, so in effect an upper cap at ``clamp``; verl's ``low_var_kl`` uses
     10). ``clamp=None`` disables the outer clamp. k1 and k2 are never clamped.
 
+    "k1+" and "k3+" (verl's `kl_penalty` with a trailing "+") have the value of k1 / k3 and the gradient of
+    k2, by a straight-through sum k2 - sg(k2) + sg(k): k1 and k3 are unbiased for the KL's value but their
+    expected gradient is not the KL's gradient, while k2's is (d k2 / d log p = log p - log q, whose
+    expectation under p is the gradient of KL(p || q) in the sampled logit's direction).
+
     logprobs: [B, T] log p(token) under the policy (differentiable); ref_logprobs: [B, T] log q(token) under the
     reference model; estimator: "k1", "k2" or "k3" (config ``algo.kl.estimator``); clamp: a bound on the k3
     estimate, or None. -> [B, T] the per-token KL estimate (unmasked: aggregate or mask it yourself).
@@ -54,6 +59,10 @@ def kl_penalty(
             f"and {tuple(ref_logprobs.shape)}"
         )
     diff = logprobs - ref_logprobs  # [B, T] log p - log q
+    if estimator in ("k1+", "k3+"):
+        value = kl_penalty(logprobs.detach(), ref_logprobs, estimator=estimator[:-1], clamp=clamp)  # [B, T]
+        k2 = 0.5 * diff.square()  # [B, T] carries the gradient
+        return k2 - k2.detach() + value
     if estimator == "k1":
         return diff
     if estimator == "k2":

@@ -358,15 +358,16 @@ def dro(logprobs, old_logprobs, advantages, mask, *, weights=None, beta=None):
 def top_entropy_mask(entropy: Tensor, mask: Tensor, *, quantile: float) -> Tensor:
     """The forking tokens (Wang et al. 2025, "Beyond the 80/20 Rule", arXiv 2506.01939, §4): 1 on the
     counted tokens whose entropy is at least the (1 - quantile) quantile of the counted tokens'
-    entropies, as TRL's `top_entropy_quantile` (quantile 0.2: the top 20%; 1.0: every token).
+    entropies, as TRL's `top_entropy_quantile` (quantile 0.2: the top 20%; 1.0: every token; 0: the
+    (1 - 0) quantile is the maximum, so only the highest-entropy token keeps its gradient, with its ties).
 
     entropy: [B, T] the token entropies (of the policy that sampled, or the old policy); mask: [B, T] nonzero on
-    counted tokens; quantile: in (0, 1], the share of tokens kept. -> [B, T] float, 1 on kept tokens, 0
+    counted tokens; quantile: in [0, 1], the share of tokens kept. -> [B, T] float, 1 on kept tokens, 0
     elsewhere.
     """
     _check_same_shape(entropy=entropy, mask=mask)
-    if not 0.0 < quantile <= 1.0:
-        raise ValueError(f"quantile must be in (0, 1], got {quantile}")
+    if not 0.0 <= quantile <= 1.0:
+        raise ValueError(f"quantile must be in [0, 1], got {quantile}")
     m = mask.bool()
     if not m.any():
         return torch.zeros_like(entropy, dtype=torch.float32)

@@ -30,7 +30,8 @@ mask, and several rules chain by intersection (a token is kept only if every rul
 * Geo-RS (`geo_rs_keep`): the geometric mean of the response's ratios outside [L, U] (verl seq_mean_k1).
 * IcePop (`icepop_keep`): a token whose ratio is outside [L, U] (Ring-1T, arXiv 2510.18855).
 * K3-RS / K2-RS (`kl_rs_keep`): the mean over the response of the k3 (k2) estimate of
-  KL(π_rollout ‖ π_old) above a threshold (verl seq_mean_k3 / seq_mean_k2).
+  KL(π_rollout ‖ π_old) above a threshold (k3_rs, k2_mean_rs: verl seq_mean_k3 / seq_mean_k2), or its
+  largest token's (k2_max_rs: verl seq_max_k2).
 * OPSM (`opsm_keep`): a response with negative advantage whose mean log(π_rollout/π_old) is above δ
   (DeepSeek-V3.2, arXiv 2512.02556, eq. 9; TRL's `off_policy_mask_threshold`). It needs the
   advantages, so train/step.py applies it once they are computed.
@@ -52,14 +53,15 @@ import torch
 from torch import Tensor
 
 __all__ = [
-    "ADVANTAGE_RULES", "MASK_RULES", "CorrectionLevel", "CorrectionMode", "MaskRule", "chain", "correction_weights",
+    "ADVANTAGE_RULES", "MASK_RULES", "CorrectionLevel", "CorrectionMode", "MaskRule", "bypass_weights", "chain",
+    "correction_weights",
     "geo_rs_keep", "icepop_keep", "kl_rs_keep", "log_ratio", "mismatch_kl", "opsm_keep", "rule_keeps",
 ]
 
 CorrectionMode = Literal["tis", "mis"]
 CorrectionLevel = Literal["token", "sequence"]
-MaskRule = Literal["geo_rs", "icepop", "k3_rs", "k2_rs", "opsm"]
-MASK_RULES: tuple[str, ...] = ("geo_rs", "icepop", "k3_rs", "k2_rs", "opsm")
+MaskRule = Literal["geo_rs", "icepop", "k3_rs", "k2_mean_rs", "k2_max_rs", "opsm"]
+MASK_RULES: tuple[str, ...] = ("geo_rs", "icepop", "k3_rs", "k2_mean_rs", "k2_max_rs", "opsm")
 ADVANTAGE_RULES = frozenset({"opsm"})  # rules that read the advantages: applied once they are computed
 
 # |log ρ| is clamped to this before the divergence statistics of the rejection rules, as verl does
@@ -125,7 +127,8 @@ def correction_weights(
     "mis"; level: "token" or "sequence"; cap: C > 1; lower: L in (0, 1), or None. -> (weights [B, T]: detached,
     0 at masked tokens, multiply the per-token policy loss by it; rejected [B, T] float: 1 where the weight was
     cut, ρ > C (capped by tis, zeroed by mis) or ρ < L (zeroed by both), on the token or on every token of the
-    sequence).
+    sequence). A token tis capped keeps the weight C: only the zeroed ones (weight 0 and rejected) are
+    rejections that `rejected: drop` takes out of the loss mask, as verl's TIS weights only clamp.
     """
     _check(old_logprobs, rollout_logprobs, mask, cap)
     if lower is not None and not 0.0 < lower < 1.0:
@@ -218,20 +221,30 @@ def icepop_keep(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, *,
         return ((lr >= math.log(lower)) & (lr <= math.log(upper))) | ~mask.bool()
 
 
-def kl_rs_keep(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, *, estimator: Literal["k2", "k3"],
-               threshold: float) -> Tensor:
-    """K3-RS / K2-RS: a response is rejected whole when the mean over its tokens of a per-token estimate
-    of KL(π_rollout ‖ π_old) is above `threshold` (Schulman 2020, "Approximating KL Divergence"):
+def _sequence_max(x: Tensor, mask: Tensor) -> Tensor:
+    """[B, T] -> [B]: max of x over each row's masked tokens (0 for a row with none, as verl)."""
+    m = mask.bool()
+    top = x.masked_fill(~m, float("-inf")).max(-1).values
+    return torch.where(m.any(-1), top, torch.zeros_like(top))
 
-        k3_t = ρ_t - 1 - log ρ_t        k2_t = ½ (log ρ_t)²        keep_i = 1[ (1/|y_i|) Σ_t k_t <= threshold ]
+
+def kl_rs_keep(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, *, estimator: Literal["k2", "k3"],
+               threshold: float, reduce: Literal["mean", "max"] = "mean") -> Tensor:
+    """K3-RS / K2-RS: a response is rejected whole when the mean (or the max) over its tokens of a
+    per-token estimate of KL(π_rollout ‖ π_old) is above `threshold` (Schulman 2020, "Approximating KL
+    Divergence"):
+
+        k3_t = ρ_t - 1 - log ρ_t        k2_t = ½ (log ρ_t)²
+        mean: keep_i = 1[ (1/|y_i|) Σ_t k_t <= threshold ]     max: keep_i = 1[ max_t k_t <= threshold ]
 
     The tokens were sampled from π_rollout, so k3 is unbiased for that KL and >= 0 token by token; k2
     is its second-order approximation (both ≈ ½ (log ρ)² near ρ = 1). verl
     `compute_rollout_rejection_mask(rollout_rs="seq_mean_k3" / "seq_mean_k2")`, preset `decoupled_k3_rs`
-    = 0.01. log ρ is clamped to ±SAFETY_BOUND per token first, as verl does.
+    = 0.01; reduce="max" is its "seq_max_k2" / "seq_max_k3": one token far off rejects the response,
+    however long it is. log ρ is clamped to ±SAFETY_BOUND per token first, as verl does.
 
-    old_logprobs, rollout_logprobs, mask: [B, T]; estimator: "k3" or "k2"; threshold: > 0, in nats per token.
-    -> [B, T] bool keep mask (detached).
+    old_logprobs, rollout_logprobs, mask: [B, T]; estimator: "k3" or "k2"; threshold: > 0, in nats per token;
+    reduce: "mean" or "max" over the row's masked tokens. -> [B, T] bool keep mask (detached).
     """
     if not threshold > 0 or not math.isfinite(threshold):
         raise ValueError(f"threshold must be a finite number > 0 (a KL estimate is >= 0), got {threshold}")
@@ -243,7 +256,10 @@ def kl_rs_keep(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, *, 
             per_token = 0.5 * lr.square()
         else:
             raise ValueError(f"unknown estimator {estimator!r}; choose k3 or k2")
-        return _per_row(_sequence_mean(per_token, mask) <= threshold, mask)
+        if reduce not in ("mean", "max"):
+            raise ValueError(f"unknown reduce {reduce!r}; choose mean or max")
+        per_seq = _sequence_mean(per_token, mask) if reduce == "mean" else _sequence_max(per_token, mask)  # [B]
+        return _per_row(per_seq <= threshold, mask)
 
 
 def opsm_keep(old_logprobs: Tensor, rollout_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
@@ -300,7 +316,9 @@ def rule_keeps(
         "geo_rs": lambda: geo_rs_keep(old_logprobs, rollout_logprobs, mask, lower=geo_rs_bounds[0], upper=geo_rs_bounds[1]),
         "icepop": lambda: icepop_keep(old_logprobs, rollout_logprobs, mask, lower=icepop_bounds[0], upper=icepop_bounds[1]),
         "k3_rs": lambda: kl_rs_keep(old_logprobs, rollout_logprobs, mask, estimator="k3", threshold=k3_rs_threshold),
-        "k2_rs": lambda: kl_rs_keep(old_logprobs, rollout_logprobs, mask, estimator="k2", threshold=k2_rs_threshold),
+        "k2_mean_rs": lambda: kl_rs_keep(old_logprobs, rollout_logprobs, mask, estimator="k2", threshold=k2_rs_threshold),
+        "k2_max_rs": lambda: kl_rs_keep(old_logprobs, rollout_logprobs, mask, estimator="k2", threshold=k2_rs_threshold,
+                                        reduce="max"),
         "opsm": lambda: opsm_keep(old_logprobs, rollout_logprobs, advantages, mask, delta=opsm_delta),
     }
     return {rule: build[rule]() for rule in rules}
@@ -313,6 +331,33 @@ def chain(keeps: Iterable[Tensor], *, like: Tensor) -> Tensor:
     for keep in keeps:
         out = out & keep
     return out
+
+
+def bypass_weights(logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, *, mode: CorrectionMode | None,
+                   level: CorrectionLevel = "token", cap: float = 2.0, lower: float | None = None,
+                   rules: Sequence[str] = (), **settings) -> Tensor:
+    """The policy-gradient weights of bypass mode (old logprobs := the engine's): the importance weight of
+    `mode` and the keep masks of `rules`, both between the current policy π_θ (its logprobs detached) and
+    the rollout engine's, computed in the loss on each micro-batch, as verl's
+    `compute_policy_loss_bypass_mode` computes them from `log_prob` and `rollout_log_prob`.
+
+        w = correction_weights(π_θ, π_rollout)[0] · chain(rule_keeps(π_θ, π_rollout, rules))
+
+    A rejected token is a zero term (verl's engine path divides by the loss-mask count taken before the
+    loss, so rejected tokens stay in it: `rejected: zero`).
+
+    logprobs: [B, T] π_θ's logprobs (grad is not followed); rollout_logprobs, mask: [B, T]; mode: "tis",
+    "mis" or None (no weight, the keep masks alone); level, cap, lower: as `correction_weights`; rules: names
+    of MASK_RULES but opsm; settings: `rule_keeps`' keyword arguments. -> [B, T] weights (detached, 0 at
+    masked tokens).
+    """
+    current = logprobs.detach()
+    if mode is None:
+        weights = mask.to(current.dtype)
+    else:
+        weights, _ = correction_weights(current, rollout_logprobs, mask, mode=mode, level=level, cap=cap, lower=lower)
+    keeps = rule_keeps(current, rollout_logprobs, mask, list(rules), **settings)
+    return weights * chain(keeps.values(), like=mask).to(weights.dtype)
 
 
 def mismatch_kl(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:

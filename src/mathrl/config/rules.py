@@ -121,10 +121,16 @@ class ConfigRules:
         if not rc.bypass:
             return []
         off = "set it to none or algo.rollout_correction.bypass=false"
-        conflicts = [  # (on, setting, why, fix)
-            (rc.mode != "none", f"algo.rollout_correction.mode={rc.mode}", "it weighs the trainer/engine gap, which bypass makes 0", off),
-            (bool(rc.masks), f"algo.rollout_correction.masks=[{', '.join(rc.masks)}]", "they reject by the trainer/engine gap, "
-             "which bypass makes 0", "set algo.rollout_correction.masks=[] or algo.rollout_correction.bypass=false"),
+        conflicts = [  # (on, setting, why, fix); mode and masks weigh pi_theta against the engine in the loss (verl)
+            (rc.mode != "none" and algo.policy_loss != "gpg", f"algo.rollout_correction.mode={rc.mode} with "
+             f"algo.policy_loss={algo.policy_loss}", "the loss's ratio is already pi_theta / pi_rollout, a weight would "
+             "count the gap twice (verl applies none with ppo_clip)", "use algo.policy_loss=gpg (verl's loss_type="
+             "reinforce) or algo.rollout_correction.mode=none"),
+            ("opsm" in rc.masks, "algo.rollout_correction.masks with opsm", "it compares the old logprobs with the "
+             "engine's, which bypass makes equal", "remove opsm or set algo.rollout_correction.bypass=false"),
+            ((rc.mode != "none" or bool(rc.masks)) and rc.rejected == "drop", "algo.rollout_correction.rejected=drop",
+             "bypass rejects in the loss, after the normaliser is counted (verl's engine path: rejected tokens are zero "
+             "terms)", "set algo.rollout_correction.rejected=zero"),
             (algo.off_policy != "none", f"algo.off_policy={algo.off_policy}", "it needs the trainer's logprobs before the update", off),
             (algo.entropy.mode not in ("none", "fixed"), f"algo.entropy.mode={algo.entropy.mode}",
              "its controller needs the scoring pass's entropy", "use none or fixed, or algo.rollout_correction.bypass=false"),

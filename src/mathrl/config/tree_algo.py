@@ -32,7 +32,7 @@ RATIO_WINDOW = Rule(lambda v: len(v) == 2 and all(math.isfinite(x) for x in v) a
 DISTINCT = Rule(lambda v: len(set(v)) == len(v), "a list without repeats")
 DUAL_CLIP = Range(1, open_low=True, why="the dual-clip bound sits above the ratio clip")
 LOWER_RATIO = unit(open_low=True, open_high=True, why="a ratio of 1 is on-policy; 0.5 is IcePop's")
-TOKEN_SHARE = unit(open_low=True, why="the share of tokens kept; 0.2 is the paper's")
+TOKEN_SHARE = unit(why="the share of tokens kept; 0.2 is the paper's, 0 keeps the highest-entropy token (TRL)")
 
 
 @dataclass
@@ -47,7 +47,8 @@ class ClipConfig:
 class AdvConfig:
     estimator: Annotated[str, Registered(ADVANTAGE_ESTIMATORS)] = knob("grpo",
         "a registered advantage estimator (algo/estimators.py): grpo, rloo, reinforce_pp, gae (PPO with a learned "
-        "critic, algo.critic), grpo_passk, reinforce_pp_baseline, opo, gpg, maxrl, or gdpo (docs/tricks.md)")
+        "critic, algo.critic), grpo_passk, reinforce_pp_baseline, opo, gpg, maxrl, gdpo, optimal_token_baseline, "
+        "tir_optimal_token_baseline, or remax (the greedy response per prompt is its baseline; docs/tricks.md)")
     std_normalize: bool = knob(True,
         "divide by the reward std (GRPO; also grpo_passk and gdpo's per-component normalisation); False is Dr. GRPO")
     std_scope: Literal["group", "batch"] = knob("group",
@@ -55,9 +56,9 @@ class AdvConfig:
     gpg_alpha: Literal["valid_groups", "nonzero_rewards", "none"] = knob("valid_groups",
         "gpg's scale alpha: valid_groups = N / (N - M), M the samples of all-equal groups "
         "(GPG paper and code); nonzero_rewards = N / #(reward != 0) (verl); none = 1")
-    gdpo_whiten: bool = knob(True,
-        "gdpo's last step (GDPO paper, verl): whiten the summed advantage "
-        "over the batch's counted tokens; False keeps the decoupled sum")
+    gdpo_whiten: Literal["token", "sequence", "none"] = knob("token",
+        "gdpo's last step, whitening the summed advantage over the batch: token = over its counted tokens "
+        "(verl), sequence = over its responses (TRL, NeMo-RL), none = the decoupled sum")
 
 
 @dataclass
@@ -104,8 +105,9 @@ class EntropyConfig:
 class KLConfig:
     use: Literal["none", "loss", "reward"] = knob("none",
         "KL to the reference model as a loss term or a reward penalty")
-    estimator: Literal["k1", "k2", "k3"] = knob("k3",
-        "KL estimator (Schulman 2020): k1 log-ratio, k2 squared, k3 unbiased low-variance")
+    estimator: Literal["k1", "k2", "k3", "k1+", "k3+"] = knob("k3",
+        "KL estimator (Schulman 2020): k1 log-ratio, k2 squared, k3 unbiased low-variance; "
+        "k1+ / k3+ the value of k1 / k3 with the gradient of k2 (verl)")
     coef: NonNeg[float] = knob(0.001, "fixed coefficient, or the starting one when `target` is set")
     target: Annotated[float, positive("null is a fixed coefficient")] | None = knob(None,
         "adaptive controller (Ziegler et al. 2019): target per-token KL; None = fixed")
@@ -142,9 +144,9 @@ class RolloutCorrectionConfig:
     rejected: Literal["zero", "drop"] = knob("zero",
         "a rejected token: zero = a zero term that stays in the loss normalisers "
         "(AReaL); drop = out of the loss mask and the normalisers (verl)")
-    masks: Annotated[list[Literal["geo_rs", "icepop", "k3_rs", "k2_rs", "opsm"]], DISTINCT] = knob([],
-        "rejection rules, chained (a token is kept only if every listed rule keeps "
-        "it; rejected tokens follow `rejected`): geo_rs, icepop, k3_rs, k2_rs compare "
+    masks: Annotated[list[Literal["geo_rs", "icepop", "k3_rs", "k2_mean_rs", "k2_max_rs", "opsm"]], DISTINCT] = knob([],
+        "rejection rules, chained (a token is kept only if every listed rule keeps it; "
+        "rejected tokens follow `rejected`): geo_rs, icepop, k3_rs, k2_mean_rs, k2_max_rs compare "
         "pi_trainer with pi_rollout, opsm also reads the advantages (docs/tricks.md)")
     geo_rs_bounds: Annotated[list[float], RATIO_WINDOW] = knob([0.999, 1.001],
         "geo_rs: a response is kept when the geometric mean of its ratios pi_trainer "
@@ -155,13 +157,14 @@ class RolloutCorrectionConfig:
         "k3_rs: a response is rejected when its mean k3 estimate of "
         "KL(pi_rollout || pi_trainer) is above it (verl's decoupled_k3_rs preset)")
     k2_rs_threshold: Annotated[float, positive("a KL estimate in nats per token")] = knob(0.01,
-        "k2_rs: the same with k2 = (log ratio)^2 / 2")
+        "k2_mean_rs: the same with k2 = (log ratio)^2 / 2; k2_max_rs: the largest token's k2 above it")
     opsm_delta: Annotated[float, positive("the mean log-ratio of an on-policy response is 0")] = knob(0.5,
         "opsm (DeepSeek-V3.2): a response with negative advantage is rejected when "
         "its mean log(pi_rollout / pi_trainer) is above it (TRL's suggested start)")
     bypass: bool = knob(False,
         "the PPO ratio against the rollout engine's logprobs: old logprobs := rollout logprobs, no scoring "
-        "pass (verl's bypass_mode); then nothing can weigh the gap (mode none, no masks, off_policy none)")
+        "pass (verl's bypass_mode); mode and masks then weigh pi_theta against the engine in the loss "
+        "(mode needs policy_loss=gpg, rejected=zero; no opsm, off_policy none)")
 
 
 @dataclass
@@ -227,7 +230,8 @@ class AlgoConfig:
     dro: DROConfig = section(DROConfig, "algo.policy_loss=dro")
     top_entropy_quantile: Annotated[float, TOKEN_SHARE] | None = knob(None,
         "80/20 forking tokens (Wang et al. 2025): the policy gradient only on the "
-        "step's tokens whose old-policy entropy is in this top share; null = every token")
+        "step's tokens whose old-policy entropy is in this top share; 0 = only the highest-entropy token "
+        "(ties too), as TRL; null = every token")
     adv: AdvConfig = section(AdvConfig, "advantage estimator")
     critic: CriticConfig = section(CriticConfig)
     entropy: EntropyConfig = section(EntropyConfig, "entropy bonus and its controllers")

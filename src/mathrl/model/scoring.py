@@ -116,6 +116,33 @@ def response_logprobs(
     return out
 
 
+@torch.no_grad()
+def response_sum_pi_squared(
+    model,
+    prompt_ids: torch.Tensor,  # [B, P] left-padded
+    prompt_mask: torch.Tensor,  # [B, P]
+    response_ids: torch.Tensor,  # [B, T] right-padded
+    response_mask: torch.Tensor,  # [B, T]
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+) -> torch.Tensor:
+    """[B, T] sum_v pi_v^2 of the (tempered) next-token distribution before each response token, no grad:
+    exp(logsumexp(2 log pi)), chunk_size positions at a time (the optimal token baseline's ||s||^2 term)."""
+    input_ids, attention_mask, position_ids = packed_inputs(model, prompt_ids, prompt_mask, response_ids, response_mask)
+    _, head = backbone_and_head(model)
+    hidden = final_hidden(model, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    p, t = prompt_ids.shape[1], response_ids.shape[1]
+    flat = hidden[:, p - 1 : p + t - 1].reshape(-1, hidden.shape[-1])  # [B*T, H]
+    out = torch.empty(flat.shape[0], dtype=torch.float32, device=flat.device)
+    for s in range(0, flat.shape[0], chunk_size):
+        z = torch.nn.functional.linear(flat[s : s + chunk_size], head.weight, getattr(head, "bias", None)).float()
+        logp = torch.log_softmax(z / temperature, dim=-1)  # [C, V]
+        out[s : s + chunk_size] = torch.logsumexp(2.0 * logp, dim=-1).exp()
+    release_root(model)
+    return out.view(response_ids.shape[0], t)
+
+
 def next_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, chunk_size: int = 1024) -> torch.Tensor:
     """[B, L-1] logprob of each token given the ones before it (right-padded text; for PTX-style losses)."""
     device = input_device(model)

@@ -19,6 +19,7 @@ import mathrl.train.dist as tdist
 from mathrl.algo.filters import group_filter, overlong_mask
 from mathrl.algo.sample_filter import sample_filter
 from mathrl.config import Config
+from mathrl.registry import ADVANTAGE_ESTIMATORS
 from mathrl.reward.collapse import is_garbled, is_repetitive
 from mathrl.reward.extract import has_final_answer
 from mathrl.reward.functions import Scores, component_metrics, failure_counts, score_rows
@@ -66,6 +67,7 @@ class Samples:
     correct: torch.Tensor  # [N] 1.0 where the math checker accepted the answer (no math component: total > 0)
     scores: Scores | None = None  # every component's scores of the N samples
     void: list[bool] | None = None  # [N] tool episodes whose last turn has neither a call nor an answer (`void_turns`)
+    greedy_rewards: torch.Tensor | None = None  # [N] the score of the greedy response to each row's prompt (remax)
 
     def groups(self, keep: list[int], n: int) -> Samples:
         """The groups `keep` (indices of problems), their n rows each, in that order."""
@@ -74,7 +76,8 @@ class Samples:
                        rollout=select_rollout_rows(self.rollout, rows), texts=[self.texts[i] for i in rows],
                        results=[self.results[i] for i in rows], rewards=self.rewards[rows], correct=self.correct[rows],
                        scores=None if self.scores is None else self.scores.select(rows),
-                       void=None if self.void is None else [self.void[i] for i in rows])
+                       void=None if self.void is None else [self.void[i] for i in rows],
+                       greedy_rewards=None if self.greedy_rewards is None else self.greedy_rewards[rows])
 
 
 @dataclass(kw_only=True)
@@ -95,8 +98,8 @@ class DynamicSamplingExhausted(RuntimeError):
 
 
 def generate_and_score(cfg: Config, prompts: list[list[int]], problems: list[Problem], *, seed: int, engine, tokenizer,
-                       verifier, ranks: Ranks = SINGLE,
-                       prompts_text: list[str] | None = None) -> tuple[RolloutBatch, list[str], Scores, float, float]:
+                       verifier, ranks: Ranks = SINGLE, prompts_text: list[str] | None = None,
+                       greedy: bool = False) -> tuple[RolloutBatch, list[str], Scores, float, float]:
     """Sample one response per prompt and score it: (rollout, texts, scores, generation s, reward s),
     all rows in prompt order. `problems` and `prompts_text` are the rows' problems and prompt texts
     (one per prompt; the texts are what reward functions see as the prompt).
@@ -108,9 +111,11 @@ def generate_and_score(cfg: Config, prompts: list[list[int]], problems: list[Pro
     step sees the same batch on every rank. A rank holding part of a shard samples it with a seed of
     its own (`shard_seed`'s offset): then the samples differ from one process's, drawn as independently.
     (The rule: shards.py.) With rollout.draws=row every row is seeded by (seed, its place in the
-    call), so the samples depend neither on rollout.batch_size nor on the number of ranks.
+    call), so the samples depend neither on rollout.batch_size nor on the number of ranks. greedy: one
+    argmax decoding per prompt (temperature 0, groups of one), ReMax's baseline.
     """
-    pieces = rank_pieces(len(prompts), cfg.rollout.n, cfg.rollout.batch_size, ranks.rank, ranks.world_size)
+    n, temperature = (1, 0.0) if greedy else (cfg.rollout.n, cfg.rollout.temperature)
+    pieces = rank_pieces(len(prompts), n, cfg.rollout.batch_size, ranks.rank, ranks.world_size)
     lo, hi = (pieces[0].start, pieces[-1].end) if pieces else (0, 0)  # this rank's rows
 
     def seeds(p):
@@ -121,7 +126,7 @@ def generate_and_score(cfg: Config, prompts: list[list[int]], problems: list[Pro
     t0 = time.time()
     shards = [
         engine.generate(
-            prompts[p.start : p.end], max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
+            prompts[p.start : p.end], max_new_tokens=cfg.rollout.max_new_tokens, temperature=temperature,
             top_p=cfg.rollout.top_p, **seeds(p),
         )
         for p in pieces
@@ -184,6 +189,14 @@ def collect_rollouts(cfg: Config, step: int, *, train_stream: ProblemStream, eng
             prompts_text=[t for t in prompts_text for _ in range(n)],
         )
         t_gen, t_rew = t_gen + gen_s, t_rew + rew_s
+        greedy = None
+        if ADVANTAGE_ESTIMATORS.get(cfg.algo.adv.estimator).needs_greedy:  # ReMax: each prompt's greedy score
+            _, _, greedy_scores, gen_s, rew_s = generate_and_score(
+                cfg, prompt_ids, problems, seed=derive_seed(cfg.seed, step), engine=engine, tokenizer=tokenizer,
+                verifier=verifier, ranks=ranks, prompts_text=prompts_text, greedy=True)
+            t_gen, t_rew = t_gen + gen_s, t_rew + rew_s
+            greedy = torch.tensor(greedy_scores.total, dtype=torch.float32).repeat_interleave(n)  # [N]
+            shaping.setdefault("greedy", []).append(float(greedy.mean()))  # logged as reward/greedy
         generated_tokens += int(rollout.response_lengths.sum())  # kept or not: the compute spent
         void = void_turns(rollout, tokenizer, has_answer=has_final_answer)
         episodes += [(rollout, void)] if rollout.observation_mask is not None else []
@@ -198,7 +211,7 @@ def collect_rollouts(cfg: Config, step: int, *, train_stream: ProblemStream, eng
             shaping.setdefault(name, []).append(mean)
         keep, dropped = kept_groups(ds, total, group_ids, correct)
         sampled = Samples(problems=problems, prompts_text=prompts_text, rollout=rollout, texts=texts, results=scores.results,
-                          rewards=rewards, correct=correct, scores=scores, void=void)
+                          rewards=rewards, correct=correct, scores=scores, void=void, greedy_rewards=greedy)
         if first_round is None:  # enough whole groups for the log
             first_round = sampled.groups(list(range(min(len(problems), -(-cfg.log.rollouts_per_step // n)))), n)
         keep, drops = keep[: want - kept], drops + dropped
@@ -241,6 +254,7 @@ def joined(parts: list[Samples], pad_token_id: int, **rest) -> Collected:
         rewards=torch.cat([p.rewards for p in parts]),
         correct=torch.cat([p.correct for p in parts]),
         void=[x for p in parts for x in p.void],
+        greedy_rewards=None if parts[0].greedy_rewards is None else torch.cat([p.greedy_rewards for p in parts]),
         **rest,
     )
 

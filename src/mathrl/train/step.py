@@ -38,7 +38,7 @@ from mathrl.train.critic import update_critic, value_pass
 from mathrl.train.dist import Ranks
 from mathrl.train.monitors import GroupOutcomes
 from mathrl.train.trainer import Trainer
-from mathrl.train.update import engine_logprobs_are_old, scoring_pass, update_policy
+from mathrl.train.update import engine_logprobs_are_old, scoring_pass, sum_pi_squared_pass, update_policy
 
 
 @dataclass
@@ -63,6 +63,7 @@ class Scored:
     is_weights: torch.Tensor | None  # [N, T] the policy-gradient term's importance weights; None: no correction
     loss_mask: torch.Tensor  # [N, T] the sample filters' mask, less the tokens the correction drops
     metrics: dict[str, float]  # actor/ref_*, the correction's and the rejection rules' (rollout_corr/*, actor/rollout_is_*)
+    correction: torch.Tensor | None = None  # [N, T] is_weights before the 80/20 token mask: the importance weights alone
 
 
 def rl_step(trainer: Trainer, step: int, collected: Collected | None = None) -> StepResult:
@@ -169,10 +170,11 @@ def score(trainer: Trainer, got: Collected, prep: Prepared) -> Scored:
         metrics["actor/ref_entropy"] = float(masked_mean(ref_entropy, loss_mask))
     is_weights, loss_mask, corr_metrics = importance_weights(cfg, old_logprobs, got.rollout.logprobs,
                                                              batch.response_mask, loss_mask)
+    correction = is_weights
     is_weights, fork_metrics = forking_tokens(cfg, entropy, loss_mask, is_weights)
     return Scored(old_logprobs=old_logprobs, entropy=entropy, ref_logprobs=ref_logprobs, ref_entropy=ref_entropy,
                   ref_kl=ref_kl, is_weights=is_weights, loss_mask=loss_mask,
-                  metrics={**metrics, **corr_metrics, **fork_metrics})
+                  metrics={**metrics, **corr_metrics, **fork_metrics}, correction=correction)
 
 
 def importance_weights(cfg, old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, response_mask: torch.Tensor,
@@ -181,10 +183,10 @@ def importance_weights(cfg, old_logprobs: torch.Tensor, rollout_logprobs: torch.
     the sampling ones (Config.correction: algo.off_policy or algo.rollout_correction; None when neither
     is on), times the keep mask of the rejection rules that compare the two (algo.rollout_correction.masks
     but opsm, which waits for the advantages: `advantage_masks`), and the loss mask, less the rejected
-    tokens with rejected=drop (so they leave the normalisers too). All [N, T]. With any of them on, the
+    tokens with rejected=drop (so they leave the normalisers too; a token tis capped stays). All [N, T]. With any of them on, the
     gap itself is logged (rollout_corr/k1_kl, k3_kl over the sample filters' loss mask)."""
     c, rc = cfg.correction(), cfg.algo.rollout_correction
-    if c is None and not rc.masks:
+    if (c is None and not rc.masks) or rc.bypass:  # bypass: the loss weighs pi_theta against the engine (bypass_weights)
         return None, loss_mask, {}
     k1, k3 = mismatch_kl(old_logprobs, rollout_logprobs, loss_mask)
     metrics = {"rollout_corr/k1_kl": float(k1), "rollout_corr/k3_kl": float(k3)}
@@ -194,8 +196,8 @@ def importance_weights(cfg, old_logprobs: torch.Tensor, rollout_logprobs: torch.
                                                   mode=c.mode, level=c.level, cap=c.cap, lower=c.lower)
         metrics["actor/rollout_is_weight"] = float(masked_mean(is_weights, loss_mask))
         metrics["actor/rollout_is_over_cap"] = float(masked_mean(rejected, loss_mask))
-        if c.rejected == "drop":
-            loss_mask = loss_mask * (1.0 - rejected)
+        if c.rejected == "drop":  # only the zeroed tokens leave: a token tis capped keeps the weight C and stays
+            loss_mask = loss_mask * (1.0 - rejected * (is_weights == 0).to(rejected.dtype))
     keeps = rule_keeps(old_logprobs, rollout_logprobs, response_mask, [r for r in rc.masks if r not in ADVANTAGE_RULES],
                        **rule_settings(rc))
     is_weights, loss_mask, rejected_metrics = rejection(keeps, is_weights, loss_mask, filtered=filtered,
@@ -285,10 +287,16 @@ def advantages(trainer: Trainer, got: Collected, prep: Prepared, scored: Scored,
     group_ids = torch.arange(len(got.problems)).repeat_interleave(cfg.rollout.n)  # [N]
     components = None if got.scores is None else {  # [N] each reward component's raw score (gdpo normalises each)
         name: torch.tensor([0.0 if v is None else v for v in vs], dtype=torch.float32) for name, vs in got.scores.values.items()}
+    estimator = ADVANTAGE_ESTIMATORS.get(cfg.algo.adv.estimator)
+    stats = {}
+    if estimator.needs_policy_stats:  # the optimal token baseline: pi_old's sum_v pi_v^2 per position (one more pass)
+        stats = {"old_logprobs": scored.old_logprobs, "is_weights": scored.correction,
+                 "sum_pi_squared": sum_pi_squared_pass(trainer.model, prep.batch, cfg, rows=prep.rows)}
     inputs = AdvantageInputs(rewards=got.rewards, response_mask=response_mask, loss_mask=scored.loss_mask,
                              kl_rewards=kl_rewards, group_ids=group_ids, values=values, components=components,
-                             component_weights={f.name: f.weight for f in cfg.reward.functions})
-    out = ADVANTAGE_ESTIMATORS.get(cfg.algo.adv.estimator).fn(inputs, cfg.algo)
+                             component_weights={f.name: f.weight for f in cfg.reward.functions},
+                             greedy_rewards=got.greedy_rewards, **stats)
+    out = estimator.fn(inputs, cfg.algo)
     return out, values, {**metrics, **out.metrics}
 
 

@@ -21,9 +21,10 @@ import mathrl.train.dist as tdist
 from mathrl.algo.entropy import entropy_bonus_mask
 from mathrl.algo.kl import kl_penalty
 from mathrl.algo.losses import aggregate, dp_scale, global_counts, positive_example_lm_loss
+from mathrl.algo.rollout_correction import bypass_weights
 from mathrl.config import AlgoConfig, Config
 from mathrl.model.dtypes import autocast
-from mathrl.model.scoring import input_device, next_token_logprobs, response_logprobs
+from mathrl.model.scoring import input_device, next_token_logprobs, response_logprobs, response_sum_pi_squared
 from mathrl.registry import LOSS_TERMS, POLICY_LOSSES
 from mathrl.seeds import derive_seed
 from mathrl.tasks.sources import PretrainText
@@ -88,6 +89,17 @@ def scoring_pass(model, batch: Rows, cfg: Config, *, with_entropy: bool,
 
     logprobs, entropy = per_token_pass(model, batch, cfg, forward, rows=rows)
     return logprobs, entropy
+
+
+def sum_pi_squared_pass(model, batch: Rows, cfg: Config, *, rows: list[int] | None = None) -> torch.Tensor:
+    """[N, T] sum_v pi_v^2 of each response position's next-token distribution under `model`, no grad
+    (the estimators with needs_policy_stats: the optimal token baseline)."""
+
+    def forward(model, mb: Rows) -> list[torch.Tensor]:
+        return [response_sum_pi_squared(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.context_mask,
+                                        temperature=cfg.rollout.temperature, chunk_size=cfg.model.logprob_chunk_size)]
+
+    return per_token_pass(model, batch, cfg, forward, rows=rows)[0]
 
 
 # ----------------------------------------------------------------------------- mini-batches and optimizer steps
@@ -344,7 +356,8 @@ STANDARD_STATS = ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")  # logged for ev
 
 def pg_term(x: TermInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """algo.policy_loss's loss, aggregated by its own mode or algo.loss_agg, and its per-token stats; each
-    token's term times its importance weight (x.micro.is_weights) when a correction is on. A loss that picks
+    token's term times its importance weight (x.micro.is_weights) when a correction is on, and in bypass mode
+    times `bypass_weights` between pi_theta and the engine (algo.rollout_correction). A loss that picks
     tokens at random gets a generator seeded by the run, the step and the micro-batch's tokens (not the rank)."""
     algo, micro = x.algo, x.micro
     entry = POLICY_LOSSES.get(algo.policy_loss)
@@ -352,11 +365,29 @@ def pg_term(x: TermInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     if entry.needs_generator:
         content = zlib.crc32(micro.response_ids.cpu().numpy().tobytes())
         kwargs["generator"] = torch.Generator().manual_seed(derive_seed(x.seed, content))
-    token_loss, stats = entry.fn(x.logprobs, micro.old_logprobs, micro.advantages, x.mask, weights=micro.is_weights,
-                                 **kwargs)
+    weights, extra = micro.is_weights, {}
+    if bypass_weighed(algo):  # old logprobs are the engine's: weigh pi_theta against them, per micro-batch (verl)
+        w = bypass_weights(x.logprobs, micro.old_logprobs, x.mask, **bypass_settings(algo))
+        weights, extra = (w if weights is None else weights * w), {"bypass_is_weight": w}
+    token_loss, stats = entry.fn(x.logprobs, micro.old_logprobs, micro.advantages, x.mask, weights=weights, **kwargs)
+    stats = {**stats, **extra}
     mode = entry.agg or algo.loss_agg
     loss = aggregate(token_loss, x.mask, mode=mode, max_len=x.max_len, num_tokens=x.num_tokens, num_seqs=x.num_seqs)
     return loss, stats
+
+
+def bypass_weighed(algo: AlgoConfig) -> bool:
+    """algo.rollout_correction.bypass with an importance weight or a rejection rule on."""
+    rc = algo.rollout_correction
+    return rc.bypass and (rc.mode != "none" or bool(rc.masks))
+
+
+def bypass_settings(algo: AlgoConfig) -> dict:
+    """algo.rollout_correction as `bypass_weights` takes it."""
+    rc = algo.rollout_correction
+    return {"mode": None if rc.mode == "none" else rc.mode, "level": rc.level, "cap": rc.cap, "lower": rc.lower,
+            "rules": list(rc.masks), "geo_rs_bounds": rc.geo_rs_bounds, "icepop_bounds": rc.icepop_bounds,
+            "k3_rs_threshold": rc.k3_rs_threshold, "k2_rs_threshold": rc.k2_rs_threshold}
 
 
 def ptx_update(model, ptx: PretrainText, cfg: Config, *, scaler=None) -> dict[str, float]:
