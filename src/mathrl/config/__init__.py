@@ -1,6 +1,6 @@
 """One typed config tree: defaults in the tree, YAML recipes on top, dotted command-line overrides last.
 
-The defaults ARE the embedded default experiment (`recipes/arith_grpo.yaml` spells them out): GRPO
+The defaults ARE the embedded default experiment (`recipes/arith_grpo.yaml` lists their main knobs): GRPO
 with the DAPO clip and token-level loss on the built-in arithmetic task, starting from the tiny base
 model. Every field is declared once, in its dataclass: type, domain, default and help side by side.
 

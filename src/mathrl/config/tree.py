@@ -12,7 +12,7 @@ mathrl/config/schema.py) is what the value must be, checked before anything load
 field's metadata, given by `knob` or `section`; a long one wrapped over several lines) is the doc
 `mathrl config` prints, and a section without help is documented by its docstring. A list default is
 copied for each config. The defaults ARE the embedded default experiment (`recipes/arith_grpo.yaml`
-spells them out). Derived sizes are properties of `Config`; `validate` and the rules that tie fields
+lists their main knobs). Derived sizes are properties of `Config`; `validate` and the rules that tie fields
 together are methods it inherits from rules.py (`ConfigRules`).
 """
 
