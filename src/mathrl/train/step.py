@@ -38,6 +38,7 @@ from mathrl.train.critic import update_critic, value_pass
 from mathrl.train.dist import Ranks
 from mathrl.train.generator import push_weights
 from mathrl.train.monitors import GroupOutcomes
+from mathrl.train.teacher import TeacherScores, teacher_prompts, teacher_scores
 from mathrl.train.trainer import Trainer
 from mathrl.train.update import engine_logprobs_are_old, scoring_pass, update_policy
 
@@ -64,6 +65,7 @@ class Scored:
     is_weights: torch.Tensor | None  # [N, T] the policy-gradient term's importance weights; None: no correction
     loss_mask: torch.Tensor  # [N, T] the sample filters' mask, less the tokens the correction drops
     metrics: dict[str, float]  # actor/ref_*, the correction's and the rejection rules' (rollout_corr/*, actor/rollout_is_*)
+    teacher: TeacherScores | None = None  # the distillation teacher's (algo.distill.mode), None when it is off
 
 
 def rl_step(trainer: Trainer, step: int, collected: Collected | None = None) -> StepResult:
@@ -173,9 +175,23 @@ def score(trainer: Trainer, got: Collected, prep: Prepared) -> Scored:
     is_weights, loss_mask, corr_metrics = importance_weights(cfg, old_logprobs, got.rollout.logprobs,
                                                              batch.response_mask, loss_mask)
     is_weights, fork_metrics = forking_tokens(cfg, entropy, loss_mask, is_weights)
+    teacher = score_teacher(trainer, got, prep) if cfg.needs_teacher else None
     return Scored(old_logprobs=old_logprobs, entropy=entropy, ref_logprobs=ref_logprobs, ref_entropy=ref_entropy,
                   ref_kl=ref_kl, is_weights=is_weights, loss_mask=loss_mask,
-                  metrics={**metrics, **corr_metrics, **fork_metrics})
+                  metrics={**metrics, **corr_metrics, **fork_metrics, **(teacher.metrics if teacher else {})},
+                  teacher=teacher)
+
+
+def score_teacher(trainer: Trainer, got: Collected, prep: Prepared) -> TeacherScores:
+    """The distillation teacher's scores of the step's tokens (train/teacher.py); with teacher.self, from its own
+    prompts, teacher.context's question (the answer beside it), which the student never sees."""
+    cfg = trainer.cfg
+    prompts = None
+    if cfg.teacher.self:
+        prompts = teacher_prompts(got.problems, n=cfg.rollout.n, encoder=trainer.train_stream.encoder,
+                                  tokenizer=trainer.tokenizer, context=cfg.teacher.context)
+    with trainer.teacher() as model:
+        return teacher_scores(model, prep.batch, cfg, rows=prep.rows, prompts=prompts)
 
 
 def importance_weights(cfg, old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, response_mask: torch.Tensor,
@@ -292,6 +308,8 @@ def advantages(trainer: Trainer, got: Collected, prep: Prepared, scored: Scored,
                              kl_rewards=kl_rewards, group_ids=group_ids, values=values, components=components,
                              component_weights={f.name: f.weight for f in cfg.reward.functions})
     out = ADVANTAGE_ESTIMATORS.get(cfg.algo.adv.estimator).fn(inputs, cfg.algo)
+    if cfg.needs_teacher:  # on-policy distillation: the task's advantage weighs algo.distill.reward_weight
+        out = replace(out, advantages=out.advantages * cfg.algo.distill.reward_weight)
     return out, values, {**metrics, **out.metrics}
 
 
@@ -305,6 +323,9 @@ def train_batch(prep: Prepared, scored: Scored, adv: Advantages, values: torch.T
         ref_logprobs=scored.ref_logprobs if scored.ref_logprobs is not None else zeros,
         ref_entropy=scored.ref_entropy if scored.ref_entropy is not None else zeros.clone(),
         is_weights=scored.is_weights, old_values=values, returns=adv.returns,
+        **({} if scored.teacher is None else {"teacher_logprobs": scored.teacher.logprobs,
+                                              "teacher_topk_ids": scored.teacher.topk_ids,
+                                              "teacher_topk_logprobs": scored.teacher.topk_logprobs}),
     )
 
 
