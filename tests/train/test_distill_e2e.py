@@ -104,6 +104,8 @@ def test_two_steps_with_each_mode(env, teacher, tmp_path, extra, term):
         assert row["distill/reverse_kl_k3"] >= 0.0
         if "algo.distill.reward_weight=1.0" not in extra:
             assert row["actor/pg_loss"] == 0.0  # reward_weight 0: the task's advantage is 0, distillation alone
+    glossary = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    assert [k for k in rows[1] if "distill" in k and f"`{k}`" not in glossary] == []  # each defined in the glossary
     final = load_file(str(run / "final" / "model.safetensors"))
     start = starting_weights(env)
     assert any(not torch.equal(final[k], start[k]) for k in start)  # the student moved
