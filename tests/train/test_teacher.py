@@ -86,6 +86,55 @@ def test_teacher_logprobs_equal_a_plain_forward(make_tiny_qwen2, char_tokenizer,
     assert largest < 1e-5, largest
 
 
+class EchoPool:
+    """A tool pool answering every call at once with `[name:args]`."""
+
+    def submit(self, name, args):
+        from concurrent.futures import Future
+        from types import SimpleNamespace
+
+        f = Future()
+        f.set_result(SimpleNamespace(text=f"[{name}:{args}]", status="ok", seconds=0.0))
+        return f
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("tools", [False, True], ids=["single_turn", "tool_episode"])
+def test_teacher_logprobs_of_the_torch_engines_samples(make_tiny_qwen2, char_tokenizer, tools):
+    # why: the transcripts the torch engine writes (left-padded prompts, observations forced into the context)
+    # are what the teacher scores in training; its logprobs there equal a plain forward of each whole transcript
+    from mathrl.rollout.engine import TorchEngine
+    from mathrl.rollout.episodes import CallFormat, ToolUse
+
+    student, teacher = make_tiny_qwen2(seed=1), make_tiny_qwen2(seed=4)
+    star = char_tokenizer("*", add_special_tokens=False)["input_ids"][0]
+    with torch.no_grad():
+        student.lm_head.weight[star] *= 3.0  # calls (a closing "*") come often
+    use = ToolUse(fmt=CallFormat("star", "", "*", "<", ">"), pool=EchoPool(), tokenizer=char_tokenizer, max_turns=3,
+                  max_tool_calls=2, observation_max_tokens=12) if tools else None
+    engine = TorchEngine(student, eos_token_id=char_tokenizer.eos_token_id, pad_token_id=char_tokenizer.pad_token_id,
+                         tools=use)
+    prompts = [char_tokenizer(t)["input_ids"] for t in ["1+2=", "123+456=", "9=", "77+8="]]
+    out = engine.generate(prompts, max_new_tokens=24, seed=0, temperature=TEMPERATURE)
+    if tools:
+        assert int((out.observation_mask.sum(-1) > 0).sum()) >= 1, "the student should call a tool"
+    batch = Rows(prompt_ids=out.prompt_ids, prompt_mask=out.prompt_mask, response_ids=out.response_ids,
+                 response_mask=out.response_mask, loss_mask=out.response_mask, correct=torch.zeros(len(out)),
+                 rollout_logprobs=out.logprobs, observation_mask=out.observation_mask if tools else None)
+    cfg = Config()
+    cfg.algo.distill.mode, cfg.rollout.temperature = "reverse_kl", TEMPERATURE
+    got = teacher_scores(teacher, batch, cfg)
+    largest = 0.0
+    for i in range(len(batch)):
+        lp, _ = plain_forward(teacher, batch, i)
+        model_tokens = batch.response_mask[i, : len(lp)].bool()
+        largest = max(largest, float((got.logprobs[i, : len(lp)] - lp)[model_tokens].abs().max()))
+        assert torch.all(got.logprobs[i, : len(lp)][~model_tokens] == 0)
+    assert largest < 1e-5, largest
+
+
 def test_teacher_pass_micro_batch_split_invariant(make_tiny_qwen2, char_tokenizer):
     # why: the pass cuts the rows into micro-batches by a token budget; the scores must not depend on the cut
     teacher, batch, cfg = make_tiny_qwen2(seed=3), rows(char_tokenizer, tools=True), Config()
