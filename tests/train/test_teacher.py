@@ -250,6 +250,28 @@ def test_another_vocabulary_is_a_one_line_error_naming_both(tmp_path):
     assert vocab_errors(str(tmp_path / "teacher"), str(tmp_path / "student")) == []
 
 
+def test_a_teacher_of_another_vocabulary_is_refused_before_loading(make_tiny_qwen2, char_tokenizer, tmp_path):
+    # why: the whole config path, from the overrides: model directories on disk, the student's vocabulary of 99
+    # tokens, a teacher's padded to 128 (another tokenizer): one line, both sizes, before any model loads
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from mathrl.config import load_config
+    from mathrl.model.tiny import build_char_tokenizer
+
+    student = make_tiny_qwen2(seed=0)
+    student.save_pretrained(tmp_path / "student")
+    char_tokenizer.save_pretrained(tmp_path / "student")
+    wide = build_char_tokenizer(vocab_size=128)
+    config = Qwen2Config(**{**student.config.to_dict(), "vocab_size": len(wide)})
+    Qwen2ForCausalLM(config).save_pretrained(tmp_path / "teacher")
+    wide.save_pretrained(tmp_path / "teacher")
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"model.path={tmp_path / 'student'}", f"teacher.path={tmp_path / 'teacher'}",
+                           "algo.distill.mode=reverse_kl"])
+    (line,) = str(err.value).splitlines()
+    assert f"{len(wide)} tokens" in line and f"{len(char_tokenizer)}" in line and "same tokenizer" in line
+
+
 def test_same_size_another_tokenizer_is_refused(char_tokenizer):
     # why: equal sizes are not enough: the ids must mean the same tokens
     vocab = char_tokenizer.get_vocab()
