@@ -205,6 +205,27 @@ def test_self_distillation_answer_only_in_the_teachers_prompt(char_tokenizer):
     assert student_ids[0] == char_tokenizer("12+34=", add_special_tokens=False)["input_ids"]
 
 
+def test_self_distillation_teacher_scores_from_its_own_prompt(make_tiny_qwen2, char_tokenizer):
+    # why: the teacher reads the answer-bearing prompt, the student's rows are left as they were: the teacher's
+    # logprobs are a plain forward of (teacher prompt + the student's response), not of the student's transcript
+    model = make_tiny_qwen2(seed=3)
+    batch = rows(char_tokenizer, tools=False)
+    before = batch.prompt_ids.clone()
+    problems = [Problem("a", "12+34", "46"), Problem("b", "7+5", "12")]
+    encoder = PromptEncoder(char_tokenizer, template="arith", max_prompt_tokens=64, max_new_tokens=16)
+    prompts = teacher_prompts(problems, n=1, encoder=encoder, tokenizer=char_tokenizer, context="{answer}:{question}")
+    cfg = Config()
+    cfg.algo.distill.mode, cfg.rollout.temperature = "reverse_kl", TEMPERATURE
+    got = teacher_scores(model, batch, cfg, prompts=prompts)
+    plain = teacher_scores(model, batch, cfg)
+    assert torch.equal(batch.prompt_ids, before)
+    seen = Rows(**{**batch.tensors(), "prompt_ids": prompts[0], "prompt_mask": prompts[1]})
+    for i in range(len(batch)):
+        lp, _ = plain_forward(model, seen, i)
+        torch.testing.assert_close(got.logprobs[i, : len(lp)], lp * batch.response_mask[i, : len(lp)], atol=1e-5, rtol=0)
+    assert (got.logprobs - plain.logprobs).abs().max() > 1e-3  # the answer in the prompt changed what it predicts
+
+
 @pytest.mark.parametrize("context, expected, why", [
     ("{answer}:{question}", "46:1{answer}", "a question holding a placeholder is not substituted again"),
     ("{question} {solution}", "1{answer} 46", "no solution in the data: the answer stands in"),
