@@ -206,7 +206,7 @@ class DROConfig:
 @dataclass
 class DistillConfig:
     """On-policy distillation from a teacher (the `teacher` section): the student samples, the teacher scores its
-    tokens (algo/distill.py; docs/guide.md, Distillation)."""
+    tokens (algo/distill.py; docs/guide.md, "Distillation from a teacher")."""
 
     mode: Literal["none", "reverse_kl", "forward_kl_topk", "jsd"] = knob("none",
         "none; reverse_kl: the per-token advantage log pi_T - log pi_S through algo.policy_loss (on-policy "
@@ -226,7 +226,7 @@ class DistillConfig:
 @dataclass
 class TeacherConfig:
     """The teacher of on-policy distillation (algo.distill.mode): frozen, in the trainer, scored through the same
-    pass as the reference model, with the student's tokenizer (docs/guide.md, Distillation)."""
+    pass as the reference model, with the student's tokenizer (docs/guide.md, "Distillation from a teacher")."""
 
     path: str | None = knob(None,
         "a Hugging Face model directory or hub id, or an earlier run's final/ (the same tokenizer as the student)")
