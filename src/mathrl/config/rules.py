@@ -67,6 +67,7 @@ class ConfigRules:
         errors += self._model_init_errors(check_paths)
         errors += ENGINES.get(self.rollout.engine).check(self)  # the engine's own settings
         errors += self._context_errors() + self._reward_errors() + self._async_errors() + self._tool_errors()
+        errors += self._teacher_errors(check_paths)
         if errors:
             raise ConfigError("\n".join(errors))  # one line per problem
 
@@ -348,6 +349,43 @@ class ConfigRules:
 # --------------------------------------------------------------------------------------------------
 # entries of reward.functions and rollout.tools, and a train.init_from checkpoint
 # --------------------------------------------------------------------------------------------------
+    def _teacher_errors(self, check_paths: bool) -> list[str]:
+        """A distillation mode has exactly one teacher (teacher.path or teacher.self), a teacher has a mode, and a
+        teacher model directory has the student's vocabulary (same tokenizer only)."""
+        mode, t = self.algo.distill.mode, self.teacher
+        if mode == "none":
+            if t.path is not None or t.self:
+                return ["a teacher is set (teacher.path or teacher.self) but algo.distill.mode is none: "
+                        "choose reverse_kl, forward_kl_topk or jsd, or remove the teacher"]
+            return []
+        if t.self_update and not t.self:
+            return ["teacher.self_update=true needs teacher.self=true (the current policy is the model itself)"]
+        if (t.path is None) == (not t.self):
+            return [f"algo.distill.mode={mode} needs exactly one teacher: teacher.path=<model dir or run's final/> or "
+                    "teacher.self=true" + (" (not both)" if t.self else "")]
+        if t.self:
+            if not any(key in t.context for key in ("{answer}", "{solution}")):
+                return [f"teacher.context={t.context!r} gives the teacher nothing the student lacks: put {{answer}} or "
+                        "{solution} in it"]
+            return []
+        if check_paths and t.path is not None:
+            problem = MODEL_FILES.get("path_problem")(t.path)
+            if problem:
+                return [f"teacher.path={t.path!r} {problem}"]
+            return vocab_errors(t.path, self.model.path)
+        return []
+
+
+def vocab_errors(teacher: str, student: str) -> list[str]:
+    """One line when both config.json files are readable here and their vocabularies differ: distillation compares
+    the two models token by token, so they must share the tokenizer."""
+    sizes = {name: MODEL_FILES.get("vocab_size")(path) for name, path in (("teacher", teacher), ("student", student))}
+    if None in sizes.values() or sizes["teacher"] == sizes["student"]:
+        return []
+    return [f"teacher.path={teacher!r} has a vocabulary of {sizes['teacher']} tokens, the student model.path={student!r} "
+            f"{sizes['student']}: distillation needs the same tokenizer; choose a teacher of the student's family"]
+
+
 def _init_from_errors(init_from: str, mode: str) -> list[str]:
     """train.init_from: a complete checkpoint to continue, or at least its weights to restart from."""
     source = Path(init_from)

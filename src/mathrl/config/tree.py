@@ -42,7 +42,7 @@ from mathrl.config.schema import (
     unit,
 )
 from mathrl.config.shared import DEFAULT_REWARD_FN, TINY_BASE
-from mathrl.config.tree_algo import AlgoConfig, Correction
+from mathrl.config.tree_algo import AlgoConfig, Correction, TeacherConfig
 from mathrl.config.tree_rollout import RolloutConfig
 from mathrl.registry import ARITH_SOURCES, ENGINES, PROMPT_TEMPLATES
 
@@ -361,6 +361,7 @@ class Config(ConfigRules):
     data: DataConfig = section(DataConfig, "problems, prompts and which samples reach the loss")
     rollout: RolloutConfig = section(RolloutConfig, "sampling the training responses")
     algo: AlgoConfig = section(AlgoConfig, "advantages, losses and their tricks")
+    teacher: TeacherConfig = section(TeacherConfig)
     train: TrainConfig = section(TrainConfig, "steps, optimizer, checkpoints")
     reward: RewardConfig = section(RewardConfig, "verification and reward shaping")
     eval: EvalConfig = section(EvalConfig, "held-out evaluation during training")
@@ -377,6 +378,11 @@ class Config(ConfigRules):
         """A reference model is loaded only when a term needs its logprobs or entropy."""
         clip = self.algo.entropy.ref_gain_clip
         return self.algo.kl.use != "none" or clip.max_gain is not None or clip.max_ratio is not None
+
+    @property
+    def needs_teacher(self) -> bool:
+        """A teacher scores the step's tokens only when algo.distill.mode asks for a signal."""
+        return self.algo.distill.mode != "none"
 
     @property
     def eval_max_new_tokens(self) -> int:

@@ -206,6 +206,41 @@ class DROConfig:
         "algo.policy_loss=dro: the loss adds beta/2 (log ratio)^2 per token; required by dro")
 
 
+@dataclass
+class DistillConfig:
+    """On-policy distillation from a teacher (the `teacher` section): the student samples, the teacher scores its
+    tokens (algo/distill.py; docs/guide.md, "Distillation from a teacher")."""
+
+    mode: Literal["none", "reverse_kl", "forward_kl_topk", "jsd"] = knob("none",
+        "none; reverse_kl: the per-token advantage log pi_T - log pi_S through algo.policy_loss (on-policy "
+        "distillation, Thinking Machines; mode-seeking); forward_kl_topk: KL(teacher || student) over the teacher's "
+        "top-k as a direct loss (verl; mass-covering); jsd: TRL's generalized JSD with algo.distill.beta")
+    reward_weight: NonNeg[float] = knob(0.0,
+        "the task's advantage (algo.adv.estimator) is multiplied by this and its policy-gradient term kept beside "
+        "the distillation term; 0 = distillation alone, > 0 = distillation + task reward")
+    student: Literal["sampler", "current"] = knob("sampler",
+        "reverse_kl's student logprob: the sampler's (Thinking Machines, Tinker) or the current policy's, "
+        "detached, at each micro-batch (verl); they differ once the ratio leaves 1")
+    topk: Count = knob(128, "forward_kl_topk and jsd: the teacher's k most likely tokens per position "
+                            "(verl's 128; capped at the vocabulary, where jsd is TRL's full-vocabulary loss)")
+    beta: ZeroToOne = knob(0.5, "jsd: 0 = KL(teacher || student), 1 = KL(student || teacher) (TRL's beta; its default 0.5)")
+
+
+@dataclass
+class TeacherConfig:
+    """The teacher of on-policy distillation (algo.distill.mode): frozen, in the trainer, scored through the same
+    pass as the reference model, with the student's tokenizer (docs/guide.md, "Distillation from a teacher")."""
+
+    path: str | None = knob(None,
+        "a Hugging Face model directory or hub id, or an earlier run's final/ (the same tokenizer as the student)")
+    self: bool = knob(False,
+        "self-distillation: the teacher is the starting model itself, with teacher.context in its prompt only")
+    self_update: bool = knob(False, "with teacher.self: the current policy (no gradient) instead of the starting model")
+    context: Text = knob("{answer}:{question}",
+        "teacher.self: the question the teacher's prompt is made of (data.template applied), with {question}, "
+        "{answer} (the reference answer) and {solution} (the problem's solution, else its answer)")
+
+
 @dataclass(frozen=True)
 class Correction:
     """The resolved importance weighting of the policy-gradient term (Config.correction)."""
@@ -247,3 +282,4 @@ class AlgoConfig:
         "rejected outside [lower, cap]. Both take cap, lower and rejected from algo.rollout_correction")
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = knob(
         "token_mean", "how token losses are averaged (docs/tricks.md)")
+    distill: DistillConfig = section(DistillConfig, "on-policy distillation from the `teacher` section's model")

@@ -119,7 +119,17 @@ def shipped_architecture_of(hub_id: str) -> str | None:
 
 
 def context_length(model_path: str) -> int | None:
-    """max_position_embeddings of `model_path` without loading or downloading anything: a shipped
+    """max_position_embeddings of `model_path` (see `config_value`)."""
+    return config_value(model_path, "max_position_embeddings")
+
+
+def vocab_size(model_path: str) -> int | None:
+    """vocab_size of `model_path`'s config.json (see `config_value`): a teacher must share the student's."""
+    return config_value(model_path, "vocab_size")
+
+
+def config_value(model_path: str, key: str) -> int | None:
+    """An integer entry (`key`) of the config of `model_path` without loading or downloading anything: a shipped
     architecture (config:<name>, or a hub id it was taken from), a config:<file>.json, or a local model
     directory's config.json (also the Hugging Face cache's copy of a hub id); None when unknown."""
     arch = parse_config_path(model_path) or shipped_architecture_of(model_path)
@@ -138,10 +148,11 @@ def context_length(model_path: str) -> int | None:
     for f in files:
         if f.is_file():
             data = json.loads(f.read_text())
-            value = data.get("text_config", data).get("max_position_embeddings")
+            value = data.get("text_config", data).get(key)
             return int(value) if value is not None else None
     return None
 
 
 MODEL_FILES.register("path_problem", model_path_problem)
 MODEL_FILES.register("context_length", context_length)
+MODEL_FILES.register("vocab_size", vocab_size)

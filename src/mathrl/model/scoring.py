@@ -96,17 +96,11 @@ def response_logprobs(
 
     Differentiable when grad is enabled. Values at masked response positions are meaningless; mask them.
     """
-    input_ids, attention_mask, position_ids = packed_inputs(model, prompt_ids, prompt_mask, response_ids, response_mask)
-    device = input_ids.device
-    _, head = backbone_and_head(model)
-    hidden = final_hidden(model, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
-    p = prompt_ids.shape[1]
-    t = response_ids.shape[1]
-    hidden = hidden[:, p - 1 : p + t - 1]  # [B, T, H]: the state before each response token predicts it
+    hidden, head = response_hidden(model, prompt_ids, prompt_mask, response_ids, response_mask)
     out = logprobs_and_entropy(
         hidden,
         head.weight,
-        response_ids.to(device),
+        response_ids.to(hidden.device),
         chunk_size=chunk_size,
         temperature=temperature,
         with_entropy=with_entropy,
@@ -114,6 +108,16 @@ def response_logprobs(
     )
     release_root(model)
     return out
+
+
+def response_hidden(model, prompt_ids, prompt_mask, response_ids, response_mask) -> tuple[torch.Tensor, torch.nn.Module]:
+    """(hidden [B, T, H], the output head): the final hidden state before each response token, the one that
+    predicts it, in the `[left-padded prompt | response]` layout of `response_logprobs`."""
+    input_ids, attention_mask, position_ids = packed_inputs(model, prompt_ids, prompt_mask, response_ids, response_mask)
+    _, head = backbone_and_head(model)
+    hidden = final_hidden(model, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    p, t = prompt_ids.shape[1], response_ids.shape[1]
+    return hidden[:, p - 1 : p + t - 1], head  # [B, T, H]
 
 
 @torch.no_grad()
@@ -129,18 +133,51 @@ def response_sum_pi_squared(
 ) -> torch.Tensor:
     """[B, T] sum_v pi_v^2 of the (tempered) next-token distribution before each response token, no grad:
     exp(logsumexp(2 log pi)), chunk_size positions at a time (the optimal token baseline's ||s||^2 term)."""
-    input_ids, attention_mask, position_ids = packed_inputs(model, prompt_ids, prompt_mask, response_ids, response_mask)
-    _, head = backbone_and_head(model)
-    hidden = final_hidden(model, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
-    p, t = prompt_ids.shape[1], response_ids.shape[1]
-    flat = hidden[:, p - 1 : p + t - 1].reshape(-1, hidden.shape[-1])  # [B*T, H]
+    hidden, head = response_hidden(model, prompt_ids, prompt_mask, response_ids, response_mask)  # [B, T, H]
+    flat = hidden.reshape(-1, hidden.shape[-1])  # [B*T, H]
     out = torch.empty(flat.shape[0], dtype=torch.float32, device=flat.device)
     for s in range(0, flat.shape[0], chunk_size):
         z = torch.nn.functional.linear(flat[s : s + chunk_size], head.weight, getattr(head, "bias", None)).float()
         logp = torch.log_softmax(z / temperature, dim=-1)  # [C, V]
         out[s : s + chunk_size] = torch.logsumexp(2.0 * logp, dim=-1).exp()
     release_root(model)
-    return out.view(response_ids.shape[0], t)
+    return out.view(response_ids.shape[0], response_ids.shape[1])
+
+
+def tempered_logprobs(hidden: torch.Tensor, head, temperature: float) -> torch.Tensor:
+    """[B, T, V] float32 log-softmax of the head's logits / temperature: the whole vocabulary, for the
+    distillation losses that compare distributions (a micro-batch's worth of [B, T, V] in memory)."""
+    logits = head(hidden).float() / temperature  # [B, T, V]
+    return torch.log_softmax(logits, dim=-1)
+
+
+def response_logprobs_at(model, prompt_ids, prompt_mask, response_ids, response_mask, ids: torch.Tensor, *,
+                         temperature: float = 1.0, chunk_size: int = 1024,
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`response_logprobs` (logprobs [B, T] and entropy [B, T]) and, from the same forward, the logprobs
+    [B, T, K] of the token ids `ids` [B, T, K] at each position (the teacher's top-k; differentiable)."""
+    hidden, head = response_hidden(model, prompt_ids, prompt_mask, response_ids, response_mask)
+    logprobs, entropy = logprobs_and_entropy(hidden, head.weight, response_ids.to(hidden.device), chunk_size=chunk_size,
+                                             temperature=temperature, lm_head_bias=getattr(head, "bias", None))
+    at = tempered_logprobs(hidden, head, temperature).gather(-1, ids.to(hidden.device))  # [B, T, K]
+    release_root(model)
+    return logprobs, entropy, at
+
+
+@torch.no_grad()
+def response_topk(model, prompt_ids, prompt_mask, response_ids, response_mask, *, temperature: float = 1.0,
+                  k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A teacher's view of given responses, no grad: (logprobs [B, T] of the response tokens, is_argmax [B, T]
+    1.0 where the token is the model's most likely one, topk_ids [B, T, K] long and topk_logprobs [B, T, K] of
+    its k most likely tokens, k capped at the vocabulary), all of the tempered distribution."""
+    hidden, head = response_hidden(model, prompt_ids, prompt_mask, response_ids, response_mask)
+    logp = tempered_logprobs(hidden, head, temperature)  # [B, T, V]
+    tokens = response_ids.to(hidden.device)[..., None]  # [B, T, 1]
+    logprobs = logp.gather(-1, tokens)[..., 0]
+    top_lp, top_ids = logp.topk(min(k, logp.shape[-1]), dim=-1)  # [B, T, K]
+    is_argmax = (top_ids[..., :1] == tokens)[..., 0].float()
+    release_root(model)
+    return logprobs, is_argmax, top_ids, top_lp
 
 
 def next_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, chunk_size: int = 1024) -> torch.Tensor:

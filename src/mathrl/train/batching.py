@@ -15,7 +15,7 @@ class Rows:
     pass and the advantages make it a `TrainBatch`, critic pretraining's value targets a `ValueBatch`.
 
     Prompt-side tensors are [N, P] (left-padded); every other 2-D tensor is response-side [N, T]
-    (right-padded); 1-D tensors are per row [N]. `select`, `to` and `trimmed` keep the record's type.
+    (right-padded), as are 3-D ones [N, T, K]; 1-D tensors are per row [N]. `select`, `to` and `trimmed` keep the record's type.
     """
 
     prompt_ids: torch.Tensor  # [N, P] left-padded
@@ -58,7 +58,7 @@ class Rows:
                 out[name] = None
             elif name.startswith("prompt_"):
                 out[name] = x[:, p - prompt_keep :]
-            elif x.dim() == 2:
+            elif x.dim() >= 2:  # response-side [N, T] (and [N, T, K]: the teacher's top-k)
                 out[name] = x[:, :response_keep]
             else:
                 out[name] = x
@@ -77,6 +77,9 @@ class TrainBatch(Rows):
     is_weights: torch.Tensor | None = None  # [N, T] importance weights of the policy-gradient term (Config.correction), None = 1
     old_values: torch.Tensor | None = None  # [N, T] critic values at sampling time (PPO with a critic only)
     returns: torch.Tensor | None = None  # [N, T] value targets (PPO with a critic only)
+    teacher_logprobs: torch.Tensor | None = None  # [N, T] the teacher's logprobs of the sampled tokens (algo.distill)
+    teacher_topk_ids: torch.Tensor | None = None  # [N, T, K] long: the teacher's top-k token ids (forward_kl_topk, jsd)
+    teacher_topk_logprobs: torch.Tensor | None = None  # [N, T, K] ... and its logprobs of them
 
 
 @dataclass(kw_only=True)

@@ -37,6 +37,7 @@ from mathrl.train.collect import CollapseRates, Collected, Prepared, collect_rol
 from mathrl.train.critic import update_critic, value_pass
 from mathrl.train.dist import Ranks
 from mathrl.train.monitors import GroupOutcomes
+from mathrl.train.teacher import TeacherScores, teacher_prompts, teacher_scores
 from mathrl.train.trainer import Trainer
 from mathrl.train.update import engine_logprobs_are_old, scoring_pass, sum_pi_squared_pass, update_policy
 
@@ -64,6 +65,7 @@ class Scored:
     loss_mask: torch.Tensor  # [N, T] the sample filters' mask, less the tokens the correction drops
     metrics: dict[str, float]  # actor/ref_*, the correction's and the rejection rules' (rollout_corr/*, actor/rollout_is_*)
     correction: torch.Tensor | None = None  # [N, T] is_weights before the 80/20 token mask: the importance weights alone
+    teacher: TeacherScores | None = None  # the distillation teacher's (algo.distill.mode), None when it is off
 
 
 def rl_step(trainer: Trainer, step: int, collected: Collected | None = None) -> StepResult:
@@ -172,9 +174,23 @@ def score(trainer: Trainer, got: Collected, prep: Prepared) -> Scored:
                                                              batch.response_mask, loss_mask)
     correction = is_weights
     is_weights, fork_metrics = forking_tokens(cfg, entropy, loss_mask, is_weights)
+    teacher = score_teacher(trainer, got, prep) if cfg.needs_teacher else None
     return Scored(old_logprobs=old_logprobs, entropy=entropy, ref_logprobs=ref_logprobs, ref_entropy=ref_entropy,
                   ref_kl=ref_kl, is_weights=is_weights, loss_mask=loss_mask,
-                  metrics={**metrics, **corr_metrics, **fork_metrics}, correction=correction)
+                  metrics={**metrics, **corr_metrics, **fork_metrics, **(teacher.metrics if teacher else {})},
+                  correction=correction, teacher=teacher)
+
+
+def score_teacher(trainer: Trainer, got: Collected, prep: Prepared) -> TeacherScores:
+    """The distillation teacher's scores of the step's tokens (train/teacher.py); with teacher.self, from its own
+    prompts, teacher.context's question (the answer beside it), which the student never sees."""
+    cfg = trainer.cfg
+    prompts = None
+    if cfg.teacher.self:
+        prompts = teacher_prompts(got.problems, n=cfg.rollout.n, encoder=trainer.train_stream.encoder,
+                                  tokenizer=trainer.tokenizer, context=cfg.teacher.context)
+    with trainer.teacher() as model:
+        return teacher_scores(model, prep.batch, cfg, rows=prep.rows, prompts=prompts)
 
 
 def importance_weights(cfg, old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, response_mask: torch.Tensor,
@@ -297,6 +313,8 @@ def advantages(trainer: Trainer, got: Collected, prep: Prepared, scored: Scored,
                              component_weights={f.name: f.weight for f in cfg.reward.functions},
                              greedy_rewards=got.greedy_rewards, **stats)
     out = estimator.fn(inputs, cfg.algo)
+    if cfg.needs_teacher:  # on-policy distillation: the task's advantage weighs algo.distill.reward_weight
+        out = replace(out, advantages=out.advantages * cfg.algo.distill.reward_weight)
     return out, values, {**metrics, **out.metrics}
 
 
@@ -310,6 +328,9 @@ def train_batch(prep: Prepared, scored: Scored, adv: Advantages, values: torch.T
         ref_logprobs=scored.ref_logprobs if scored.ref_logprobs is not None else zeros,
         ref_entropy=scored.ref_entropy if scored.ref_entropy is not None else zeros.clone(),
         is_weights=scored.is_weights, old_values=values, returns=adv.returns,
+        **({} if scored.teacher is None else {"teacher_logprobs": scored.teacher.logprobs,
+                                              "teacher_topk_ids": scored.teacher.topk_ids,
+                                              "teacher_topk_logprobs": scored.teacher.topk_logprobs}),
     )
 
 

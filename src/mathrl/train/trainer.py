@@ -51,6 +51,7 @@ from mathrl.train.dist import Ranks, broadcast_object, shard_model
 from mathrl.train.monitors import CollapseWatch, SignalWatch
 from mathrl.train.preempt import StopSignal, agree, time_save_due
 from mathrl.train.shared import SkipCount, build_optimizer, build_tracker, resume_from, save_due, seed_everything
+from mathrl.train.teacher import load_teacher
 from mathrl.train.update import loss_scaler
 
 
@@ -76,6 +77,7 @@ class Trainer:
     eval_sets: list[EvalSet]
     ptx: PretrainText | None = None
     ref_model: Any = None  # loaded when a KL term or ref_gain_clip needs it
+    teacher_model: Any = None  # algo.distill.mode's frozen teacher (train/teacher.py); None: none, or teacher.self_update
     critic: Any = None  # algo.adv.estimator=gae
     critic_optimizer: Any = None
     critic_scheduler: Any = None
@@ -150,6 +152,12 @@ class Trainer:
             return {}
         named = tdist.full_weights(self.model)
         return self.generator.push(step, [t for _, t in named]) if self.ranks.main else {}
+
+    @contextlib.contextmanager
+    def teacher(self) -> Iterator[Any]:
+        """The distillation teacher to score with: the frozen one, or with teacher.self_update the policy itself
+        (scored without gradient, as the old logprobs are)."""
+        yield self.teacher_model if self.teacher_model is not None else self.model
 
     def engine_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
         """The tensors the engine loads after an update: the policy's state dict, which an engine
@@ -247,6 +255,11 @@ def build_trainer(cfg: Config, ranks: Ranks, *, console: Console, resume: bool =
         ref_source = parent if parent is not None and cfg.train.init_from_mode == "restart" else model_path
         ref_model, _ = load_model_and_tokenizer(ref_source, dtype=trainer_dtype(cfg.model.dtype), overrides=overrides)
         trainer.ref_model = shard(ref_model.eval().requires_grad_(False), cfg, ranks)
+    if cfg.needs_teacher:  # frozen; it has no state of its own: a resumed run loads it again from its source
+        ref_source = parent if parent is not None and cfg.train.init_from_mode == "restart" else model_path
+        teacher = load_teacher(cfg, model_path=model_path, ref_source=ref_source, overrides=overrides,
+                               student_vocab=tokenizer.get_vocab())
+        trainer.teacher_model = shard(teacher, cfg, ranks) if teacher is not None else None
     if ADVANTAGE_ESTIMATORS.get(cfg.algo.adv.estimator).needs_critic:  # PPO; the critic resumes like the policy
         _add_critic(trainer)
     if checkpoint is not None or parent is not None:

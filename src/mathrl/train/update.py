@@ -18,13 +18,20 @@ from typing import Callable
 import torch
 
 import mathrl.train.dist as tdist
+from mathrl.algo.distill import generalized_jsd, reverse_kl_advantages, topk_forward_kl
 from mathrl.algo.entropy import entropy_bonus_mask
 from mathrl.algo.kl import kl_penalty
 from mathrl.algo.losses import aggregate, dp_scale, global_counts, positive_example_lm_loss
 from mathrl.algo.rollout_correction import bypass_weights
 from mathrl.config import AlgoConfig, Config
 from mathrl.model.dtypes import autocast
-from mathrl.model.scoring import input_device, next_token_logprobs, response_logprobs, response_sum_pi_squared
+from mathrl.model.scoring import (
+    input_device,
+    next_token_logprobs,
+    response_logprobs,
+    response_logprobs_at,
+    response_sum_pi_squared,
+)
 from mathrl.registry import LOSS_TERMS, POLICY_LOSSES
 from mathrl.seeds import derive_seed
 from mathrl.tasks.sources import PretrainText
@@ -34,8 +41,9 @@ from mathrl.train.batching import Rows, TrainBatch, micro_batch_slices, micro_ba
 # ----------------------------------------------------------------------------- no-grad per-token passes
 @torch.no_grad()
 def per_token_pass(model, batch: Rows, cfg: Config, forward, *, rows: list[int] | None = None) -> list[torch.Tensor]:
-    """Run `forward(model, micro_batch) -> [n, t] tensors` over no-grad micro-batches of `batch`, the
-    model in eval mode; returns each output as [N, T] float32 on CPU, 0 at masked positions.
+    """Run `forward(model, micro_batch) -> [n, t] (or [n, t, k]) tensors` over no-grad micro-batches of `batch`,
+    the model in eval mode; returns each output as [N, T] (or [N, T, K]) on CPU, float32 unless it is an integer
+    tensor, 0 at masked positions.
 
     With several ranks each computes only its `rows` (global row indices) and the outputs are summed
     over ranks (disjoint rows, zeros elsewhere: exact). A rank with fewer micro-batches than another
@@ -52,14 +60,17 @@ def per_token_pass(model, batch: Rows, cfg: Config, forward, *, rows: list[int] 
         with autocast(cfg.model.dtype, input_device(model)):
             parts = forward(model, batch.select(slices[k] if real else [0]).trimmed())
         if not outputs:
-            outputs = [torch.zeros_like(batch.response_mask) for _ in parts]
+            outputs = [batch.response_mask.new_zeros((*batch.response_mask.shape, *part.shape[2:]),
+                                                     dtype=part.dtype if not part.is_floating_point() else None)
+                       for part in parts]
         if real:
             idx = (torch.as_tensor(slices[k])[:, None], torch.arange(parts[0].shape[1])[None, :])
             for out, part in zip(outputs, parts):
-                out[idx] = part.float().cpu()
+                out[idx] = part.to(out.dtype).cpu()
     model.train(was_training)
     outputs = [tdist.all_reduce_sum_tensor(out) for out in outputs]
-    return [out * batch.response_mask for out in outputs]
+    masks = [batch.response_mask.view(*batch.response_mask.shape, *[1] * (out.dim() - 2)) for out in outputs]
+    return [out * (mask if out.is_floating_point() else mask.to(out.dtype)) for out, mask in zip(outputs, masks)]
 
 
 def engine_logprobs_are_old(cfg: Config, model) -> bool:
@@ -248,6 +259,7 @@ class TermInputs:
     pos_seqs: float
     coefs: dict[str, float]  # this step's controlled coefficients: entropy, kl
     sums: dict[str, float]  # token counts the update's metrics are made of
+    topk_logprobs: torch.Tensor | None = None  # [n, t, K] the policy's logprobs of the teacher's top-k ids (algo.distill)
 
     def aggregate(self, token_loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """algo.loss_agg over the whole mini-batch's counts."""
@@ -302,6 +314,36 @@ LOSS_TERMS.register("kl_loss", LossTerm(lambda algo: algo.kl.use == "loss", kl_l
 LOSS_TERMS.register("pos_lm_loss", LossTerm(lambda algo: algo.pos_lm.coef > 0, pos_lm_term))
 
 
+# ---- on-policy distillation (algo.distill.mode; algo/distill.py): one term per mode, beside the task's
+# policy-gradient term, whose advantage the step scales by algo.distill.reward_weight
+def reverse_kl_term(x: TermInputs) -> tuple[torch.Tensor | None, float]:
+    """algo.policy_loss on the advantage log pi_T - log pi_S (the sampler's, or the current policy's detached:
+    algo.distill.student), with the micro-batch's importance weights; logged: the mean advantage's negation,
+    the k1 estimate of KL(student || teacher) over the micro-batch's share of the mini-batch's tokens."""
+    student = x.micro.rollout_logprobs if x.algo.distill.student == "sampler" else x.logprobs
+    adv = reverse_kl_advantages(x.micro.teacher_logprobs, student, x.mask)  # [n, t]
+    loss, _ = pg_term(x, advantages=adv)
+    return loss, -float(adv.sum()) / max(x.num_tokens, 1.0)
+
+
+def topk_term(divergence: Callable[[TermInputs], torch.Tensor]) -> Callable[[TermInputs], tuple[torch.Tensor, float]]:
+    """A direct loss term: the per-token divergence between the teacher's and the policy's top-k logprobs,
+    aggregated by algo.loss_agg over the mini-batch."""
+
+    def term(x: TermInputs) -> tuple[torch.Tensor, float]:
+        loss = x.aggregate(divergence(x), x.mask)
+        return loss, loss.item()
+
+    return term
+
+
+LOSS_TERMS.register("distill_reverse_kl", LossTerm(lambda algo: algo.distill.mode == "reverse_kl", reverse_kl_term))
+LOSS_TERMS.register("distill_forward_kl_topk", LossTerm(lambda algo: algo.distill.mode == "forward_kl_topk", topk_term(
+    lambda x: topk_forward_kl(x.topk_logprobs, x.micro.teacher_topk_logprobs))))
+LOSS_TERMS.register("distill_jsd", LossTerm(lambda algo: algo.distill.mode == "jsd", topk_term(
+    lambda x: generalized_jsd(x.topk_logprobs, x.micro.teacher_topk_logprobs, beta=x.algo.distill.beta))))
+
+
 # ----------------------------------------------------------------------------- the policy update
 def update_policy(
     model, optimizer, scheduler, batch: TrainBatch, cfg: Config, *, step: int, coefs: dict[str, float],
@@ -325,12 +367,9 @@ def update_policy(
         with autocast(cfg.model.dtype, device):
             for micro in mini.micros:
                 micro = micro.to(device)
-                logprobs, entropy = response_logprobs(
-                    model, micro.prompt_ids, micro.prompt_mask, micro.response_ids, micro.context_mask,
-                    temperature=cfg.rollout.temperature, chunk_size=cfg.model.logprob_chunk_size,
-                )
+                logprobs, entropy, topk = policy_forward(model, micro, cfg)
                 x = TermInputs(cfg.algo, cfg.rollout.max_new_tokens, seed, micro, logprobs, entropy, micro.loss_mask,
-                               num_tokens, num_seqs, pos_tokens, pos_seqs, coefs, sums)
+                               num_tokens, num_seqs, pos_tokens, pos_seqs, coefs, sums, topk)
                 loss, stats = pg_term(x)
                 terms = {"pg_loss": loss.item(), **{name: 0.0 for name, _ in LOSS_TERMS.items()}}
                 for name, term in terms_on:
@@ -354,22 +393,34 @@ def update_policy(
 STANDARD_STATS = ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")  # logged for every loss (0 where it has none)
 
 
-def pg_term(x: TermInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def policy_forward(model, micro: TrainBatch, cfg: Config) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The policy's logprobs and entropy [n, t] of the micro-batch's tokens, and, when the teacher's top-k came
+    with it (forward_kl_topk, jsd), the policy's logprobs [n, t, K] of those ids, from the same forward."""
+    args = (model, micro.prompt_ids, micro.prompt_mask, micro.response_ids, micro.context_mask)
+    kwargs = {"temperature": cfg.rollout.temperature, "chunk_size": cfg.model.logprob_chunk_size}
+    if micro.teacher_topk_ids is None:
+        return (*response_logprobs(*args, **kwargs), None)
+    return response_logprobs_at(*args, micro.teacher_topk_ids, **kwargs)
+
+
+def pg_term(x: TermInputs, advantages: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """algo.policy_loss's loss, aggregated by its own mode or algo.loss_agg, and its per-token stats; each
     token's term times its importance weight (x.micro.is_weights) when a correction is on, and in bypass mode
     times `bypass_weights` between pi_theta and the engine (algo.rollout_correction). A loss that picks
-    tokens at random gets a generator seeded by the run, the step and the micro-batch's tokens (not the rank)."""
+    tokens at random gets a generator seeded by the run, the step and the micro-batch's tokens (not the rank).
+    `advantages` [n, t]: another advantage than the micro-batch's (on-policy distillation's)."""
     algo, micro = x.algo, x.micro
     entry = POLICY_LOSSES.get(algo.policy_loss)
     kwargs = entry.params(algo)
     if entry.needs_generator:
         content = zlib.crc32(micro.response_ids.cpu().numpy().tobytes())
         kwargs["generator"] = torch.Generator().manual_seed(derive_seed(x.seed, content))
+    advantages = micro.advantages if advantages is None else advantages
     weights, extra = micro.is_weights, {}
     if bypass_weighed(algo):  # old logprobs are the engine's: weigh pi_theta against them, per micro-batch (verl)
         w = bypass_weights(x.logprobs, micro.old_logprobs, x.mask, **bypass_settings(algo))
         weights, extra = (w if weights is None else weights * w), {"bypass_is_weight": w}
-    token_loss, stats = entry.fn(x.logprobs, micro.old_logprobs, micro.advantages, x.mask, weights=weights, **kwargs)
+    token_loss, stats = entry.fn(x.logprobs, micro.old_logprobs, advantages, x.mask, weights=weights, **kwargs)
     stats = {**stats, **extra}
     mode = entry.agg or algo.loss_agg
     loss = aggregate(token_loss, x.mask, mode=mode, max_len=x.max_len, num_tokens=x.num_tokens, num_seqs=x.num_seqs)
