@@ -104,6 +104,18 @@ def test_no_function_is_over_80_lines():
     assert not long, long
 
 
+def test_no_module_docstring_is_over_30_lines():
+    """A module opens with what it does and what it may touch, in about 15 lines (STYLE.md,
+    "Docstrings"); history, measurements and reference material live in docs/. 30 lines is the hard cap."""
+    long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        doc = ast.parse(path.read_text()).body[:1]
+        if doc and isinstance(doc[0], ast.Expr) and isinstance(doc[0].value, ast.Constant) and isinstance(doc[0].value.value, str):
+            if (n := doc[0].end_lineno - doc[0].lineno + 1) > 30:
+                long.append(f"{path.relative_to(PACKAGE)} ({n} lines)")
+    assert not long, long
+
+
 def test_no_file_is_over_500_lines():
     """A file holds one responsibility; one that outgrows 500 lines is split by what it holds, into a
     folder where its pieces form a family."""

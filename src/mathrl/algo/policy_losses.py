@@ -1,42 +1,16 @@
 """The policy losses by name (algo.policy_loss): PPO's clipped surrogate and the losses the field adopted
 after it, each a pure function on plain tensors, registered in `mathrl.registry.POLICY_LOSSES`.
 
-The calling convention (docs/architecture.md, "Policy losses"): every loss is
-
     token_loss, stats = fn(logprobs, old_logprobs, advantages, mask, *, weights=None, **hyperparameters)
 
-with logprobs [B, T] log pi_theta of the sampled tokens (differentiable), old_logprobs [B, T] log pi_old
-(no grad), advantages [B, T], mask [B, T] nonzero on the tokens that count, weights [B, T] or None the
-importance weights of the policy-gradient term (algo.rollout_correction / algo.off_policy, detached).
-It returns the per-token loss [B, T], 0 at masked tokens, already weighted, and `stats`: per-token
-float tensors [B, T], detached and 0 at masked tokens, each averaged over the step's counted tokens
-into the metric actor/<key> (pg_clipfrac, pg_clipfrac_lower, ppo_kl, cov_selected_frac).
-The per-token loss is then reduced by `losses.aggregate` with the entry's own aggregation, or
-algo.loss_agg where the entry has none:
-
-    entry = POLICY_LOSSES.get("gspo")
-    token_loss, stats = entry.fn(lp, old_lp, adv, mask, **entry.params(cfg.algo))
-    loss = aggregate(token_loss, mask, mode=entry.agg or cfg.algo.loss_agg, num_tokens=..., num_seqs=...)
-
-A loss with a sequence-level ratio (gspo, geo_mean) gives every token of a row the row's loss: its
-``seq_mean_token_mean`` aggregation then sums each row's loss once, and the gradient is the row's.
-Micro-batches split rows, never a row's tokens, so no sequence is split.
-
-Each loss equals verl's `compute_policy_loss_<name>` (verl/trainer/ppo/core_algos.py @1dda039) at the
-same hyperparameters and aggregation: the loss, the metrics, the per-token loss and the gradient with
-respect to the logprobs (tests/algo/test_policy_losses.py; the choices where verl is arguable are in
-docs/tricks.md, "Policy losses"). One exception by design: `gspo` (the sequence form) weighs a row
-by the mean of its tokens' importance weights, so with weights that vary within a row its gradient
-spreads evenly over the row where verl's `gspo` (= `gspo_token` here, which matches it) weighs each
-token by its own.
-
-A new loss is one function and one registration, here or in any module imported before the config
-is loaded (tests/algo/test_policy_losses.py registers one from outside and trains with it):
+All inputs [B, T]; the per-token loss [B, T] is 0 at masked tokens and already weighted, `stats` are
+detached per-token floats [B, T] for actor/<key>; `losses.aggregate` reduces it with the entry's
+aggregation or algo.loss_agg (docs/architecture.md, "Policy losses"). Each equals verl's
+`compute_policy_loss_<name>` (@1dda039) but `gspo` under weights that vary within a row (docs/tricks.md).
+A new loss is one function and one registration:
 
     def my_loss(logprobs, old_logprobs, advantages, mask, *, weights=None, beta=0.1):
-        loss = -advantages * logprobs + beta * (logprobs - old_logprobs) ** 2          # [B, T]
-        return weigh(loss, mask, weights), {}
-
+        return weigh(-advantages * logprobs + beta * (logprobs - old_logprobs) ** 2, mask, weights), {}
     POLICY_LOSSES.register("mine", PolicyLoss(my_loss, params=lambda algo: {"beta": 0.1}))
 """
 

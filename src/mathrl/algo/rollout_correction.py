@@ -1,46 +1,16 @@
 """Rollout/trainer mismatch correction: importance weights between the rollout engine and the trainer.
 
-The rollout engine (vLLM, bf16 kernels, another attention implementation) samples from a
-distribution π_rollout that is not exactly the trainer's π_old, although both hold the same weights.
-The PPO ratio π_θ/π_old is then computed against the wrong behaviour policy and the update is
-silently off-policy. The fix weighs the policy-gradient term of each token by the importance ratio
-between the two, detached:
-
-    ρ = π_old(y) / π_rollout(y) = exp(old_logprobs − rollout_logprobs)
-
-* TIS, truncated importance sampling (Yao et al. 2025, "Your Efficient RL Framework Secretly Brings
-  You Off-Policy RL Training"): weight min(ρ, C); the cap C bounds the variance.
-* MIS, masked importance sampling (Liu, Li et al. 2025, "When Speed Kills Stability: Demystifying
-  RL Collapse from the Training-Inference Mismatch"): weight ρ · 1[ρ ≤ C]; tokens (or whole
-  sequences) whose ratio is over the cap are dropped from the gradient instead of capped.
-
-At `level="token"` ρ is per token; at `level="sequence"` it is the ratio of the whole response,
-exp(Σ_t (old − rollout)), given to every token of the row (the exact sequence-level correction,
-with more variance). The weight multiplies the per-token policy loss before aggregation; the
-normalisers of `losses.aggregate` stay the loss-mask counts, so a dropped token counts as a zero
-term (the gradient never depends on how the batch was split). Weights are computed without grad.
+ρ = π_old(y) / π_rollout(y) = exp(old_logprobs − rollout_logprobs), detached, per token or per
+sequence: TIS weighs a token's policy-gradient term by min(ρ, C), MIS by ρ · 1[ρ ≤ C]; rejection rules
+(Geo-RS, IcePop, K3/K2-RS, OPSM) return keep masks that chain by intersection. Pure tensor functions.
+Papers, switches and where verl differs: docs/tricks.md, "Rollout/trainer mismatch".
 
     w, keep = correction_weights(old_lp, rollout_lp, mask, mode="tis", level="token", cap=2.0)
-    per_token, stats = policy_loss(lp, old_lp, adv, mask)
-    loss = aggregate(per_token * w, mask, mode=..., num_tokens=..., num_seqs=...)
-
-Rejection rules (masks) drop tokens or whole responses instead of weighing them; each returns a keep
-mask, and several rules chain by intersection (a token is kept only if every rule keeps it):
-
-* Geo-RS (`geo_rs_keep`): the geometric mean of the response's ratios outside [L, U] (verl seq_mean_k1).
-* IcePop (`icepop_keep`): a token whose ratio is outside [L, U] (Ring-1T, arXiv 2510.18855).
-* K3-RS / K2-RS (`kl_rs_keep`): the mean over the response of the k3 (k2) estimate of
-  KL(π_rollout ‖ π_old) above a threshold (k3_rs, k2_mean_rs: verl seq_mean_k3 / seq_mean_k2), or its
-  largest token's (k2_max_rs: verl seq_max_k2).
-* OPSM (`opsm_keep`): a response with negative advantage whose mean log(π_rollout/π_old) is above δ
-  (DeepSeek-V3.2, arXiv 2512.02556, eq. 9; TRL's `off_policy_mask_threshold`). It needs the
-  advantages, so train/step.py applies it once they are computed.
-
+    loss = aggregate(policy_loss(lp, old_lp, adv, mask)[0] * w, mask, mode=..., num_tokens=..., num_seqs=...)
     keeps = rule_keeps(old_lp, rollout_lp, mask, ["geo_rs", "k3_rs"], geo_rs_bounds=(0.999, 1.001), k3_rs_threshold=0.01)
-    keep = chain(keeps.values(), like=mask)  # [B, T] bool
-    w = w * keep                             # rejected tokens teach nothing
+    w = w * chain(keeps.values(), like=mask)  # [B, T]; rejected tokens teach nothing
 
-Run the tests with ``python -m pytest tests/train/test_rollout_correction.py -q``.
+Tests: ``python -m pytest tests/train/test_rollout_correction.py -q``.
 """
 
 from __future__ import annotations

@@ -1,30 +1,14 @@
 """`mathrl eval`: evaluate checkpoints honestly, across seeds, with confidence intervals.
 
     mathrl eval runs/20250101-120000                      # every checkpoint of a run, held-out arithmetic
-    mathrl eval runs/x --step 30 --neighbours 1           # + pass@1 averaged over steps 20, 30, 40
-    mathrl eval /models/Qwen2.5-Math-1.5B --data math500.jsonl aime24.jsonl --template zero \\
-        --n 16 --seeds 0 1 2 --max-new-tokens 3000
-    mathrl eval tiny-arith runs/x/final --limit 50 reward.num_workers=4
+    mathrl eval /models/Qwen2.5-Math-1.5B --data math500.jsonl --template zero --n 16 --seeds 0 1 2
 
-TARGETs and key.path=value overrides may stand before or after the options. A TARGET is a Hugging
-Face model directory, a run directory (its config.yaml gives the defaults; its starting model as
-step 0 when it is on this machine (`targets.run_start`), then every checkpoint in checkpoints/step_*/ and
-final/, ordered by the step in its trainer_state.json; the weights of every `train.keep_every`-th
-step, eval.every by default, are kept for this) or `tiny-arith` (the cached tiny base model).
-
-For every checkpoint x dataset x seed this calls `evaluation.evaluate.evaluate` (the engine and
-verifier training uses, one Verifier for the whole sweep, the seed as the sampling seed), then
-reports per checkpoint x dataset: every metric's mean, sample std and Student-t 95% CI across seeds
-(`metrics.mean_std_ci95`), for pass@1 also the 95% CI of a bootstrap over problems
-(`metrics.bootstrap_ci95`, always inside [0, 1]; the one the tables print), and the collapse rates
-(`reward.collapse`). Every checkpoint sees the
-same seeds, so checkpoints are compared on equal random draws. Results go to `--out` (default
-`<run>/eval` for a single run target, else `eval_<timestamp>`): results.json (everything, per seed
-too; rewritten after each checkpoint so a long sweep leaves partial results) and results.md
-(evaluation/results.py).
-docs/evaluation.md explains the choices.
-
-Library use:
+A TARGET is a model directory, a run directory (its starting model, then its checkpoints by step) or
+`tiny-arith`. Every checkpoint x dataset x seed is one `evaluation.evaluate.evaluate` call with the
+same seeds; per checkpoint x dataset it reports each metric's mean, std and Student-t 95% CI across
+seeds, a bootstrap 95% CI of pass@1 over problems, and the collapse rates. It loads models, runs the
+engine and verifier, and writes results.json (rewritten after each checkpoint) and results.md to
+`--out`. Arguments, what is reported and why: docs/evaluation.md.
 
     report = sweep(["runs/x"], SweepSettings(n=4, seeds=[0, 1]), out=Path("runs/x/eval"))
 """

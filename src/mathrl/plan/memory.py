@@ -3,74 +3,12 @@
     mathrl plan recipes/deepscaler_1.5b_8k.yaml --gpus 8 --gpu-mem 80
     mathrl plan recipes/real/dapo_qwen2.5_math_7b.yaml rollout.max_staleness=1 --gpus 8 --trainer-gpus 7
 
-Its last line is the setup time (`setup_time.setup_time`): a base model to build or download before
-the first step, or none.
-
-The architecture is built on the meta device (no memory, no weights, no download), so parameter
-counts are exact. What the estimate assumes, term by term (GiB = 2^30 bytes, per GPU):
-
-* params / grads: the master weights in `model.dtype`, and their gradients in the same dtype, sharded
-  over the N GPUs (FSDP2 `fully_shard`, one shard per rank; N = 1 is plain single-device training).
-  Gradients exist only while the policy updates (they are freed after each optimizer step).
-* optimizer: torch AdamW keeps exp_avg and exp_avg_sq in the parameter dtype (float32 master weights:
-  8 bytes per parameter) plus one float32 `step` per parameter tensor, sharded likewise.
-* gathered weights: FSDP2 all-gathers one decoder layer at a time in the compute dtype, and the
-  next one is prefetched (2 layers), plus the root module (embeddings, final norm, output head).
-  The compute dtype is bfloat16 on GPUs when `model.dtype` is float32 (mixed precision), else
-  `model.dtype`.
-* activations: what autograd saves for the backward pass over one micro-batch of
-  `train.micro_batch_tokens` tokens (`activation_bytes_per_token`, enumerated for the Hugging Face
-  Qwen2/Llama decoder with SDPA/flash attention: no sequence-squared term). With gradient
-  checkpointing only each layer's input is kept, plus one layer's activations during its recompute.
-  The output head runs in chunks of `model.logprob_chunk_size` positions: its recompute in the
-  backward holds the float32 logits, their shifted copy, the probabilities and a gradient (4 x chunk
-  x vocab x 4 bytes).
-* head gradients: the backward builds the full weight gradients of the output head and of the
-  embeddings (vocab x hidden each, in the compute dtype; one tensor each even when tied) before
-  they are accumulated and reduce-scattered.
-* reference model: weights only, sharded, stored in `model.dtype` like the policy (FSDP2 keeps the
-  shards in the dtype they were loaded in and casts to the compute dtype per layer; loaded when a KL
-  or entropy term needs it).
-* scoring passes (old and reference logprobs, no grad): one layer's working set plus the final hidden
-  states and one logits chunk, below the update's activations, so they never set the peak. Only the
-  decoder stack's last output is kept (`model.scoring.final_hidden`), not every layer's hidden states.
-* runtime: the CUDA context, cuBLAS workspaces and NCCL buffers, a fixed allowance of
-  `RUNTIME_GIB` per GPU (not derived from the config).
-* LoRA (`model.lora.r` > 0): the frozen base weights plus the adapters' (params), gradients and AdamW
-  states of the adapters only, no weight gradients of the (frozen) head and embeddings, and no
-  reference copy: the reference is the policy with its adapters disabled. The adapters' own
-  activations (r numbers per token per adapted layer) are left out. vLLM holds the merged weights
-  (the base model's size).
-* critic (PPO, `algo.adv.estimator: gae`): the same backbone with a scalar head, with its own
-  grads, AdamW states and activations.
-* rollout engine: vLLM claims `rollout.vllm.gpu_memory_utilization` of the GPU (its weights, KV cache
-  and activations) for as long as it is awake; with `enable_sleep_mode` it frees the KV cache (level
-  1 keeps the weights on the host, level 2 drops them) while the policy updates, so the peak is the
-  larger of the generation phase and the update phase. vLLM loads its own weights: no trainer-side
-  copy exists for it. The torch engine's KV cache is `rollout.batch_size` sequences of prompt +
-  response tokens; with several GPUs it samples from its own unsharded copy of the policy in
-  `model.dtype` (ranks finish their responses at different lengths, which a sharded model's
-  collectives cannot follow), counted as "torch engine weights".
-* generator processes (`rollout.max_staleness` >= 1, train/generators/host.py): each on the GPU that
-  `rollout.placement.generator_gpus` gives it, or on the CPU in a CPU run. A vLLM generator claims its
-  `gpu_memory_utilization` share of that GPU (on a CPU: its weights and `rollout.vllm.kv_cache_gb`); a
-  torch generator holds its own copy of the policy in `model.dtype`, a KV cache of `rollout.batch_size`
-  sequences in the same dtype and, on a GPU, the runtime allowance of its own process. The trainer's
-  rank 0 keeps the last k + 1 policy versions (its state dict in `model.dtype`) in host memory, and with
-  the NCCL weight backend (`rollout.placement.weight_backend`) stages them through one GPU bucket of
-  `rollout.generator.bucket_mb` (or the largest tensor, which travels alone) on its own GPU. The
-  trainer's engine then only evaluates: vLLM is on the GPU during evaluations only (asleep or closed in
-  between), the torch engine's KV cache likewise. Every device's peak is the trainer's peak (on its
-  GPUs) plus what else it holds; the plan fits when every device does. Not counted: a generator's
-  received weights on their way into its engine.
-
-The activation model is checked against autograd's saved tensors of a random-init model on a CPU in
-tests/train/test_plan.py; parameter and optimizer bytes are checked exactly.
-
-Where each part is computed: arch.py (the architecture, exact parameter counts), trainer.py
-(the trainer's states and activations), engine.py (the trainer's and the generators' engines),
-layout.py (the generators' placement and every device's peak); this module adds them up per phase.
-format.py writes the plan as text, setup_time.py the setup-time line.
+The architecture is built on the meta device (no memory, no weights, no download). This module adds up
+per phase (generation, update) what arch.py, trainer.py, engine.py and layout.py compute: parameters,
+gradients, AdamW states, gathered layers, activations, reference model, critic, engines, generator
+processes, per device; format.py writes the plan, setup_time.py its last line (the setup time).
+It allocates no device memory and loads no weights. What each term assumes, and how it is checked:
+docs/performance.md, "What the estimate assumes, term by term".
 """
 
 from __future__ import annotations

@@ -1,40 +1,17 @@
 """A lean decode loop for small dense decoders: the Qwen2 and Llama forward over a preallocated KV cache.
 
-The Hugging Face forward that `TorchEngine` calls at every token walks ~15 modules per layer, builds a
-mask per call, copies K/V in `repeat_kv` and `cat`s every new column onto its cache. For the tiny default
-model (4 layers, hidden 128, a 99-token vocabulary) generation is small matrix products plus that
-per-call work (docs/performance.md, "Lean decode loop"). `LeanDecoder` does the same arithmetic as a
-few tensor functions on the HF model's own weight tensors, never copied and looked up again at every
-prefill (an optimizer step or `update_weights` is seen by the next generate call), with
-
-- one KV cache per chunk, preallocated as `[layers, rows, kv_heads, columns, head_dim]` and written in
-  place (heads before columns so that each head's K and V are contiguous [columns, head_dim] blocks the
-  attention products read without a copy); attention reads it through a boolean mask of the columns
-  each row may see;
-- grouped-query attention without repeating K/V: the G query heads that share a K/V head are the rows
-  of one matrix product against that head's cache;
-- each distinct prompt prefilled once and its cache copied to every row that repeats it (a problem's n
-  samples; nanochat's `engine.py` does the same);
-- batch buckets: the rows are padded to 1, 2, 4, 8 or a multiple of 16 (`bucket`), and shrink to a
-  smaller bucket when enough rows finished, so the decode step has few distinct shapes and can be
-  `torch.compile`d (inductor) for each with fixed shapes (`compile=True`).
-
-The cache columns follow the HF engine's layout: at each step every row writes the same columns
-(left-padded prompts first; a tool observation window of W columns, masked where a row feeds fewer
-tokens), and each row carries its own rotary positions. The lean path is therefore a drop-in for the
-HF forward in the engine's decode loop (`TorchEngine`, `rollout.decode: lean`):
+`LeanDecoder` does the arithmetic of the Hugging Face forward as a few tensor functions on the HF
+model's own weight tensors (never copied), with a KV cache written in place, grouped-query attention
+without repeating K/V, one prefill per distinct prompt and batch buckets that `torch.compile` can
+specialise on. It is a drop-in for the HF forward in `TorchEngine`'s decode loop (`rollout.decode: lean`):
 
     decoder = LeanDecoder.for_model(model, compile=True)   # None, with one log line, when unsupported
     cache, logits = decoder.prefill(prompt_ids, prompt_mask, positions, new_columns=48)   # [N, V]
     logits = decoder.feed(cache, tokens[:, None], window, positions)                      # [A, V]
     cache.batch_select_indices(keep)                        # drop finished rows, as HF's cache does
 
-Supported: `Qwen2ForCausalLM` and `LlamaForCausalLM` with full attention, SiLU MLPs, RMSNorm, any
-biases on the projections (Qwen2's q/k/v, Llama's `attention_bias` / `mlp_bias`), tied or untied
-output head, and the rotary types whose frequencies are fixed when the model is built (`default`,
-`linear`, `llama3`, `yarn`: the model's own `inv_freq` buffer and attention scaling are used). Anything
-else (sliding windows, dynamic rotary scaling, LoRA adapters, sharded parameters, other
-architectures) is refused by `unsupported_reason` and the engine keeps the HF forward.
+It reads the model's weights and writes only its own cache. Why, the cache layout, what is supported
+(`unsupported_reason`) and the measurements: docs/performance.md, "Lean decode loop".
 """
 
 from __future__ import annotations

@@ -1,36 +1,17 @@
 """VLLMEngine: rollouts from a colocated, in-process vLLM engine, with in-memory weight sync.
 
 One engine per training process, built from the policy's model directory. After every policy update
-the trainer's tensors are loaded into vLLM's model in place (`update_weights`, no disk): vLLM's own
-checkpoint loader maps Hugging Face names onto its fused layers (qkv_proj, gate_up_proj), shards them
-for tensor parallelism and casts them to its dtype.
+the trainer's tensors are loaded into vLLM's model in place (`update_weights`, no disk) through vLLM's
+own checkpoint loader; tool episodes run in rounds of `llm.generate`. It sets
+`VLLM_ENABLE_V1_MULTIPROCESSING=0` before vLLM starts and, with tools, writes the episodes' tokenizer
+to a temporary directory.
 
     engine = VLLMEngine("runs/x/final", eos_token_id=1, pad_token_id=0, settings=cfg.rollout.vllm)
     out = engine.generate(prompts, max_new_tokens=48, temperature=0.7, seed=3)   # a RolloutBatch
     engine.update_weights(model.state_dict().items())                           # after optimizer.step()
 
-Why the details are as they are:
-- In-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): the weight iterator is handed to the worker's
-  `reload_weights` through `LLM.collective_rpc` as a Python object, with no serialisation and no
-  second copy of the model. The engine sets it before vLLM starts; nothing spawns worker processes
-  with tensor_parallel_size=1, so scripts need no `if __name__ == "__main__":` guard for it.
-- Logprobs: vLLM reports logprobs of the raw logits by default; `logprobs_mode="processed_logprobs"`
-  makes them those of the distribution sampled from (temperature applied), which is what the loss
-  and the trainer's scoring pass use (tests/rollout/test_vllm_engine.py checks equality to 1e-4).
-- Seeds: every request carries its own seed (`base.row_seed(seed, row)`), so a call is reproducible
-  and a row's sample does not depend on the rest of the batch.
-- `generation_config="vllm"`: the model's generation_config.json must not change the sampling
-  settings or add stop tokens behind the trainer's back; responses end at the tokenizer's EOS only,
-  exactly like TorchEngine.
-- After a weight update the prefix cache is reset: cached prompt KV blocks were computed with the
-  old weights.
-- Episodes with tools (`tools=`, a `rollout.episodes.ToolUse`) run in rounds: each round is one
-  `llm.generate` over the rows still going, stopped at the format's closing tag (a vLLM stop string:
-  an engine with tools gives vLLM the episodes' tokenizer, saved to a temporary directory). The
-  tokens are fed to `Episodes` exactly as the torch engine feeds them; the calls a round closed run in
-  parallel in the pool; their observations are appended as forced tokens and the next round continues
-  each row from its exact token-id prefix (prompt + response so far, never re-tokenized; the prefix
-  cache keeps its KV blocks), seeded by (row seed, round).
+Settings, and why in-process, processed logprobs, per-row seeds, generation_config="vllm", the prefix
+cache reset and the tool rounds: docs/guide.md, "Rollouts with vLLM".
 """
 
 from __future__ import annotations

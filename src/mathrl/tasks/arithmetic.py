@@ -1,48 +1,12 @@
 """The built-in arithmetic task: multi-digit addition with a digit-by-digit worked solution (and products).
 
-Problems are `a+b` with operands of `min_digits..max_digits` digits. The worked solution adds column by
-column from the right, writing the carry in explicitly, and ends in `\\boxed{answer}`:
-
     0347+0589=7+9+0=16,4+8+1=13,3+5+1=09,0+0+0=00,\\boxed{0936}
 
-Operands are written zero-padded to `max_digits` (`pad_operands`): every column then sits at a fixed
-offset from the digits it adds, which a ~1M-parameter model learns in a couple of CPU minutes; with
-natural-width operands it must first learn to locate digits by content, which takes many times longer.
-The boxed answer keeps the padding; the verifier compares numbers, so `0936` equals the gold `936`.
-
-Decimal problems (`decimal_share` > 0: that share of the problems) have operands with one decimal
-place, `2.5+13.7`. Their worked solution is the integer solution of the operands scaled by 10, column
-for column, and the box places the point, one digit from the right:
-
-    2.5+13.7=5+7+0=12,2+3+1=06,0+1+0=01,\\boxed{16.2}
-
-A decimal operand is an integer operand of `min_digits..max_digits` digits divided by 10 (`0.7`, `2.5`,
-`13.7` for 1, 2 and 3 digits), so it adds in as many columns as the integer problem of the same
-digits. A whole-number sum keeps its `.0` (`2.5+1.5` is `4.0`, gold answer `4.0`): the point is part
-of the decimal format, and the verifier compares values, so a boxed `4` is right too. The DAPO
-integer-answer transform (tasks/transforms.py) keeps exactly those problems (answer `4`) and drops the
-others.
-
-Hard problems (`min_carries` > 0): only problems whose column addition carries at least that often
-(`carries`: 458+67 carries twice), by rejection sampling.
-
-Products (`mul_share` > 0: that share of the problems) are `a*b`, the first factor of
-`min_digits..max_digits` digits and the second of exactly `mul_digits`. Their worked solution is long
-multiplication: one partial product per digit of the second factor, from the right, each written
-column by column (`digit*d+carry=value`, two digits) and then whole; then the partials are added,
-shifted, in the addition's own columns:
-
-    347*26=6:7*6+0=42,4*6+4=28,3*6+2=20,=2082;2:7*2+0=14,4*2+1=09,3*2+0=06,=694;2082+6940=2+0+0=02,8+4+0=12,0+9+1=10,2+6+1=09,\\boxed{9022}
-
-A 4-by-2-digit product takes 14 columns where a sum of the same operands takes 4: the work a tool
-call (`347*26`, six characters) saves grows with the product (recipes/arith_tools_mul.yaml). Products
-are integer problems (no decimal share with them), and `min_carries` filters sums only.
-
-Train/held-out split: a problem belongs to the held-out set iff a keyed hash of its canonical text
-(`2.5+13.7` and `25+137` are different problems) falls in the first `heldout_permille` of 1000
-buckets (`is_heldout`). Training problems and the base model's pretraining data are drawn by
-rejection from the complement, so the two sets are disjoint by construction, for every seed, not just
-for the problems that happen to be sampled.
+Problems `a+b` (operands zero-padded to `max_digits`), with optional decimal problems
+(`decimal_share`), carry-heavy problems (`min_carries`) and products worked as long multiplication
+(`mul_share`); `is_heldout` splits train from held-out problems by a keyed hash of the problem's text,
+so the two sets are disjoint for every seed. Pure functions of a seeded RNG: no files, no devices.
+Why the padding, each variant's format, and the split: docs/guide.md, "The built-in arithmetic task".
 
     python -m mathrl.tasks.arithmetic   # prints a few problems and worked solutions
 """

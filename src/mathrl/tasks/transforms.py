@@ -1,35 +1,16 @@
 """Rewrite training problems so that every gold answer is an integer (the DAPO transform).
 
-DAPO-Math-17K (Yu et al. 2025, DAPO, "Dataset Transformation", §3.5 of arXiv v1) turns answers
-that are hard to parse and compare (fractions, radicals) into integers by asking for a derived
-integer instead:
-
-    answer \\frac{3}{4}   ->  question + "The answer is in the form \\frac{m}{n}, where gcd(m, n) = 1.
-                              Please provide the value of m + n."          answer "7"
-    answer 2\\sqrt{8}     ->  question + "The answer is in the form k\\sqrt{m}, where k and m are
-                              positive integers and m is square-free. Please provide the value of
-                              k + m."                                      answer "6"  (4\\sqrt{2})
-    answer 12, 12.0       ->  unchanged (canonical integer text "12")
-    anything else         ->  dropped and counted by reason
+DAPO-Math-17K (Yu et al. 2025, DAPO, §3.5 of arXiv v1) asks for a derived integer instead of an
+answer that is hard to compare: \\frac{m}{n} -> m + n, k\\sqrt{m} -> k + m, integers kept, the rest
+dropped and counted by reason. Answers are parsed by anchored regexes (no eval, no SymPy); pure
+functions on problem records.
 
     report = integer_answer_transform(problems)          # config data.transform: integer_answer
     report.problems, report.converted, report.dropped, report.dropped_reasons, report.examples
 
-WARNING: a practitioners' field report warns that this transform teaches the model to always
-answer with an integer. Use it to reproduce DAPO, and evaluate on sets whose answers are fractions,
-radicals, intervals or expressions too (MATH500, Minerva, OlympiadBench), where that habit shows.
-
-Answers are parsed by a few anchored regexes over LaTeX (no eval, no SymPy), so the transform is
-fast, deterministic and safe on any text. After removing surrounding $...$ and LaTeX spacing
-commands (\\! \\, \\; \\: \\ ), only these forms are recognised:
-  - an integer, optionally signed, with an optional ".0" tail and thousands separators
-    (1,000 or 1{,}000);
-  - \\frac{a}{b}, \\dfrac, \\tfrac (also the shorthand \\frac12 and \\frac{29}4), and a/b, for
-    non-negative integers a, b;
-  - k\\sqrt{r}, k \\cdot \\sqrt{r}, \\sqrt{r} and \\sqrt2.
-Negative fractions and radicals are dropped: m + n would be ambiguous (the sign can sit on m or n).
-
-Run the tests with ``python -m pytest tests/tasks/test_transforms.py -q``.
+WARNING: it teaches the model to always answer with an integer. The forms recognised, the exact
+wording and the warning: docs/tricks.md, "Problems: transforms and curriculum".
+Tests: ``python -m pytest tests/tasks/test_transforms.py -q``.
 """
 
 from __future__ import annotations

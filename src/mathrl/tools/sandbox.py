@@ -1,68 +1,17 @@
 """The `python` tool: model-written code run in a fresh sandboxed interpreter, REPL-style.
 
     run_python("x = 3\\nx ** 2")                    -> ToolResult(text="9", status="ok", ...)
-    run_python("1/0")                              -> ToolResult(text="ZeroDivisionError: division by zero", status="error")
     run_python("while True: pass", timeout_s=1)    -> ToolResult(text="timeout: ...", status="timeout")
     python({"code": "print(2**10)"}, sandbox="bwrap")  -> "1024"    (the tool contract: str in, str out)
     sandbox_mode()                                 -> "bwrap"   (what sandbox="auto" uses on this machine)
 
-What the model reads (like Qwen2.5-Math's tool-integrated executor, and a Python REPL):
-
-* the code's stdout, then its stderr, trailing whitespace removed;
-* if the last statement is an expression, its value as the REPL shows it (``repr``, nothing for
-  ``None``, so a final ``print(...)`` is not printed twice);
-* on an uncaught exception, the output so far and then only the exception's last traceback line
-  (``ZeroDivisionError: division by zero``); the frames name the runner, not the model's code, and
-  cost tokens;
-* at most `max_output_bytes` of output: past it the program is killed and an ``error: output
-  exceeded ...`` line ends the text (100 MB of prints costs 64 KiB of memory, never disk);
-* ``timeout: ...`` alone when the wall-clock `timeout_s` or the CPU limit `cpu_s` ran out.
-
-Every call is a new process (`python -I -S -B`: no environment variables, no site-packages, no
-bytecode written; the standard library only) in a fresh temporary directory that is its cwd and HOME
-and is deleted afterwards, with stdin from /dev/null, a stripped environment (PATH, LANG, HOME),
-resource limits (CPU seconds, address space, processes, file size, open files, no core files) and a
-wall-clock timeout that kills its whole process group. Around that, the sandbox (kwarg `sandbox`):
-
-* ``bwrap`` (what ``auto`` picks; `sandbox_mode`): bubblewrap. New mount, pid, network, ipc and uts
-  namespaces; the system directories and the interpreter's prefix read-only, a size-limited tmpfs as
-  /tmp (the cwd), a read-only /dev, nothing else of the host's files; no network; a seccomp filter
-  (`sandbox_seccomp`) that refuses keyrings, new namespaces and mounts; the whole sandbox dies with
-  its pid 1. Where bwrap does not work, ``auto`` is a one-line error that says what to install.
-* ``unshare_unsafe``: ``unshare --user --map-current-user --net --pid --fork --kill-child
-  --mount-proc``: no network, its own pid namespace (killing it kills every descendant; ``kill(-1)``
-  reaches only the sandbox), the code without capabilities, but the host's file system as the user
-  the code runs as. Not a boundary for hostile code: only for code you trust (a warning says so once).
-* ``rlimit_unsafe``: the plain subprocess with its limits, and no isolation beyond the user it runs as.
-  An audit hook (`sys.addaudithook`) refuses sockets, subprocesses, ``os.system``, signals, ctypes and
-  file access outside the temporary directory and the interpreter's files; defence in depth, not a
-  boundary (native code, and interpreters the standard library starts without an audit event, ignore it).
-
-The audit hook is on by default in the two modes without a mount namespace (``audit_hook=None``).
-
-In every mode a call's memory is bounded across all its processes (`sandbox_memory.CallMemory`: a
-memory cgroup where one is writable, else a watchdog on their total PSS), and its temporary directory
-is removed without recursion and cannot be renamed away by the code.
-
-Running as root: the kernel does not apply RLIMIT_NPROC to uid 0, so a fork bomb would not be
-bounded. As root, the code therefore runs as an unprivileged uid of its own (`ROOT_UID_BASE` and
-up, one per concurrent call on the machine, claimed with a lock file, consecutive calls of a process
-on different uids): in ``bwrap`` the runner drops to it inside the sandbox (bwrap keeps only
-CAP_SETUID/CAP_SETGID for that), in the other modes the subprocess starts as it.
-``rlimit_unsafe`` then also kills every process of that uid after the call, from this process. The
-interpreter must be readable by that uid in the unsafe modes (a python under /root is not: use
-``bwrap``, or ``python=/usr/bin/python3``); `sandbox_problem` says so.
-
-Started ahead (`WarmSandboxes`, kwarg `warm` of a `ToolPool`'s python tool): the same sandbox and
-runner, started before its call with the limits set, waiting on its stdin for the code; it runs one
-call and is killed with its directory like any other, so a call pays neither the interpreter's nor
-the namespaces' start-up (7 ms a call instead of 25-35 ms with bwrap) and no call's state reaches
-another's.
-
-docs/tools.md lists what each mode was tested to stop, and the start-up cost of each. This module is
-the tool and its modes; `sandbox_command` starts each mode, `sandbox_run` runs one call,
-`sandbox_runner` is the code the sandboxed interpreter runs first, `sandbox_memory` and
-`sandbox_seccomp` bound memory per call and the system calls.
+Every call is a new `python -I -S -B` process in a temporary directory deleted afterwards, with
+resource limits, a per-call memory bound and a wall-clock timeout, inside the sandbox the `sandbox`
+kwarg names: ``bwrap`` (``auto``), ``unshare_unsafe`` or ``rlimit_unsafe`` (trusted code only); as
+root it runs as an unprivileged uid of its own. `WarmSandboxes` starts sandboxes ahead of calls.
+It starts and kills processes, makes and removes temporary directories, uid lock files, memory cgroups.
+What the model reads, each mode, the limits, root, warm sandboxes and what each mode was tested to
+stop: docs/tools.md, "The built-in tools and the python sandbox"; the sandbox_* modules: docs/architecture.md.
 """
 
 from __future__ import annotations

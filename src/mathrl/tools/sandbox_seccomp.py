@@ -4,31 +4,10 @@ call, and the namespaces and mounts that could undo the sandbox's, are refused.
     program = seccomp_program()      -> bytes (a classic BPF program, `struct sock_filter[]`), or None
                                         on an architecture without a table below
 
-What it refuses (EPERM), so that no call's state reaches another's and the code never gains the
-privilege to unmount what hides the host:
-
-* keyrings (``add_key``, ``request_key``, ``keyctl``): a uid's kernel keyring outlives its processes,
-  and consecutive calls may share a uid;
-* new namespaces (``unshare``, ``setns``, ``clone`` with a ``CLONE_NEW*`` flag): a user namespace
-  would make the code root in it; ``clone3``, whose flags a classic filter cannot read, answers
-  ENOSYS, and the C library falls back to ``clone``;
-* mounts (``mount``, ``umount2``, ``pivot_root``, the new mount API);
-* kernel interfaces no Python program needs and sandboxes commonly refuse (``bpf``,
-  ``perf_event_open``, ``userfaultfd``, ``io_uring_setup``);
-* sockets of any family but AF_UNIX, AF_INET and AF_INET6 (``socket``, ``socketpair``; EAFNOSUPPORT):
-  the network namespace isolates those three, and nothing isolates the others (vsock shares the
-  host's port space and reaches the hypervisor; netlink, packet, alg, bluetooth, ...). The
-  interpreter opens no socket at start (measured with strace, with and without site-packages);
-* file-system watches (``inotify_init``, ``inotify_init1``, ``fanotify_init``): on the read-only
-  interpreter prefix they would show, as they happen, the imports of other calls and of the host;
-* memory that no process maps (``memfd_create``, ``memfd_secret``, ``shmget``): a memfd written
-  through its fd, or a System V segment detached, holds memory that the watchdog's sum of the
-  processes' PSS cannot see (the memory cgroup does);
-* any other architecture's system calls (x32, i386 through ``int 0x80``).
-
-Checked in tests/tools/test_tools_sandbox.py and tests/tools/test_tools_sandbox_kernel.py from
-outside the sandbox (a key added by one call is not there for the next; ``umount2("/proc")`` fails;
-a vsock port the host holds is not reported in use; ...).
+Refused: keyrings, new namespaces (``clone3`` answers ENOSYS), mounts, ``bpf`` and kindred kernel
+interfaces, socket families other than AF_UNIX/AF_INET/AF_INET6, file-system watches, memfd and
+System V memory, other architectures' system calls. It only builds bytes; bwrap installs them.
+Why each, and what the tests (tests/tools/test_tools_sandbox*.py) check: docs/tools.md, "Sandbox modes".
 """
 
 from __future__ import annotations

@@ -5,34 +5,11 @@ due evaluations and checkpoints), then save the final model and the summary.
     mathrl train rollout.n=16 algo.clip.eps_high=0.2
 
 One call of `train(cfg)` runs a whole experiment and writes its run directory (layout in run_dir.py).
-The pieces live next door: trainer.py (build_trainer: everything a run holds), step.py (rl_step:
-collect -> score -> advantages -> update -> sync -> log), collect.py, update.py, critic.py, checkpoint.py,
-shards.py (which rows each rank takes) and monitors.py (the watches that read each step's result).
-
-With rollout.max_staleness >= 1 (or rollout.generator.workers >= 1) generator processes sample the
-steps' batches (train/generators/host.py): they start before the first evaluation, `rl_step` takes each
-step's batch from them and sends them the new weights after its update.
-
-SIGTERM (a scheduler's preemption) stops the run promptly (train/preempt.py). Before the first step
-(the base model's build, loading, the engine's and the generators' start, the start's evaluation, the
-wait for the generators' first batch) nothing is saved yet: it stops where it is (`stop.at_once`).
-From the first step on it stops between steps: the step in progress ends, its checkpoint is saved, and
-`Preempted` takes the teardown below. Both are KeyboardInterrupts; the command line says what was
-saved in one line and exits 143. train.save_every_minutes adds checkpoints by time beside
-train.save_every's by step count.
-
-Teardown, in this order on every rank, whether the run finished or failed:
-  1. the progress display (its `with` block),
-  2. the generator processes (a finished run: the last weights taken, a barrier with them, joined;
-     a failed one: terminated),
-  3. the verifier's worker processes (its `with` block),
-  4. the rollout engine (vLLM's shutdown still needs the process group),
-  5. the metric sinks (files flushed and closed, W&B / MLflow runs ended),
-  6. only when the run finished: a barrier, then the process group is destroyed (`close_distributed`).
-A failed rank skips step 5: a peer may be dead or waiting in another collective, which a barrier would
-join for up to train.dist.timeout_s, and torchrun stops the job anyway. Checkpoints leave no thread
-behind (`dcp.save` returns when the shards are written). A torchrun rank then ends its process without
-the interpreter's shutdown (why: the docstring of train/dist.py).
+The pieces live next door: trainer.py (build_trainer), step.py (rl_step), collect.py, update.py,
+critic.py, checkpoint.py, monitors.py (and mathrl/shards.py: which rows each rank takes); generator
+processes (rollout.max_staleness >= 1) in generators/host.py; SIGTERM in preempt.py. It owns the
+run's processes, engine, sinks and process group, and closes them in a fixed order on every rank:
+docs/architecture.md, "One RL step" and "The run's teardown".
 """
 
 from __future__ import annotations

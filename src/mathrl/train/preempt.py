@@ -1,31 +1,12 @@
 """SIGTERM as a preemption, and the time-based checkpoint interval (train.save_every_minutes).
 
-Schedulers (SLURM preemption, Kubernetes, `timeout`, torchrun's agent) stop a job with SIGTERM, then
-SIGKILL after a grace period. A run stops promptly wherever the signal finds it, in one of two ways:
-
-- Before the first step (the base model's build, model loading, vLLM's start, the generator
-  processes' start, the start's evaluation, the wait for the generators' first batch) there is
-  nothing to save and no safe point to wait for: SIGTERM raises `Terminated` where the program is
-  (`StopSignal.at_once`, and `terminate_at_once` for the whole command line before that), and the
-  teardown of each `with`/`finally` block takes it, as a Ctrl-C: a cache entry being built is never
-  renamed into place and its temporary directory and lock are removed (cache.py), generator
-  processes are ended, and the run directory holds no checkpoint, so the same command starts over.
-- From the first step on SIGTERM only sets a flag (`StopSignal.requested`); the loop looks at it
-  between steps, so no checkpoint is ever written from inside a signal handler:
-
-  1. the step in progress runs to its end (seconds on a CPU, minutes on a large GPU model: a grace
-     period shorter than one step ends in the SIGKILL, and the run resumes from its last checkpoint),
-  2. the ranks agree on the flag (`agree`: one small all-reduce at the step boundary, which every rank
-     reaches, so the checkpoint's collectives never wait for a rank that stopped),
-  3. the last completed step is saved if it is not already (not while updates are being skipped, and
-     not when checkpoints are off: train.save_every=0 and train.save_every_minutes=0),
-  4. `Preempted` (a `Terminated`) is raised.
-
-Both are KeyboardInterrupts, so every teardown treats them as Ctrl-C; the command line prints one line
-that says what was saved (nothing, or the checkpoint the same command resumes from) and exits 143
-(128 + SIGTERM). A due evaluation after a step belongs to that step: it finishes before the stop.
-
-The first SIGTERM restores the default action: a second one ends the process at once.
+Schedulers (SLURM, Kubernetes, `timeout`, torchrun's agent) stop a job with SIGTERM, then SIGKILL.
+Before the first step SIGTERM raises `Terminated` where the program is (`StopSignal.at_once`,
+`terminate_at_once`): nothing is saved and the same command starts over. From the first step on it
+only sets a flag (`StopSignal.requested`); between steps the ranks `agree` on it, the last completed
+step is saved and `Preempted` is raised. Both are KeyboardInterrupts; the command line says what was
+saved in one line and exits 143. It installs a SIGTERM handler; under torchrun, one all-reduce a step.
+Behaviour and design: docs/guide.md, "Never lose a run".
 """
 
 from __future__ import annotations
