@@ -149,6 +149,24 @@ def interrupt_message(ns: argparse.Namespace, *, preempted: bool = False) -> str
     return f"{interrupted}, before the first checkpoint; rerun with --run-dir {run.path} --no-resume to start over"
 
 
+def option_suggestion(words: list[str], parser: argparse.ArgumentParser) -> str:
+    """`; did you mean --run-dir?` for unknown options (`--run_dir`, `--run-dri`) close to one of `parser`'s;
+    "" when none is."""
+    import difflib
+
+    options = [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
+    found = []
+    for word in words:
+        name = word.split("=", 1)[0]
+        if not name.startswith("--"):
+            continue
+        dashed = name.replace("_", "-")
+        match = dashed if dashed in options else next(iter(difflib.get_close_matches(dashed, options, n=1, cutoff=0.75)), None)
+        if match and match not in found:
+            found.append(match)
+    return f"; did you mean {' '.join(found)}?" if found else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, verbs = build_parser()
@@ -156,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         ns, extra = parser.parse_known_args(_hoist_overrides(argv, verbs))
         dest = _EXTRA_POSITIONALS.get(ns.command)
         if extra and (dest is None or any(w.startswith("-") for w in extra)):
-            verbs[ns.command].error(f"unrecognized arguments: {' '.join(extra)}")
+            verbs[ns.command].error(f"unrecognized arguments: {' '.join(extra)}{option_suggestion(extra, verbs[ns.command])}")
         if extra:
             setattr(ns, dest, list(getattr(ns, dest)) + extra)
     except SystemExit as e:  # --help / -h printed its text

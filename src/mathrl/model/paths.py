@@ -86,7 +86,7 @@ def model_path_problem(path: str) -> str | None:
     if why is None:
         return None  # the hub answers: the model is downloaded when the run loads it
     return (f"looks like a hub id but is not in the local Hugging Face cache and the hub is unreachable ({why}): "
-            f"download it first with `huggingface-cli download {path}` where the hub is reachable (copy the cache, "
+            f"download it first with `hf download {path}` where the hub is reachable (copy the cache, "
             "HF_HUB_CACHE, here if that is another machine), or give a local model directory")
 
 

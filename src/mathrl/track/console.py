@@ -34,6 +34,11 @@ def make_console(*, stderr: bool = False) -> Console:
     return console
 
 
+def plural(count: int, noun: str) -> str:
+    """`1 sample`, `2 samples`: `count` and `noun`, with an s unless it is one."""
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
 def _clock(seconds: float) -> str:
     seconds = max(0, int(seconds))
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"

@@ -288,7 +288,7 @@ def _restore(t: Trainer) -> None:
     if checkpoint is None and cfg.train.init_from_mode == "restart":  # its weights only: all else starts fresh
         if t.ranks.main:
             t.run.write_parent(parent, int(json.loads((parent / "trainer_state.json").read_text())["step"]))
-        t.console.print(f"[bold]restarting[/bold] from the weights of {parent} as a new starting model (fresh "
+        t.console.print(f"[bold]restarting[/bold] from the weights of {parent_label(parent)} as a new starting model (fresh "
                         "optimizer and schedule; it is also the KL reference); recorded in parent.json")
         return
     origin = checkpoint or parent
@@ -312,7 +312,17 @@ def _restore(t: Trainer) -> None:
     else:  # staged growth (e.g. a longer rollout.max_new_tokens): optimizer, schedule, controllers kept
         if t.ranks.main:
             t.run.write_parent(parent, state["step"])
-        t.console.print(f"[bold]continuing[/bold] from {parent} (step {state['step']} of its run); recorded in parent.json")
+        t.console.print(f"[bold]continuing[/bold] from {parent_label(parent)} (its optimizer, schedule and controllers; "
+                        f"train.steps={cfg.train.steps} counts this run's steps, from 1); recorded in parent.json")
+
+
+def parent_label(parent: Path) -> str:
+    """`<run> step N` for a `train.init_from` checkpoint (`<checkpoint>` when it is not in a run's
+    checkpoints/ or final/, or its step is not recorded)."""
+    state = parent / "trainer_state.json"
+    step = json.loads(state.read_text()).get("step") if state.is_file() else None
+    run = parent.parent.parent if parent.parent.name == "checkpoints" else parent.parent if parent.name == "final" else None
+    return f"{run} step {step}" if run is not None and step is not None else str(parent)
 
 
 def _print_data_notes(t: Trainer) -> None:
