@@ -8,6 +8,8 @@
     mathrl inspect --base PATH --model PATH (--run DIR --step S --index I | --prompt T --response T)
                                                       token-level views of what RL changed (docs/inspect.md)
     mathrl report RUN_DIR... [--out report.html]      one HTML page comparing runs (docs/report.md)
+    mathrl export RUN_DIR OUT [--checkpoint N] [--license L]   the model and its card (README.md), ready to share
+    mathrl push  RUN_DIR --repo ID [--private] [--checkpoint N]   the same folder, uploaded to the Hugging Face Hub
     mathrl plan  RECIPE.yaml [key.path=value ...] --gpus N --gpu-mem 80 [--trainer-gpus M]
                                                       memory per device, generators included; exit 1 if it does not fit
 
@@ -57,6 +59,10 @@ VERBS: dict[str, Verb] = {
                 arguments.inspect, commands.inspect),
     "report": ("one self-contained HTML page comparing runs: curves, eval tables, config differences",
                arguments.report, commands.report),
+    "export": ("write a run's final/ (or --checkpoint N) with a model card into a folder, ready to share",
+               arguments.export, commands.export),
+    "push": ("upload a run's model with its card to the Hugging Face Hub (the folder mathrl export writes)",
+             arguments.push, commands.push),
     "plan": ("memory per device of a recipe (params, grads, optimizer, activations, KV cache, generators) and whether it fits",
              arguments.plan, commands.plan),
 }

@@ -110,3 +110,21 @@ def report(p: argparse.ArgumentParser) -> None:
                    help="the HTML file to write (default: report.html); PNGs go to <stem>_plots/ beside it")
     p.add_argument("--title", default=None, help="page title (default: the run names)")
     p.add_argument("--no-png", action="store_true", help="write only the HTML (the PNGs take most of the time)")
+
+
+def export(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run", metavar="RUN", help="a run directory written by mathrl train or sft")
+    p.add_argument("out", metavar="OUT", help="the folder to write (new or empty): the model files, README.md, mathrl_config.yaml")
+    _share(p)
+
+
+def push(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run", metavar="RUN", help="a run directory written by mathrl train or sft")
+    p.add_argument("--repo", required=True, metavar="ID", help="the Hub repository, e.g. me/tiny-arith-grpo (created if missing)")
+    p.add_argument("--private", action="store_true", help="create the repository private")
+    _share(p)
+
+
+def _share(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", type=int, metavar="N", help="share checkpoints/step_N's weights instead of final/")
+    p.add_argument("--license", help="the model card's license field, e.g. apache-2.0 (default: other, the base model's)")

@@ -205,3 +205,19 @@ def report(ns: argparse.Namespace, console: Console) -> int:
     out = build_report([Path(p) for p in ns.run_dirs], Path(ns.out), title=ns.title, pngs=not ns.no_png)
     console.print(f"wrote {out}" + ("" if ns.no_png else f" and its charts as PNGs in {out.stem}_plots/"))
     return 0
+
+
+def export(ns: argparse.Namespace, console: Console) -> int:
+    from mathrl.analysis.model_card import export_model
+
+    out = export_model(ns.run, ns.out, checkpoint=ns.checkpoint, license=ns.license)
+    console.print(f"wrote {out} (the model, its card README.md and mathrl_config.yaml)")
+    return 0
+
+
+def push(ns: argparse.Namespace, console: Console) -> int:
+    from mathrl.analysis.model_card import push_model
+
+    url = push_model(ns.run, ns.repo, private=ns.private, checkpoint=ns.checkpoint, license=ns.license)
+    console.print(f"uploaded {ns.run} to {url}")
+    return 0
