@@ -21,6 +21,7 @@ def train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", help="where to write the run (default: runs/<timestamp>); an existing run there is resumed")
     p.add_argument("--no-resume", action="store_true",
                    help="start over even if --run-dir holds a run (the old run is moved aside, never deleted)")
+    _quiet(p)
     p.add_argument("--nproc", type=int, default=1, metavar="N",
                    help="data-parallel ranks on this machine (starts torchrun; FSDP2-sharded; default 1)")
 
@@ -30,6 +31,12 @@ def sft(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", help="where to write the run (default: runs/<timestamp>); an existing run there is resumed")
     p.add_argument("--no-resume", action="store_true",
                    help="start over even if --run-dir holds a run (the old run is moved aside, never deleted)")
+    _quiet(p)
+
+
+def _quiet(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="leave out the start-up block (engine, threads, losses, sandbox: what the run decided); warnings stay")
 
 
 def config(p: argparse.ArgumentParser) -> None:

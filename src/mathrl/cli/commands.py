@@ -63,6 +63,9 @@ def check_data_files(cfg: Config) -> None:
 
 
 def train(ns: argparse.Namespace, console: Console) -> int:
+    from mathrl.track.console import install_startup_log
+
+    install_startup_log(console, quiet=ns.quiet)  # first: the config's checks log too (the python tool's sandbox)
     recipe, overrides = _split_recipe(ns.args)
     cfg = load_config(recipe, overrides)
     if ns.run_dir:
@@ -76,7 +79,8 @@ def train(ns: argparse.Namespace, console: Console) -> int:
     if ns.nproc > 1:  # one torchrun job; every rank runs this command without --nproc, on the same run dir
         from mathrl.train.launch import launch
 
-        return launch(ns.nproc, [*ns.args, "--run-dir", cfg.run_dir, *(["--no-resume"] if ns.no_resume else [])])
+        return launch(ns.nproc, [*ns.args, "--run-dir", cfg.run_dir, *(["--no-resume"] if ns.no_resume else []),
+                                 *(["-q"] if ns.quiet else [])])
     _quiet_libraries()
     from mathrl.train import loop
 
@@ -96,6 +100,9 @@ def _run(run, cfg, ns: argparse.Namespace, console: Console) -> int:
 
 
 def sft(ns: argparse.Namespace, console: Console) -> int:
+    from mathrl.track.console import install_startup_log
+
+    install_startup_log(console, quiet=ns.quiet)
     recipe, overrides = _split_recipe(ns.args)
     cfg = load_config(recipe, overrides)
     cfg.run_dir = ns.run_dir or cfg.run_dir

@@ -41,6 +41,7 @@ from mathrl.run_dir import RunDir, open_run_dir, release_run_dir
 from mathrl.tasks.arithmetic import base_pretraining_text
 from mathrl.tasks.loading import load_problems
 from mathrl.tasks.sources import build_eval_sets, field_map, prompt_encoder
+from mathrl.track.console import end_startup
 from mathrl.train.batching import Rows, micro_batches
 from mathrl.train.checkpoint import load_trainer_state, save_checkpoint
 from mathrl.train.preempt import Preempted, StopSignal, time_save_due
@@ -282,6 +283,7 @@ def build_sft(cfg: Config, console: Console, *, resume: bool) -> SFTRun:
         state = load_trainer_state(checkpoint, optimizers={"optimizer": optimizer, "scheduler": scheduler}, controllers={})
         s.start_step = resume_from(checkpoint, state, stream=s.stream, run=run, console=console, steps=cfg.sft.steps)
     s.tracker = build_tracker(cfg, run)
+    end_startup()  # the lines mathrl logged while setting up, as one block (track/console.py)
     return s
 
 

@@ -50,6 +50,7 @@ from mathrl.train.dist import Ranks, broadcast_object, shard_model
 from mathrl.train.monitors import CollapseWatch, SignalWatch
 from mathrl.train.preempt import StopSignal, agree, time_save_due
 from mathrl.train.shared import SkipCount, build_optimizer, build_tracker, resume_from, save_due, seed_everything
+from mathrl.train.startup import log_decisions
 from mathrl.train.update import loss_scaler
 
 
@@ -242,6 +243,7 @@ def build_trainer(cfg: Config, ranks: Ranks, *, console: Console, resume: bool =
         engine.update_weights(trainer.engine_weights())
     trainer.tracker = build_tracker(cfg, run, ranks)
     _print_data_notes(trainer)
+    log_decisions(trainer)  # the start-up block: engine, threads, losses (and what the tools logged)
     trainer.rewarder = rewarder
     return trainer
 
