@@ -17,7 +17,6 @@ Files get the modes of the process umask (`cache.umask_modes`).
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -26,12 +25,12 @@ from typing import Any
 import mathrl
 from mathrl.cache import umask_modes
 from mathrl.evaluation.metrics import bootstrap_ci95
+from mathrl.model.paths import offline_variable
 from mathrl.run_dir import RunDir
 
 CONFIG_NAME = "mathrl_config.yaml"
 # the resume-only parts of a checkpoint (train/checkpoint.py): never shared
 _SKIPPED = {"trainer_state.pt", "optimizer", "critic_optimizer", "critic", "generator_versions.safetensors"}
-_OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 # the recipe's settings a reader looks for first (dotted config keys)
 RECIPE_KEYS = ("algo.policy_loss", "algo.adv.estimator", "algo.loss_agg", "algo.clip.eps_low", "algo.clip.eps_high",
                "algo.kl.use", "algo.entropy.mode", "rollout.n", "rollout.prompts_per_step", "rollout.max_new_tokens",
@@ -145,11 +144,6 @@ def export_model(run_dir: str | Path, out: str | Path, *, checkpoint: int | None
     (out / "README.md").write_text(model_card(run, source, license=license))
     umask_modes(out)
     return out
-
-
-def offline_variable() -> str | None:
-    """The variable that keeps huggingface_hub offline here (HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE), or None."""
-    return next((v for v in _OFFLINE_VARS if os.environ.get(v, "").lower() in ("1", "true", "yes", "on")), None)
 
 
 def push_model(run_dir: str | Path, repo_id: str, *, private: bool = False, checkpoint: int | None = None,

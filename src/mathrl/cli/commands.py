@@ -193,7 +193,7 @@ def inspect(ns: argparse.Namespace, console: Console) -> int:
 def plan(ns: argparse.Namespace, console: Console) -> int:
     from mathrl.train.plan import estimate_memory
     from mathrl.train.plan_format import format_plan
-    from mathrl.train.plan_setup import setup_time
+    from mathrl.train.plan_setup import data_lines, launch_line, setup_time
 
     recipe, overrides = _split_recipe(ns.args)
     cfg = load_config(recipe, overrides, check_paths=False)  # planning needs the architecture, not the data
@@ -203,7 +203,11 @@ def plan(ns: argparse.Namespace, console: Console) -> int:
     plan = estimate_memory(cfg, gpus=gpus, gpu_mem_gib=ns.gpu_mem, trainer_gpus=trainer_gpus, host_mem_gib=ns.host_mem)
     print(format_plan(plan, cfg.model.path), flush=True)
     print(setup_time(cfg), flush=True)
-    return 0 if plan.fits else EXIT_ERROR
+    lines, data_ok = data_lines(cfg)
+    for line in lines:
+        print(line, flush=True)
+    print(launch_line(recipe, overrides, gpus=gpus, trainer_gpus=ns.trainer_gpus if gpus else None), flush=True)
+    return 0 if plan.fits and data_ok else EXIT_ERROR
 
 
 def report(ns: argparse.Namespace, console: Console) -> int:
