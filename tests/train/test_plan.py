@@ -371,6 +371,11 @@ def test_plan_states_the_setup_time_of_the_base_model(tmp_path, monkeypatch, cap
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert setup_time(hub) == ("setup: SomeOrg/some-model is not cached, and HF_HUB_OFFLINE is set: the run will stop; "
                                "download it first with `hf download SomeOrg/some-model` where the hub is reachable")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))  # not cached, whatever this machine holds
+    capsys.readouterr()
+    assert main(["plan", "model.path=Qwen/Qwen2.5-Math-1.5B", "--gpus", "8"]) == 1  # it fits (built-in data), but the run would stop
+    out = capsys.readouterr().out
+    assert "fits: peak" in out and "HF_HUB_OFFLINE is set: the run will stop" in out
 
 
 @pytest.mark.parametrize("gpus, trainer_gpus, expected, why", [

@@ -193,7 +193,7 @@ def inspect(ns: argparse.Namespace, console: Console) -> int:
 def plan(ns: argparse.Namespace, console: Console) -> int:
     from mathrl.train.plan import estimate_memory
     from mathrl.train.plan_format import format_plan
-    from mathrl.train.plan_setup import data_lines, launch_line, setup_time
+    from mathrl.train.plan_setup import data_lines, launch_line, offline_model, setup_time
 
     recipe, overrides = _split_recipe(ns.args)
     cfg = load_config(recipe, overrides, check_paths=False)  # planning needs the architecture, not the data
@@ -207,7 +207,7 @@ def plan(ns: argparse.Namespace, console: Console) -> int:
     for line in lines:
         print(line, flush=True)
     print(launch_line(recipe, overrides, gpus=gpus, trainer_gpus=ns.trainer_gpus if gpus else None), flush=True)
-    return 0 if plan.fits and data_ok else EXIT_ERROR
+    return 0 if plan.fits and data_ok and not offline_model(cfg) else EXIT_ERROR  # the run would stop: say no
 
 
 def report(ns: argparse.Namespace, console: Console) -> int:

@@ -52,11 +52,23 @@ def setup_time(cfg: Config) -> str:
         cached = False
     if cached:
         return f"setup: {cfg.model.path} is cached (the local Hugging Face cache): nothing to download"
-    offline = offline_variable()
-    if offline:
-        return (f"setup: {cfg.model.path} is not cached, and {offline} is set: the run will stop; download it first with "
-                f"`hf download {cfg.model.path}` where the hub is reachable")
+    if offline_model(cfg):
+        return (f"setup: {cfg.model.path} is not cached, and {offline_variable()} is set: the run will stop; download it "
+                f"first with `hf download {cfg.model.path}` where the hub is reachable")
     return f"setup: {cfg.model.path} is not cached (the local Hugging Face cache): the run downloads it first"
+
+
+def offline_model(cfg: Config) -> bool:
+    """Whether the run would stop at once: model.path is a hub id that is not cached, and an offline variable is set."""
+    from mathrl.model.paths import looks_like_hub_id
+
+    if cfg.model.path == TINY_BASE or parse_config_path(cfg.model.path) is not None or not looks_like_hub_id(cfg.model.path):
+        return False
+    if offline_variable() is None:
+        return False
+    from huggingface_hub import try_to_load_from_cache
+
+    return not isinstance(try_to_load_from_cache(cfg.model.path, "config.json"), str)
 
 
 def data_lines(cfg: Config) -> tuple[list[str], bool]:
