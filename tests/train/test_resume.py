@@ -275,6 +275,22 @@ def test_staged_growth_continues_a_finished_run_in_a_new_directory(reference, tm
     assert child_ctl["entropy"]["coef"] != 0.001  # the adaptive coefficient carried on from the parent's value
 
 
+@pytest.mark.parametrize("where, state, expected", [
+    ("runs/x/checkpoints/step_000020", {"step": 20}, "runs/x step 20"),  # a run's checkpoint: the run and its step
+    ("runs/x/final", {"step": 40}, "runs/x step 40"),  # a finished run's final/ (train.init_from_mode=restart)
+    ("models/m", None, "models/m"),  # a directory of no run, without a recorded step: its path as given
+])
+def test_an_init_from_run_names_its_parent_run_and_step(tmp_path, where, state, expected):
+    # Bug story: a train.init_from run printed "evaluating the base model" and the checkpoint's path alone
+    from mathrl.train.trainer import parent_label
+
+    parent = tmp_path / where
+    parent.mkdir(parents=True)
+    if state is not None:
+        (parent / "trainer_state.json").write_text(json.dumps(state))
+    assert parent_label(parent) == (str(tmp_path / expected) if "step" in expected else str(parent))
+
+
 @pytest.mark.slow
 def test_restart_takes_the_weights_only_and_makes_them_the_kl_reference(reference, tmp_path):
     # DeepScaleR's later stages: a new model from the previous stage's checkpoint, a fresh optimizer,
