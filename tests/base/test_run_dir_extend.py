@@ -96,3 +96,20 @@ def test_the_same_config_on_a_finished_run_changes_nothing(tmp_path):
     with pytest.raises(RunComplete):
         open_(run, config(20).replace("a comment", "another comment"))  # comments are no change
     assert run.summary_path.exists() and not run.history_path.exists()
+
+
+def test_an_sft_run_extends_by_sft_steps_and_not_by_train_steps(tmp_path):
+    # mathrl sft counts sft.steps: a longer train.steps would extend nothing there, so it is refused
+    run = make_run(tmp_path / "run")
+    run.config_path.write_text("sft:\n  steps: 20\ntrain:\n  steps: 50\n")
+
+    def sft_open(text: str):
+        try:
+            return open_run_dir(run.path, config_text=text, resume=True, console=Console(quiet=True), steps_key="sft.steps")
+        finally:
+            release_run_dir(run.path)
+
+    with pytest.raises(FinishedRunConfigChanged, match="Only a longer sft.steps extends"):
+        sft_open("sft:\n  steps: 20\ntrain:\n  steps: 80\n")
+    _, checkpoint = sft_open("sft:\n  steps: 40\ntrain:\n  steps: 50\n")
+    assert checkpoint == run.checkpoints / "step_000020" and run.history()[0]["changes"] == {"sft.steps": [20, 40]}
