@@ -25,7 +25,7 @@ from typing import Any
 import mathrl
 from mathrl.cache import umask_modes
 from mathrl.evaluation.metrics import bootstrap_ci95
-from mathrl.model.paths import offline_variable
+from mathrl.model.paths import looks_like_hub_id, offline_variable
 from mathrl.run_dir import RunDir
 
 CONFIG_NAME = "mathrl_config.yaml"
@@ -103,7 +103,7 @@ def model_card(run: RunDir, source: Path, *, license: str | None = None) -> str:
     step = None if source == run.final else int(source.name.split("_")[1])
     steps = (run.summary() or {}).get("steps", _get(config, "train.steps"))
     base = _get(config, "model.path") or "?"
-    hub_base = "/" in str(base) and not Path(str(base)).exists()
+    hub_base = looks_like_hub_id(str(base)) and not str(base).startswith((".", "/", "~")) and not Path(str(base)).exists()
     meta = {"license": license or "other", "library_name": "transformers",
             "tags": ["mathrl", "reinforcement-learning", "rlvr", "math"], **({"base_model": base} if hub_base else {})}
     algo = f"{_get(config, 'algo.policy_loss')} policy loss, {_get(config, 'algo.adv.estimator')} advantages"
