@@ -191,8 +191,36 @@ def _remove_leftovers(entry: Path) -> None:
         entry.unlink()
 
 
+def process_umask() -> int:
+    """This process's umask, read without changing it (Linux's /proc; elsewhere set and restored at once)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def umask_modes(path: str | Path) -> None:
+    """Give `path` and everything under it the modes a plain open() and mkdir() give under the process
+    umask (0o666 and 0o777 less the umask; 0o644 and 0o755 under umask 022), as torch.save does:
+    `tempfile.mkdtemp` makes 0o700 directories and safetensors writes 0o600 files, which another user,
+    or a container with another uid, could not read. Called before a directory is renamed into place."""
+    mask = process_umask()
+    path = Path(path)
+    for p in [path, *path.rglob("*")]:
+        if p.is_symlink():
+            continue
+        p.chmod((0o777 if p.is_dir() else 0o666) & ~mask)
+
+
 def _install(tmp: Path, entry: Path, is_complete: Callable[[Path], bool]) -> None:
-    """Rename the built `tmp` to `entry`; an entry that another writer completed first is kept."""
+    """Rename the built `tmp` to `entry` (its modes those of the umask, `umask_modes`); an entry that
+    another writer completed first is kept."""
+    umask_modes(tmp)
     try:
         os.replace(tmp, entry)
     except OSError:

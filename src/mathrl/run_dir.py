@@ -11,6 +11,8 @@
       checkpoints/         step_<N>/ resumable checkpoints (train/checkpoint.py)
       final/               the trained model, a plain Hugging Face directory (critic/ for PPO)
       parent.json          the checkpoint a `train.init_from` run continued
+      config_history.jsonl each config change a resumed or extended run took on: {"step" (the first step it
+                           applied to), "changes" {key: [old, new]}, "extended" (a finished run's longer train.steps)}
       summary.json         base vs final held-out scores and wall time, summed over the processes that ran
                            it ("processes": each one's first and last step and seconds; written last)
       eval/                `mathrl eval <run_dir>`'s default output: results.json, results.md
@@ -55,6 +57,7 @@ class RunDirBusy(RuntimeError):
 
 
 LOCK_NAME = ".lock"
+HISTORY_NAME = "config_history.jsonl"
 RUNS_ROOT = Path("runs")  # where runs go without --run-dir
 _HELD: dict[Path, FileLock] = {}  # run directories this process writes, by absolute path
 
@@ -145,6 +148,7 @@ class RunDir:
         self.positions_path = self.path / "positions.jsonl"
         self.summary_path = self.path / "summary.json"
         self.parent_path = self.path / "parent.json"
+        self.history_path = self.path / HISTORY_NAME
         self.checkpoints = self.path / "checkpoints"
         self.final = self.path / "final"
         self.sweep_path = self.path / "eval" / "results.json"
@@ -199,6 +203,10 @@ class RunDir:
                     if step is None or record.get("step") == step:
                         yield record
 
+    def history(self) -> list[dict[str, Any]]:
+        """config_history.jsonl's rows, oldest first ([]: the run kept its config from its first step)."""
+        return read_jsonl(self.history_path)
+
     def summary(self) -> dict[str, Any] | None:
         return json.loads(self.summary_path.read_text()) if self.summary_path.exists() else None
 
@@ -250,6 +258,13 @@ class RunDir:
     def positions(self) -> list[dict[str, Any]]:
         """positions.jsonl rows: {"step", "value", "advantage", "count"}, lists over response positions."""
         return read_jsonl(self.positions_path)
+
+    def append_history(self, step: int, changes: dict[str, tuple[Any, Any]], *, extended: bool) -> None:
+        """Record that `changes` ({key: (old, new)}) apply from step `step` on (config_history.jsonl)."""
+        row = {"step": step, "changes": {k: list(v) for k, v in changes.items()}, "extended": extended,
+               "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        with self.history_path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         self.summary_path.write_text(json.dumps(summary, indent=2))
@@ -306,7 +321,8 @@ def latest_checkpoint(checkpoints_dir: Path) -> Path | None:
     return done[-1][1] if done else None
 
 
-def open_run_dir(path: str | Path | None, *, config_text: str, resume: bool, console: Console) -> tuple[RunDir, Path | None]:
+def open_run_dir(path: str | Path | None, *, config_text: str, resume: bool, console: Console,
+                 steps_key: str = "train.steps") -> tuple[RunDir, Path | None]:
     """(run directory, checkpoint to resume from or None) for a training run. Never overwrites a run
     silently: an existing run is resumed from its last complete checkpoint; with resume=False
     (`--no-resume`) its files are moved aside to `<run_dir>.replaced-<timestamp>` and a new run starts.
@@ -317,36 +333,72 @@ def open_run_dir(path: str | Path | None, *, config_text: str, resume: bool, con
         console.print(f"[yellow]warning:[/yellow] the file system of {run.path} has no file locks: nothing stops "
                       "another process from writing this run directory at the same time")
     try:
-        return _open_locked(run, config_text=config_text, resume=resume, console=console)
+        return _open_locked(run, config_text=config_text, resume=resume, console=console, steps_key=steps_key)
     except BaseException:
         release_run_dir(run.path)
         raise
 
 
-def _config_changes(old: str, new: str) -> list[str]:
-    """`key: old -> new` for every config key that differs between two config.yaml texts ([] when the old
-    one is missing or they differ in formatting only)."""
+def _config_diff(old: str, new: str) -> dict[str, tuple[Any, Any]]:
+    """`config_diff` of two config.yaml texts ({} when the old one is missing or they differ in
+    formatting or comments only)."""
     if not old or old == new:
-        return []
+        return {}
     import yaml
 
-    return config_changes(yaml.safe_load(old) or {}, yaml.safe_load(new) or {})
+    return config_diff(yaml.safe_load(old) or {}, yaml.safe_load(new) or {})
 
 
-def config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
-    """`key: old -> new` for every leaf that differs between two config trees (e.g. two config.yaml files
-    loaded with yaml.safe_load), keys in the new tree's order; keys only one side has count as changes."""
-    changes = []
+def config_diff(old: dict, new: dict, prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    """{dotted key: (old value, new value)} for every leaf that differs between two config trees (e.g.
+    two config.yaml files loaded with yaml.safe_load), keys in the new tree's order; a key only one
+    side has counts as a change, its missing side "<absent>"."""
+    changes: dict[str, tuple[Any, Any]] = {}
     for key in list(new) + [k for k in old if k not in new]:
         a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
         if isinstance(a, dict) and isinstance(b, dict):
-            changes += config_changes(a, b, f"{prefix}{key}.")
+            changes.update(config_diff(a, b, f"{prefix}{key}."))
         elif a != b:
-            changes.append(f"{prefix}{key}: {a!r} -> {b!r}")
+            changes[f"{prefix}{key}"] = (a, b)
     return changes
 
 
-def _open_locked(run: RunDir, *, config_text: str, resume: bool, console: Console) -> tuple[RunDir, Path | None]:
+def config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """`key: old -> new` for every leaf that differs between two config trees (`config_diff`)."""
+    return describe_changes(config_diff(old, new, prefix))
+
+
+def describe_changes(diff: dict[str, tuple[Any, Any]]) -> list[str]:
+    return [f"{key}: {a!r} -> {b!r}" for key, (a, b) in diff.items()]
+
+
+def _check_extension(run: RunDir, changed: dict[str, tuple[Any, Any]], last: list[tuple[int, Path]], steps_key: str) -> None:
+    """Raise FinishedRunConfigChanged unless the finished `run` may be extended in place: a longer
+    `steps_key` (train.steps) is its only change and its last complete checkpoint (`last`: complete_checkpoints) is
+    of its last step, so the optimizer, schedule, data position and RNG go on from there."""
+    steps = (run.summary() or {}).get("steps", "?")
+    old_steps, new_steps = changed.get(steps_key, (None, None))
+    longer = isinstance(old_steps, int) and isinstance(new_steps, int) and new_steps > old_steps
+    if set(changed) == {steps_key} and longer and last and last[-1][0] == old_steps:
+        return
+    if set(changed) == {steps_key} and longer:
+        why = (f"its last complete checkpoint is step {last[-1][0]}, not its last step {old_steps}" if last else
+               "it kept no resumable checkpoint (save_every=0)")
+        raise FinishedRunConfigChanged(
+            f"run directory {run.path} holds a finished run ({steps} steps) that cannot be extended to {new_steps}: {why}; "
+            f"nothing was trained. Train its weights further in a new directory with train.init_from={run.final} "
+            "train.init_from_mode=restart (a fresh optimizer and schedule)")
+    source = (f"train.init_from={last[-1][1]}" if last else
+              f"train.init_from={run.final} train.init_from_mode=restart")
+    raise FinishedRunConfigChanged(
+        f"run directory {run.path} holds a finished run ({steps} steps) whose config differs "
+        f"({'; '.join(describe_changes(changed))}); nothing was trained. Only a longer {steps_key} extends a finished "
+        "run in place. Choose another --run-dir for the new config, --no-resume to start over in this one (the old "
+        f"run is kept aside), or {source} in a new directory to train it further")
+
+
+def _open_locked(run: RunDir, *, config_text: str, resume: bool, console: Console,
+                 steps_key: str) -> tuple[RunDir, Path | None]:
     """open_run_dir once this process holds the run directory's lock."""
     has_run = run.metrics_path.exists()
     if has_run and not resume:
@@ -366,33 +418,36 @@ def _open_locked(run: RunDir, *, config_text: str, resume: bool, console: Consol
             log.unlink(missing_ok=True)
         has_run = False
     if has_run:
-        changed = _config_changes(run.config_text() or "", config_text)
-        if run.is_finished() and changed:
-            # refused rather than resumed: a finished run has no step left, so the new config would train
-            # nothing; a longer train.steps is not continued in place either, since final/, summary.json and
-            # the last evaluation belong to the step count the run finished with (train.init_from continues it)
-            step = (run.summary() or {}).get("steps", "?")
-            raise FinishedRunConfigChanged(
-                f"run directory {run.path} holds a finished run ({step} steps) whose config differs ({'; '.join(changed)}); "
-                "nothing was trained. Choose another --run-dir for the new config, --no-resume to start over in this one "
-                "(the old run is kept aside), or train.init_from=<its checkpoint> in a new directory to train it further")
-        if run.is_finished():
+        changed = _config_diff(run.config_text() or "", config_text)
+        finished = run.is_finished()
+        if finished and not changed:
             raise RunComplete(f"run directory {run.path} holds a finished run; use --no-resume to start over "
                               "(the old run is kept aside) or choose another --run-dir")
-        checkpoint = latest_checkpoint(run.checkpoints)
-        if checkpoint is None:
+        last = complete_checkpoints(run.checkpoints)
+        if finished:
+            _check_extension(run, changed, last, steps_key)
+        elif not last:
             raise FileExistsError(
                 f"run directory {run.path} already holds a run, with no complete checkpoint to resume from; "
                 "use --no-resume to start over (the old run is kept aside) or choose another --run-dir"
             )
+        step, checkpoint = last[-1]
         old = run.config_text() or ""
         if old and old != config_text:
             from rich.markup import escape
 
-            console.print(f"[yellow]warning:[/yellow] the config differs from the one {run.path} was started with "
-                          f"({escape('; '.join(changed)) or 'formatting only'}); resuming with the new one (the old one is "
-                          "kept as config.previous.yaml)")
+            shown = escape("; ".join(describe_changes(changed)))
+            if finished:  # the run is no longer finished: a kill from here on resumes, like any run
+                console.print(f"[bold]extending[/bold] the finished run {run.path} from step {step} to "
+                              f"{changed[steps_key][1]} ({shown}; recorded in {HISTORY_NAME})")
+                run.summary_path.unlink()
+            else:
+                console.print(f"[yellow]warning:[/yellow] the config differs from the one {run.path} was started with "
+                              f"({shown or 'formatting only'}); resuming with the new one (the old one is "
+                              "kept as config.previous.yaml)")
             (run.path / "config.previous.yaml").write_text(old)
+            if changed:
+                run.append_history(step + 1, changed, extended=finished)
     run.path.mkdir(parents=True, exist_ok=True)
     run.config_path.write_text(config_text)
     return run, checkpoint

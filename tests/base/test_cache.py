@@ -144,3 +144,29 @@ def test_without_file_locks_every_builder_builds_and_the_first_complete_one_wins
     entry = tmp_path / "key"
     assert build_once(entry, write_entry, is_complete=complete) == entry and complete(entry)
     assert build_once(entry, lambda tmp: pytest.fail("built again"), is_complete=complete) == entry
+
+
+@pytest.mark.parametrize("umask, file_mode, dir_mode", [
+    (0o022, 0o644, 0o755),  # the common default: others read, only the owner writes
+    (0o002, 0o664, 0o775),  # a shared group's umask: the group writes too
+    (0o077, 0o600, 0o700),  # a private umask stays private: the modes follow it, never widen it
+])
+def test_a_built_entry_has_the_modes_of_the_umask(tmp_path, umask, file_mode, dir_mode):
+    # Bug story: the tiny base model's model.safetensors was 0600 and its directory 0700 (safetensors
+    # writes through a private temporary file, mkdtemp makes a private directory): another user, or a
+    # container with another uid, sharing $MATHRL_CACHE could not read it.
+    import torch
+    from safetensors.torch import save_file
+
+    def build(tmp: Path) -> None:
+        (tmp / "sub").mkdir()
+        save_file({"w": torch.zeros(2)}, str(tmp / "sub" / "model.safetensors"))
+        write_entry(tmp)
+
+    old = os.umask(umask)
+    try:
+        entry = build_once(tmp_path / "base" / "key", build, is_complete=complete)
+    finally:
+        os.umask(old)
+    modes = {p.relative_to(entry).as_posix(): p.stat().st_mode & 0o777 for p in [entry, *entry.rglob("*")]}
+    assert modes == {".": dir_mode, "sub": dir_mode, "sub/model.safetensors": file_mode, "data": file_mode, "done": file_mode}

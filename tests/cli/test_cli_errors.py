@@ -78,6 +78,8 @@ BAD_VALUES = [
     ("a key at the wrong level", ["n=3"], "did you mean 'rollout.n'", 2),
     ("an override without a value", ["rollout.n"], "must look like key.path=value", 2),
     ("an unknown option", ["--bogus"], "unrecognized arguments: --bogus (see mathrl train --help)", 2),
+    ("TRL's and argparse's underscore spelling", ["--run_dir", "x"], "unrecognized arguments: --run_dir; did you mean --run-dir?", 2),
+    ("a typo in an option", ["--no-resme"], "unrecognized arguments: --no-resme; did you mean --no-resume?", 2),
     ("a bare name that is no directory was retried against the hub for 23 s", ["model.path=mymodel"], "model.path='mymodel' does not exist", 2),
     ("a missing data file", ["data.train=nope.jsonl"], "data.train: no such file 'nope.jsonl'", 2),
     ("a reward module that does not import would fail in every worker", ["reward.functions=[{name: mine, fn: 'nosuch_mod:f'}]"],
@@ -105,7 +107,7 @@ def test_an_offline_hub_id_is_named_as_such_and_leaves_no_run_directory(tmp_path
     code = main(["train", "model.path=Qwen/Qwen2.5-0.5B"])
     line = _one_line_error(capsys, code, status=2, expect="model.path='Qwen/Qwen2.5-0.5B' looks like a hub id but is not in "
                            "the local Hugging Face cache and the hub is unreachable (offline: HF_HUB_OFFLINE is set)")
-    assert "huggingface-cli download Qwen/Qwen2.5-0.5B" in line
+    assert "`hf download Qwen/Qwen2.5-0.5B`" in line
     assert no_training == [] and not (tmp_path / "runs").exists()  # validated before the run directory is made
 
 

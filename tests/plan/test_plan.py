@@ -356,10 +356,50 @@ def test_plan_states_the_setup_time_of_the_base_model(tmp_path, monkeypatch, cap
     # a base never measured: an estimate, and said to be one (800 steps' 0.10-0.70 s per step, from the table)
     assert "an estimate, not a measurement: 3-23 min" in setup_time(load_config(None, ["base.steps=2000"]))
     assert main(["plan", "recipes/arith_tools.yaml", "--gpus", "0"]) == 0
-    assert capsys.readouterr().out.splitlines()[-1].startswith("setup: the tiny base model of this recipe is not cached")
+    out = capsys.readouterr().out.splitlines()
+    assert next(x for x in out if x.startswith("setup: ")).startswith("setup: the tiny base model of this recipe is not cached")
+    assert out[-1] == "launch: mathrl train recipes/arith_tools.yaml"  # --gpus 0: one process on the CPU
     built = tmp_path / "empty-cache" / "base" / f"tiny-arith-{recipe_hash(load_config(None, []).base)}"
     built.mkdir(parents=True)
     (built / "model.safetensors").write_bytes(b"")
     assert setup_time(load_config(None, [])) == f"setup: the tiny base model of this recipe is cached ({built}): no build"
-    assert setup_time(load_config(None, ["model.path=SomeOrg/some-model"], check_paths=False)).endswith(
-        "is not in the local Hugging Face cache: the run downloads it first")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    hub = load_config(None, ["model.path=SomeOrg/some-model"], check_paths=False)
+    assert setup_time(hub) == "setup: SomeOrg/some-model is not cached (the local Hugging Face cache): the run downloads it first"
+    # Bug story: under HF_HUB_OFFLINE=1 the plan said "the run downloads it first"; the run stopped instead
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert setup_time(hub) == ("setup: SomeOrg/some-model is not cached, and HF_HUB_OFFLINE is set: the run will stop; "
+                               "download it first with `hf download SomeOrg/some-model` where the hub is reachable")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))  # not cached, whatever this machine holds
+    capsys.readouterr()
+    assert main(["plan", "model.path=Qwen/Qwen2.5-Math-1.5B", "--gpus", "8"]) == 1  # it fits (built-in data), but the run would stop
+    out = capsys.readouterr().out
+    assert "fits: peak" in out and "HF_HUB_OFFLINE is set: the run will stop" in out
+
+
+@pytest.mark.parametrize("gpus, trainer_gpus, expected, why", [
+    (0, None, "launch: mathrl train r.yaml train.steps=5", "a CPU run: one process"),
+    (1, None, "launch: mathrl train r.yaml train.steps=5", "one GPU: one process"),
+    (8, None, "launch: mathrl train --nproc 8 r.yaml train.steps=5", "one machine: a rank per GPU"),
+    (8, 7, "launch: mathrl train --nproc 7 r.yaml train.steps=5", "the generator process takes GPU 7"),
+    (32, None, "launch, on each of the 4 machines (8 GPUs each), from a directory they share: torchrun --nnodes 4 "
+               "--nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint NODE0:29500 --rdzv-id r -m mathrl.train r.yaml "
+               "train.steps=5", "more GPUs than a machine has: torchrun on each machine"),
+])
+def test_plan_prints_the_launch_line_of_its_plan(gpus, trainer_gpus, expected, why):
+    from mathrl.plan.setup_time import launch_line
+
+    assert launch_line("r.yaml", ["train.steps=5"], gpus=gpus, trainer_gpus=trainer_gpus) == expected, why
+
+
+def test_plan_checks_the_recipes_data_files(tmp_path, monkeypatch, capsys):
+    # Bug story: `mathrl plan` passed a recipe whose data files were not there; the run stopped on them later
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.jsonl").write_text('{"problem": "1+1", "answer": "2"}\n')
+    code = main(["plan", "data.train=train.jsonl", "data.eval=[missing.jsonl]", "--gpus", "0"])
+    out = capsys.readouterr().out.splitlines()
+    assert "data: data.train train.jsonl: found" in out
+    assert f"data: data.eval missing.jsonl: no such file (from {tmp_path}): the run will stop; run from the directory the " \
+           "recipe's paths are relative to, or override the key" in out
+    assert code == 1  # the run would stop: the plan says no

@@ -40,3 +40,43 @@ def test_plain_eta_moves_little_when_one_step_is_slow(monkeypatch) -> None:
     assert seconds[1] == (40 - 2) * 2  # from the second unit on, the start-up unit is left out
     before, after = seconds[9], seconds[10]  # around the slow step
     assert after / (40 - 11) < 1.4 * before / (40 - 10)  # per-step estimate rose by under 40%
+
+
+METRICS = {"reward/mean": 0.461, "actor/entropy": 0.118, "actor/pg_clipfrac": 0.031, "rollout/response_length": 30.5,
+           "perf/step_seconds": 19.0}
+
+
+@pytest.mark.parametrize("width, evaluated, shown, left_out, why", [
+    (80, True, ["rew 0.461", "p@1 0.279", "ent 0.118", "clip 0.031"], ["len", "s/step"],
+     "80 columns: reward, pass@1, entropy and clip stay; length and time go first"),
+    (80, False, ["rew 0.461", "ent 0.118", "clip 0.031", "len 30.5"], ["p@1", "s/step"],
+     "not evaluated yet: no pass@1, so the length fits"),
+    (104, True, ["rew 0.461", "p@1 0.279", "ent 0.118", "clip 0.031", "len 30.5", "19.0s/step"], [],
+     "104 columns: every field"),
+    (160, True, ["reward 0.461", "eval pass@1 arith 0.279", "entropy 0.118", "clip 0.031", "len 30.5", "19.0s/step"], [],
+     "a wide terminal keeps the bar and the long names"),
+])
+def test_the_step_bar_keeps_the_fields_that_matter_at_80_columns(width, evaluated, shown, left_out, why) -> None:
+    # Bug story: at 80 columns the bar cut its text after the reward: entropy, clip fraction and length
+    # were never seen on a laptop's terminal.
+    from mathrl.track.console import StepProgress
+
+    out = io.StringIO()
+    console = Console(file=out, width=width, force_terminal=True, color_system=None)
+    with StepProgress(console, total=50) as bar:
+        bar.advance(METRICS, {"eval/arith/pass@1": 0.279} if evaluated else {})
+    text = out.getvalue().replace("\x1b[2K", "").replace("\r", "\n")
+    last = [line for line in text.splitlines() if "RL step" in line][-1]
+    assert len(last.rstrip()) <= width
+    for field in shown:
+        assert field in last, (why, last)
+    for field in left_out:
+        assert field not in last, (why, last)
+
+
+def test_fit_fields_leaves_out_the_lowest_priority_first() -> None:
+    from mathrl.track.console import fit_fields
+
+    assert fit_fields(["a 1", "b 2", "c 3"], 15) == "a 1 | b 2 | c 3"  # 15 columns: all
+    assert fit_fields(["a 1", "b 2", "c 3"], 14) == "a 1 | b 2"  # one short: the last goes
+    assert fit_fields(["a 1", "b 2", "c 3"], 2) == "a 1"  # the first always stays (the bar cuts it)

@@ -330,6 +330,20 @@ def test_fixed_lag_run_killed_mid_step_resumes_step_for_step(runs, lag, kill_ste
 
 
 @pytest.mark.slow
+def test_a_finished_fixed_lag_run_extended_matches_the_longer_run(runs):
+    # A finished run's last checkpoint also holds the versions the next k steps sample from, so a longer
+    # train.steps extends it step for step (without them, steps 4.. sampled the step-3 weights, with a warning).
+    tmp, done = runs
+    run_dir = tmp / "lag1_extended"
+    assert run(tmp, run_dir, (*LAG1, "train.steps=3")).returncode == 0
+    assert (latest_checkpoint(run_dir / "checkpoints") / "generator_versions.safetensors").is_file()
+    extended = run(tmp, run_dir, LAG1)  # OVERRIDES' train.steps=6
+    assert extended.returncode == 0, extended.stderr[-3000:]
+    assert "lacks policy versions" not in extended.stdout
+    assert rows(run_dir) == rows(done["lag1"])
+
+
+@pytest.mark.slow
 def test_a_dead_generator_stops_the_trainer_with_one_line_naming_it(runs):
     tmp, _ = runs
     t0 = time.time()

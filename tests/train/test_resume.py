@@ -145,6 +145,27 @@ def test_killed_float16_run_resumes_with_its_loss_scales(reference):
     assert training_rows(run_dir) == expected
 
 
+@pytest.mark.slow
+def test_a_finished_run_extended_and_killed_matches_the_uninterrupted_longer_run(reference):
+    # A verl or TRL user raises the step count of a finished run and resumes. A 3-step run extended to 6
+    # in the same directory, killed in the middle of step 5 and rerun, logs the metrics of the uninterrupted
+    # 6-step run step for step: the optimizer and the schedule go on from step 3's checkpoint. The schedule
+    # is train.warmup_steps of linear warm-up, then the constant train.lr: it depends on the optimizer step
+    # count only, never on train.steps, so the learning rate of every step is the 6-step run's.
+    tmp, expected = reference
+    run_dir = tmp / "extended"
+    assert run(tmp, run_dir, extra=("train.steps=3",)) == 0  # finished: step 3 evaluated (as eval.every=3 does in both)
+    assert run(tmp, run_dir, "kill_in_step", 5) == -signal.SIGKILL  # extended to 6 (OVERRIDES), killed in step 5
+    assert latest_checkpoint(run_dir / "checkpoints").name == "step_000004" and not (run_dir / "summary.json").exists()
+    assert run(tmp, run_dir) == 0  # the same command resumes the extension
+    assert training_rows(run_dir) == expected
+    history = [json.loads(line) for line in (run_dir / "config_history.jsonl").read_text().splitlines()]
+    assert [(h["step"], h["changes"], h["extended"]) for h in history] == [(4, {"train.steps": [3, 6]}, True)]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 6 and [(p["first_step"], p["last_step"]) for p in summary["processes"]] == [(1, 3), (4, 4), (5, 6)]
+    assert json.loads((run_dir / "final" / "trainer_state.json").read_text())["step"] == 6
+
+
 def test_a_resumed_runs_wall_time_names_each_process():
     from rich.console import Console
 
@@ -252,6 +273,22 @@ def test_staged_growth_continues_a_finished_run_in_a_new_directory(reference, tm
     assert float(child_state[0]["step"]) == float(parent_state[0]["step"]) + 2
     child_ctl = json.loads((child / "checkpoints" / "step_000001" / "trainer_state.json").read_text())["controllers"]
     assert child_ctl["entropy"]["coef"] != 0.001  # the adaptive coefficient carried on from the parent's value
+
+
+@pytest.mark.parametrize("where, state, expected", [
+    ("runs/x/checkpoints/step_000020", {"step": 20}, "runs/x step 20"),  # a run's checkpoint: the run and its step
+    ("runs/x/final", {"step": 40}, "runs/x step 40"),  # a finished run's final/ (train.init_from_mode=restart)
+    ("models/m", None, "models/m"),  # a directory of no run, without a recorded step: its path as given
+])
+def test_an_init_from_run_names_its_parent_run_and_step(tmp_path, where, state, expected):
+    # Bug story: a train.init_from run printed "evaluating the base model" and the checkpoint's path alone
+    from mathrl.train.trainer import parent_label
+
+    parent = tmp_path / where
+    parent.mkdir(parents=True)
+    if state is not None:
+        (parent / "trainer_state.json").write_text(json.dumps(state))
+    assert parent_label(parent) == (str(tmp_path / expected) if "step" in expected else str(parent))
 
 
 @pytest.mark.slow

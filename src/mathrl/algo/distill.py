@@ -1,33 +1,16 @@
 """On-policy distillation: per-token signals from a teacher's logprobs of the student's own samples.
 
-The student samples (as in RL), a frozen teacher scores the same tokens (one more scoring pass), and
-each sampled token gets a dense signal. Three signals (``algo.distill.mode``), named by direction:
+The student samples (as in RL), a frozen teacher scores the same tokens, and each sampled token gets a
+dense signal (``algo.distill.mode``), named by direction:
 
-* ``reverse_kl`` (on-policy distillation: Thinking Machines 2025, "On-Policy Distillation"; GKD,
-  Agarwal et al. 2024): the per-token advantage log pi_T(y_t) - log pi_S(y_t), the k1 estimate of
-  -KL(pi_S || pi_T) at a token drawn from the student, taken through the policy-gradient loss with no
-  discount and no normalisation. KL(student || teacher) is mode-seeking: the gradient moves the
-  student's mass toward the teacher's most likely tokens.
-* ``forward_kl_topk`` (verl ``forward_kl_topk``): KL(pi_T || pi_S) over the teacher's top-k tokens at
-  each position, a direct loss on the student's logits, neither distribution renormalised over the k
-  tokens, and a negative per-token value clamped to 0 (as verl does). Mass-covering.
-* ``jsd`` (TRL ``generalized_jsd_loss``, GKD eq. 1): beta KL(pi_T || M) + (1 - beta) KL(pi_S || M) with
-  M = beta pi_T + (1 - beta) pi_S; beta = 0 is KL(teacher || student), beta = 1 is KL(student ||
-  teacher), as TRL defines it. Summed over the teacher's top-k support (all of it when k >= the
-  vocabulary: then exactly TRL's loss), not renormalised, negative per-token values clamped to 0.
+* ``reverse_kl``: the advantage log pi_T(y_t) - log pi_S(y_t), KL(student || teacher), mode-seeking;
+* ``forward_kl_topk``: KL(teacher || student) over the teacher's top-k, a direct loss (verl), mass-covering;
+* ``jsd``: TRL's ``generalized_jsd_loss`` (beta = 0: KL(teacher || student); beta = 1: KL(student || teacher)).
 
-Temperature: every logprob here is of the tempered distribution (logits / rollout.temperature), the
-student's and the teacher's alike, as TRL divides both (verl divides only the student's).
-
-verl's single-sample estimators (``verl/trainer/distillation/losses.py``, k1, k2, k3 of
-``core_algos.kl_penalty`` with ``logprob`` the student's, ``ref_logprob`` the teacher's) are
-``kl_estimate``; as a policy-gradient reward their negation is the advantage (``estimate_advantages``),
-as a direct loss they are aggregated as they are. At ratio 1 the two forms have the same value and
-different gradients: the policy-gradient form's is -A grad log pi_S, the direct form's is grad of
-the estimate itself; for k3 the direct gradient is (1 - pi_T/pi_S) grad log pi_S, whose expectation
-under pi_S is the gradient of KL(pi_T || pi_S), the other direction (tests/algo/test_distill.py).
-
-Run the tests with ``python -m pytest tests/algo/test_distill.py -q``.
+Every logprob is of the tempered distribution, the student's and the teacher's alike; verl's k1/k2/k3
+single-sample estimators are ``kl_estimate`` (as a reward or a direct loss). Sources, conventions and
+the gradient of each form: docs/guide.md ("Distillation from a teacher") and docs/tricks.md. Pure
+tensor functions; tests: ``python -m pytest tests/algo/test_distill.py tests/algo/test_distill_verl.py -q``.
 """
 
 from __future__ import annotations

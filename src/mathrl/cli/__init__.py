@@ -10,6 +10,8 @@
     mathrl inspect --base PATH --model PATH (--run DIR --step S --index I | --prompt T --response T)
                                                       token-level views of what RL changed (docs/inspect.md)
     mathrl report RUN_DIR... [--out report.html]      one HTML page comparing runs (docs/report.md)
+    mathrl export RUN_DIR OUT [--checkpoint N] [--license L]   the model and its card (README.md), ready to share
+    mathrl push  RUN_DIR --repo ID [--private] [--checkpoint N]   the same folder, uploaded to the Hugging Face Hub
     mathrl plan  RECIPE.yaml [key.path=value ...] --gpus N --gpu-mem 80 [--trainer-gpus M]
                                                       memory per device, generators included; exit 1 if it does not fit
 
@@ -61,6 +63,10 @@ VERBS: dict[str, Verb] = {
                 arguments.inspect, commands.inspect),
     "report": ("one self-contained HTML page comparing runs: curves, eval tables, config differences",
                arguments.report, commands.report),
+    "export": ("write a run's final/ (or --checkpoint N) with a model card into a folder, ready to share",
+               arguments.export, commands.export),
+    "push": ("upload a run's model with its card to the Hugging Face Hub (the folder mathrl export writes)",
+             arguments.push, commands.push),
     "plan": ("memory per device of a recipe (params, grads, optimizer, activations, KV cache, generators) and whether it fits",
              arguments.plan, commands.plan),
 }
@@ -154,6 +160,24 @@ def interrupt_message(ns: argparse.Namespace, *, preempted: bool = False) -> str
     return f"{interrupted}, before the first checkpoint; rerun with --run-dir {run.path} --no-resume to start over"
 
 
+def option_suggestion(words: list[str], parser: argparse.ArgumentParser) -> str:
+    """`; did you mean --run-dir?` for unknown options (`--run_dir`, `--run-dri`) close to one of `parser`'s;
+    "" when none is."""
+    import difflib
+
+    options = [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
+    found = []
+    for word in words:
+        name = word.split("=", 1)[0]
+        if not name.startswith("--"):
+            continue
+        dashed = name.replace("_", "-")
+        match = dashed if dashed in options else next(iter(difflib.get_close_matches(dashed, options, n=1, cutoff=0.75)), None)
+        if match and match not in found:
+            found.append(match)
+    return f"; did you mean {' '.join(found)}?" if found else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, verbs = build_parser()
@@ -161,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         ns, extra = parser.parse_known_args(_hoist_overrides(argv, verbs))
         dest = _EXTRA_POSITIONALS.get(ns.command)
         if extra and (dest is None or any(w.startswith("-") for w in extra)):
-            verbs[ns.command].error(f"unrecognized arguments: {' '.join(extra)}")
+            verbs[ns.command].error(f"unrecognized arguments: {' '.join(extra)}{option_suggestion(extra, verbs[ns.command])}")
         if extra:
             setattr(ns, dest, list(getattr(ns, dest)) + extra)
     except SystemExit as e:  # --help / -h printed its text

@@ -21,6 +21,7 @@ def train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", help="where to write the run (default: runs/<timestamp>); an existing run there is resumed")
     p.add_argument("--no-resume", action="store_true",
                    help="start over even if --run-dir holds a run (the old run is moved aside, never deleted)")
+    _quiet(p)
     p.add_argument("--nproc", type=int, default=1, metavar="N",
                    help="data-parallel ranks on this machine (starts torchrun; FSDP2-sharded; default 1)")
 
@@ -30,6 +31,12 @@ def sft(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", help="where to write the run (default: runs/<timestamp>); an existing run there is resumed")
     p.add_argument("--no-resume", action="store_true",
                    help="start over even if --run-dir holds a run (the old run is moved aside, never deleted)")
+    _quiet(p)
+
+
+def _quiet(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="leave out the start-up block (engine, threads, losses, sandbox: what the run decided); warnings stay")
 
 
 def distill_data(p: argparse.ArgumentParser) -> None:
@@ -127,3 +134,21 @@ def report(p: argparse.ArgumentParser) -> None:
                    help="the HTML file to write (default: report.html); PNGs go to <stem>_plots/ beside it")
     p.add_argument("--title", default=None, help="page title (default: the run names)")
     p.add_argument("--no-png", action="store_true", help="write only the HTML (the PNGs take most of the time)")
+
+
+def export(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run", metavar="RUN", help="a run directory written by mathrl train or sft")
+    p.add_argument("out", metavar="OUT", help="the folder to write (new or empty): the model files, README.md, mathrl_config.yaml")
+    _share(p)
+
+
+def push(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run", metavar="RUN", help="a run directory written by mathrl train or sft")
+    p.add_argument("--repo", required=True, metavar="ID", help="the Hub repository, e.g. me/tiny-arith-grpo (created if missing)")
+    p.add_argument("--private", action="store_true", help="create the repository private")
+    _share(p)
+
+
+def _share(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", type=int, metavar="N", help="share checkpoints/step_N's weights instead of final/")
+    p.add_argument("--license", help="the model card's license field, e.g. apache-2.0 (default: other, the base model's)")

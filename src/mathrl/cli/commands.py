@@ -63,6 +63,9 @@ def check_data_files(cfg: Config) -> None:
 
 
 def train(ns: argparse.Namespace, console: Console) -> int:
+    from mathrl.track.console import install_startup_log
+
+    install_startup_log(console, quiet=ns.quiet)  # first: the config's checks log too (the python tool's sandbox)
     recipe, overrides = _split_recipe(ns.args)
     cfg = load_config(recipe, overrides)
     if ns.run_dir:
@@ -76,7 +79,8 @@ def train(ns: argparse.Namespace, console: Console) -> int:
     if ns.nproc > 1:  # one torchrun job; every rank runs this command without --nproc, on the same run dir
         from mathrl.train.launch import launch
 
-        return launch(ns.nproc, [*ns.args, "--run-dir", cfg.run_dir, *(["--no-resume"] if ns.no_resume else [])])
+        return launch(ns.nproc, [*ns.args, "--run-dir", cfg.run_dir, *(["--no-resume"] if ns.no_resume else []),
+                                 *(["-q"] if ns.quiet else [])])
     _quiet_libraries()
     from mathrl.train import loop
 
@@ -96,6 +100,9 @@ def _run(run, cfg, ns: argparse.Namespace, console: Console) -> int:
 
 
 def sft(ns: argparse.Namespace, console: Console) -> int:
+    from mathrl.track.console import install_startup_log
+
+    install_startup_log(console, quiet=ns.quiet)
     recipe, overrides = _split_recipe(ns.args)
     cfg = load_config(recipe, overrides)
     cfg.run_dir = ns.run_dir or cfg.run_dir
@@ -201,7 +208,7 @@ def inspect(ns: argparse.Namespace, console: Console) -> int:
 def plan(ns: argparse.Namespace, console: Console) -> int:
     from mathrl.plan.format import format_plan
     from mathrl.plan.memory import estimate_memory
-    from mathrl.plan.setup_time import setup_time
+    from mathrl.plan.setup_time import data_lines, launch_line, offline_model, setup_time
 
     recipe, overrides = _split_recipe(ns.args)
     cfg = load_config(recipe, overrides, check_paths=False)  # planning needs the architecture, not the data
@@ -211,7 +218,11 @@ def plan(ns: argparse.Namespace, console: Console) -> int:
     plan = estimate_memory(cfg, gpus=gpus, gpu_mem_gib=ns.gpu_mem, trainer_gpus=trainer_gpus, host_mem_gib=ns.host_mem)
     print(format_plan(plan, cfg.model.path), flush=True)
     print(setup_time(cfg), flush=True)
-    return 0 if plan.fits else EXIT_ERROR
+    lines, data_ok = data_lines(cfg)
+    for line in lines:
+        print(line, flush=True)
+    print(launch_line(recipe, overrides, gpus=gpus, trainer_gpus=ns.trainer_gpus if gpus else None), flush=True)
+    return 0 if plan.fits and data_ok and not offline_model(cfg) else EXIT_ERROR  # the run would stop: say no
 
 
 def report(ns: argparse.Namespace, console: Console) -> int:
@@ -219,4 +230,20 @@ def report(ns: argparse.Namespace, console: Console) -> int:
 
     out = build_report([Path(p) for p in ns.run_dirs], Path(ns.out), title=ns.title, pngs=not ns.no_png)
     console.print(f"wrote {out}" + ("" if ns.no_png else f" and its charts as PNGs in {out.stem}_plots/"))
+    return 0
+
+
+def export(ns: argparse.Namespace, console: Console) -> int:
+    from mathrl.analysis.model_card import export_model
+
+    out = export_model(ns.run, ns.out, checkpoint=ns.checkpoint, license=ns.license)
+    console.print(f"wrote {out} (the model, its card README.md and mathrl_config.yaml)")
+    return 0
+
+
+def push(ns: argparse.Namespace, console: Console) -> int:
+    from mathrl.analysis.model_card import push_model
+
+    url = push_model(ns.run, ns.repo, private=ns.private, checkpoint=ns.checkpoint, license=ns.license)
+    console.print(f"uploaded {ns.run} to {url}")
     return 0

@@ -240,7 +240,10 @@ class TrainConfig:
         "also keep the weights (no optimizer state) of every checkpoint whose step is "
         "a multiple of this, for `mathrl eval RUN`'s curve; null: eval.every; 0: none")
     max_skipped_steps: Count = knob(5, "stop after this many consecutive steps with a non-finite loss or gradient")
-    init_from: str | None = knob(None, "start this new run from another run's checkpoint dir (see init_from_mode)")
+    init_from: str | None = knob(None,
+        "start this new run from another run's checkpoint dir (see init_from_mode); "
+        "train.steps then counts this run's steps, from 1 (to extend a finished run in "
+        "its own directory, rerun it with a larger train.steps instead)")
     init_from_mode: Literal["continue", "restart"] = knob("continue",
         "continue: its policy, optimizer, schedule and controllers, the KL reference stays "
         "model.path; restart: its policy weights as a new starting model (fresh optimizer "

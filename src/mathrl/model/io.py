@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from mathrl.cache import umask_modes
 from mathrl.config import Config
 from mathrl.model.dtypes import DTYPES
 from mathrl.model.paths import looks_like_hub_id
@@ -81,4 +82,5 @@ def save_model(model, tokenizer, out_dir: str | Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+    umask_modes(out)
     return out

@@ -81,13 +81,18 @@ def model_path_problem(path: str) -> str | None:
         return None
     if isinstance(try_to_load_from_cache(path, "config.json"), str):
         return None  # cached: loads without the network
-    offline = next((v for v in _OFFLINE_VARS if os.environ.get(v, "").lower() in ("1", "true", "yes", "on")), None)
+    offline = offline_variable()
     why = f"offline: {offline} is set" if offline else hub_unreachable()
     if why is None:
         return None  # the hub answers: the model is downloaded when the run loads it
     return (f"looks like a hub id but is not in the local Hugging Face cache and the hub is unreachable ({why}): "
-            f"download it first with `huggingface-cli download {path}` where the hub is reachable (copy the cache, "
+            f"download it first with `hf download {path}` where the hub is reachable (copy the cache, "
             "HF_HUB_CACHE, here if that is another machine), or give a local model directory")
+
+
+def offline_variable() -> str | None:
+    """The variable that keeps the Hugging Face libraries offline here (HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE), or None."""
+    return next((v for v in _OFFLINE_VARS if os.environ.get(v, "").lower() in ("1", "true", "yes", "on")), None)
 
 
 def hub_unreachable(timeout_s: float = 3.0) -> str | None:

@@ -4,7 +4,11 @@ not show (a tiny base model to build, a hub model to download, or nothing).
 
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
+
 from mathrl.config import TINY_BASE, Config, parse_config_path
+from mathrl.model.paths import offline_variable
 
 # Measured builds of the tiny base model, by its cache key (model/tiny.py:recipe_hash): minutes, and where.
 # A test checks that the shipped recipes' keys are here, so a change of the base-model recipe shows.
@@ -47,5 +51,53 @@ def setup_time(cfg: Config) -> str:
     except Exception:  # pragma: no cover - transformers depends on it
         cached = False
     if cached:
-        return f"setup: {cfg.model.path} is in the local Hugging Face cache: nothing to download"
-    return f"setup: {cfg.model.path} is not in the local Hugging Face cache: the run downloads it first"
+        return f"setup: {cfg.model.path} is cached (the local Hugging Face cache): nothing to download"
+    if offline_model(cfg):
+        return (f"setup: {cfg.model.path} is not cached, and {offline_variable()} is set: the run will stop; download it "
+                f"first with `hf download {cfg.model.path}` where the hub is reachable")
+    return f"setup: {cfg.model.path} is not cached (the local Hugging Face cache): the run downloads it first"
+
+
+def offline_model(cfg: Config) -> bool:
+    """Whether the run would stop at once: model.path is a hub id that is not cached, and an offline variable is set."""
+    from mathrl.model.paths import looks_like_hub_id
+
+    if cfg.model.path == TINY_BASE or parse_config_path(cfg.model.path) is not None or not looks_like_hub_id(cfg.model.path):
+        return False
+    if offline_variable() is None:
+        return False
+    from huggingface_hub import try_to_load_from_cache
+
+    return not isinstance(try_to_load_from_cache(cfg.model.path, "config.json"), str)
+
+
+def data_lines(cfg: Config) -> tuple[list[str], bool]:
+    """One line per local data file the recipe reads (data.train, data.eval), relative to the current
+    directory as the run reads them: found, or missing (the run would stop); and whether all are there."""
+    lines, ok = [], True
+    for where, source in cfg._data_files():
+        path = Path(source).expanduser()
+        if path.is_file():
+            lines.append(f"data: {where} {source}: found")
+        else:
+            ok = False
+            lines.append(f"data: {where} {source}: no such file (from {Path.cwd()}): the run will stop; "
+                         "run from the directory the recipe's paths are relative to, or override the key")
+    return lines, ok
+
+
+def launch_line(recipe: str | None, overrides: list[str], *, gpus: int, trainer_gpus: int | None,
+                gpus_per_node: int = 8) -> str:
+    """The command that runs the plan just made: one process on a CPU (`gpus` 0); `mathrl train --nproc N`
+    on one machine (N: the trainer's GPUs; generator processes take the others); above `gpus_per_node`
+    GPUs, torchrun on each of the machines, run from a directory they share."""
+    words = " ".join(shlex.quote(w) for w in [*([recipe] if recipe else []), *overrides])
+    ranks = trainer_gpus if trainer_gpus is not None else gpus
+    if gpus <= 1 and ranks <= 1:
+        return f"launch: mathrl train {words}".rstrip()
+    if gpus <= gpus_per_node:
+        return f"launch: mathrl train --nproc {ranks} {words}".rstrip()
+    nodes, per_node = -(-ranks // gpus_per_node), min(ranks, gpus_per_node)
+    name = Path(recipe).stem if recipe else "mathrl"
+    return (f"launch, on each of the {nodes} machines ({per_node} GPUs each), from a directory they share: torchrun --nnodes {nodes} "
+            f"--nproc-per-node {per_node} --rdzv-backend c10d --rdzv-endpoint NODE0:29500 --rdzv-id {name} -m mathrl.train {words}").rstrip()

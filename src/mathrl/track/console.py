@@ -14,9 +14,12 @@ never cut a line or a table at 80 columns when the output is not a terminal.
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Column, Table
 
@@ -32,6 +35,60 @@ def make_console(*, stderr: bool = False) -> Console:
     if not console.is_terminal:
         console = Console(stderr=stderr, width=PIPE_WIDTH, soft_wrap=True)
     return console
+
+
+class StartupLog(logging.Handler):
+    """Prints the info lines of mathrl's loggers (`logging.getLogger("mathrl....")`: what a run decided,
+    e.g. the python tool's sandbox) on `console`, each line once: held until `end_startup()` prints
+    them as one block, then printed as they come. Warnings are printed at once (`warning: ...`).
+    Third-party loggers are not touched (the CLI sets transformers' to errors only)."""
+
+    def __init__(self, console: Console, level: int = logging.INFO):
+        super().__init__(level)
+        self.console, self.held, self.seen, self.holding = console, [], set(), True
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if text in self.seen:
+            return
+        self.seen.add(text)
+        if record.levelno >= logging.WARNING:
+            self.console.print(f"[yellow]warning:[/yellow] {escape(text)}", highlight=False)
+        elif self.holding:
+            self.held.append(text)
+        else:
+            self.console.print(text, markup=False, highlight=False)
+
+    def end_startup(self) -> None:
+        if self.held:
+            self.console.print("\n".join(self.held), markup=False, highlight=False)
+        self.held, self.holding = [], False
+
+
+def install_startup_log(console: Console, *, quiet: bool = False) -> StartupLog | None:
+    """Show mathrl's log lines on `console` (`StartupLog`); `quiet` (`-q`): warnings only. Rank 0 only
+    under torchrun (RANK), where the other ranks' lines would repeat its own."""
+    if os.environ.get("RANK", "0") != "0":
+        return None
+    logger = logging.getLogger("mathrl")
+    for old in [h for h in logger.handlers if isinstance(h, StartupLog)]:
+        logger.removeHandler(old)
+    handler = StartupLog(console, logging.WARNING if quiet else logging.INFO)
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)  # (with a handler here, logging's last resort no longer prints mathrl's warnings again)
+    return handler
+
+
+def end_startup() -> None:
+    """Print the held start-up lines as one block (nothing where no StartupLog is installed)."""
+    for handler in logging.getLogger("mathrl").handlers:
+        if isinstance(handler, StartupLog):
+            handler.end_startup()
+
+
+def plural(count: int, noun: str) -> str:
+    """`1 sample`, `2 samples`: `count` and `noun`, with an s unless it is one."""
+    return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
 def _clock(seconds: float) -> str:
@@ -103,13 +160,14 @@ def remaining_seconds(done: int, left: int, elapsed: float, since_first: float) 
     return left * elapsed / done if done >= 1 and elapsed > 0 else None
 
 
-def make_progress(console: Console, label: str, *fields: str, every_s: float = 30.0) -> Progress | PlainProgress:
+def make_progress(console: Console, label: str, *fields: str, every_s: float = 30.0, bar: bool = True) -> Progress | PlainProgress:
     """A progress display for `console`: a rich bar on a terminal (the info text `{task.fields[info]}`
-    last, cut with an ellipsis, so the times stay visible), plain log lines otherwise."""
+    last, cut with an ellipsis, so the times stay visible), plain log lines otherwise. `bar=False`
+    leaves out the bar itself (done/total stays), for a narrow terminal."""
     if not console.is_terminal:
         return PlainProgress(console, label, every_s=every_s)
-    columns = [TextColumn(f"[bold]{label}"), BarColumn(bar_width=24), MofNCompleteColumn(), TimeElapsedColumn(),
-               TimeRemainingColumn()]
+    columns = [TextColumn(f"[bold]{label}"), *([BarColumn(bar_width=24)] if bar else []), MofNCompleteColumn(),
+               TimeElapsedColumn(), TimeRemainingColumn()]
     # the info text takes the width that is left (ratio=1 with expand=True) and is the one cut
     columns += [TextColumn(text, table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis")) for text in fields
                 or ("{task.fields[info]}",)]
@@ -136,14 +194,33 @@ class BuildProgress:
         self._progress.update(self._task, completed=step, info=f"loss {loss:.3f}")
 
 
+NARROW = 120  # a terminal narrower than this gets the compact step line (`StepProgress`)
+
+
+def fit_fields(fields: list[str], room: int) -> str:
+    """`fields` (highest priority first) joined by " | ", leaving out the lowest-priority ones until the
+    line fits `room` columns; the first is always kept (the bar cuts it with an ellipsis if need be)."""
+    for count in range(len(fields), 1, -1):
+        line = " | ".join(fields[:count])
+        if len(line) <= room:
+            return line
+    return fields[0] if fields else ""
+
+
 class StepProgress:
-    """One bar for the RL steps; its text shows the latest reward, held-out pass@1, entropy and length.
-    Not on a terminal: one plain line per step."""
+    """One bar for the RL steps; its text shows the latest reward, held-out pass@1, entropy, clip
+    fraction, response length and seconds per step, in that priority. On a terminal narrower than
+    `NARROW` columns (80) the bar graphic goes, the names shorten, and the lowest-priority fields are
+    left out until the line fits: reward, pass@1 (once evaluated), entropy and clip stay at 80 columns.
+    Not on a terminal: one plain line per step, every field."""
 
     def __init__(self, console: Console, total: int, completed: int = 0):
         self.console = console
-        self._progress = make_progress(console, "RL step", every_s=0.0)
+        self.compact = console.is_terminal and console.width < NARROW
+        self._progress = make_progress(console, "RL step", every_s=0.0, bar=not self.compact)
         self._task = self._progress.add_task("rl", total=total, completed=completed, info="")
+        # what the other columns take: label, done/total, elapsed and remaining times, the gaps between columns
+        self._room = console.width - (len("RL step") + 2 * len(str(total)) + 1 + 7 + 7 + 4 + 1)
 
     def __enter__(self):
         self._progress.__enter__()
@@ -161,12 +238,19 @@ class StepProgress:
         self._progress.update(self._task, advance=1, info="no group kept this step")
 
     def advance(self, metrics: dict[str, float], eval_metrics: dict[str, float]) -> None:
-        held = [f"{k.split('/')[1]} {v:.3f}" for k, v in eval_metrics.items() if k.endswith("/pass@1")]
-        info = (
-            f"reward {metrics['reward/mean']:.3f} | eval pass@1 {', '.join(held)} | "
-            f"entropy {metrics['actor/entropy']:.3f} | clip {metrics['actor/pg_clipfrac']:.3f} | "
-            f"len {metrics['rollout/response_length']:.1f} | {metrics['perf/step_seconds']:.1f}s/step"
-        )
+        held = {k.split("/")[1]: v for k, v in eval_metrics.items() if k.endswith("/pass@1")}
+        if not self.compact:
+            info = (
+                f"reward {metrics['reward/mean']:.3f} | eval pass@1 {', '.join(f'{k} {v:.3f}' for k, v in held.items())} | "
+                f"entropy {metrics['actor/entropy']:.3f} | clip {metrics['actor/pg_clipfrac']:.3f} | "
+                f"len {metrics['rollout/response_length']:.1f} | {metrics['perf/step_seconds']:.1f}s/step"
+            )
+        else:
+            fields = [f"rew {metrics['reward/mean']:.3f}"]
+            fields += [f"p@1 {'/'.join(f'{v:.3f}' for v in held.values())}"] if held else []
+            fields += [f"ent {metrics['actor/entropy']:.3f}", f"clip {metrics['actor/pg_clipfrac']:.3f}",
+                       f"len {metrics['rollout/response_length']:.1f}", f"{metrics['perf/step_seconds']:.1f}s/step"]
+            info = fit_fields(fields, self._room)
         self._progress.update(self._task, advance=1, info=info)
 
 
@@ -174,7 +258,7 @@ def summary_table(base: dict, final: dict, *, wall_seconds: float, n: int, proce
     """Base vs final held-out scores; the title has the wall time (summed over a resumed run's processes,
     `processes`, and then each one's steps and minutes)."""
     resumed = processes_note(processes)
-    table = Table(title=f"held-out results (n={n} samples per problem; wall time {wall_seconds / 60:.1f} min)",
+    table = Table(title=f"held-out results (n={plural(n, 'sample')} per problem; wall time {wall_seconds / 60:.1f} min)",
                   caption=f"wall time over {len(processes)} processes, {resumed}" if resumed else None)
     table.add_column("set")
     table.add_column("metric")

@@ -1,4 +1,5 @@
-"""Checkpoints that hold everything needed to continue a run exactly, written atomically.
+"""Checkpoints that hold everything needed to continue a run exactly, written atomically, with the
+modes of the process umask (`cache.umask_modes`: 0o644 files under umask 022).
 
 A checkpoint is a directory `checkpoints/step_<N>/`:
     config.json, model.safetensors, tokenizer files   the model, Hugging Face format (safetensors); a
@@ -37,6 +38,7 @@ from typing import Any
 
 import torch
 
+from mathrl.cache import umask_modes
 from mathrl.model.lora import is_lora, plain_weights, unwrap
 from mathrl.run_dir import complete_checkpoints  # the layout of checkpoints/ is the run directory's
 from mathrl.seeds import rng_state
@@ -108,6 +110,7 @@ def save_checkpoint(
         torch.save(tensors, tmp / "trainer_state.pt")
         (tmp / "trainer_state.json").write_text(json.dumps({"format": FORMAT_VERSION, "step": step, **state}, indent=2))
         _write_extra(tmp, extra_tensors)
+        umask_modes(tmp)  # readable as the umask allows, before the rename: the checkpoint stays atomic
         _fsync_tree(tmp)
         if final.exists():  # the same step saved again (e.g. after a resume): replace it
             shutil.rmtree(final)
@@ -197,6 +200,7 @@ def save_hf_model(model, tokenizer, out: Path, *, ranks: Ranks | None = None) ->
         model.save_pretrained(out, state_dict=weights, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(out)
+        umask_modes(out)
 
 
 def save_final_model(model, tokenizer, out: Path, *, ranks: Ranks | None = None) -> None:
@@ -213,6 +217,7 @@ def save_final_model(model, tokenizer, out: Path, *, ranks: Ranks | None = None)
         unwrap(model).save_pretrained(out, state_dict=plain_weights(model, state), safe_serialization=True)
         tokenizer.save_pretrained(out)
         model.save_pretrained(out / "adapter", state_dict=state, safe_serialization=True)
+        umask_modes(out)
 
 
 def _write_extra(directory: Path, extra_tensors: dict[str, dict[str, torch.Tensor]] | None) -> None:
@@ -253,6 +258,7 @@ def _save_sharded(checkpoints_dir: Path, step: int, *, model, tokenizer, optimiz
             _write_extra(tmp, extra_tensors)
         barrier()  # every rank's shards are on disk
         if ranks.main:
+            umask_modes(tmp)
             _fsync_tree(tmp)
             if final.exists():
                 shutil.rmtree(final)

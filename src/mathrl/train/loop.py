@@ -24,7 +24,7 @@ from rich.console import Console
 from mathrl.config import Config
 from mathrl.evaluation.evaluate import EvalResult
 from mathrl.run_dir import release_run_dir
-from mathrl.track.console import StepProgress, summary_table
+from mathrl.track.console import StepProgress, plural, summary_table
 from mathrl.train.checkpoint import save_final_model, save_hf_model
 from mathrl.train.critic import pretrain_critic
 from mathrl.train.dist import DistributedError, Ranks, close_distributed, collective_failure, init_distributed
@@ -32,7 +32,7 @@ from mathrl.train.generators.host import next_batch, start_generator
 from mathrl.train.preempt import Preempted, StopSignal
 from mathrl.train.shared import NonFiniteError, eval_due, evals_from_log, log_evals, run_evals, summary
 from mathrl.train.step import rl_step
-from mathrl.train.trainer import Trainer, build_trainer
+from mathrl.train.trainer import Trainer, build_trainer, parent_label
 
 __all__ = ["NonFiniteError", "TrainResult", "train"]
 
@@ -143,8 +143,9 @@ def evaluate_start(trainer: Trainer) -> None:
     """The starting point's evaluation (read back from the log when resuming) and VC-PPO critic pretraining."""
     cfg, t = trainer.cfg, trainer
     if t.checkpoint is None:  # every rank samples its share; rank 0 logs
-        t.console.print(f"evaluating the base model on {', '.join(f'{e.name} ({len(e.problems)} problems)' for e in t.eval_sets)}, "
-                        f"{cfg.eval.n} samples each")
+        start = "the base model" if t.parent is None else f"the starting model ({parent_label(t.parent)})"
+        sets = ", ".join(f"{e.name} ({plural(len(e.problems), 'problem')})" for e in t.eval_sets)
+        t.console.print(f"evaluating {start} on {sets}, {plural(cfg.eval.n, 'sample')} each")
         t.base_results = t.latest = run_evals(t.eval_sets, engine=t.engine, tokenizer=t.tokenizer, verifier=t.rewarder,
                                               cfg=cfg, ranks=t.ranks)
         t.last_eval = log_evals(0, t.base_results, t.tracker, t.run) if t.ranks.main else {}

@@ -28,6 +28,7 @@ import torch
 from rich.console import Console
 
 from mathrl.algo.losses import aggregate, dp_scale, global_counts, sft_loss
+from mathrl.cache import umask_modes
 from mathrl.config import Config, ConfigError, dump_yaml
 from mathrl.machine import describe_machine, machine_comment
 from mathrl.model.io import load_model_and_tokenizer
@@ -40,6 +41,7 @@ from mathrl.run_dir import RunDir, open_run_dir, release_run_dir
 from mathrl.tasks.arithmetic import base_pretraining_text
 from mathrl.tasks.loading import load_problems
 from mathrl.tasks.sources import build_eval_sets, field_map, prompt_encoder
+from mathrl.track.console import end_startup
 from mathrl.train.batching import Rows, micro_batches
 from mathrl.train.checkpoint import load_trainer_state, save_checkpoint
 from mathrl.train.preempt import Preempted, StopSignal, time_save_due
@@ -266,7 +268,8 @@ class SFTRun:
 def build_sft(cfg: Config, console: Console, *, resume: bool) -> SFTRun:
     """The run directory, model, data, optimizer and tracker of an SFT run, resumed from the run
     directory's last checkpoint when it holds one."""
-    run, checkpoint = open_run_dir(cfg.run_dir, config_text=machine_comment(describe_machine()) + dump_yaml(cfg), resume=resume, console=console)
+    run, checkpoint = open_run_dir(cfg.run_dir, config_text=machine_comment(describe_machine()) + dump_yaml(cfg), resume=resume, console=console,
+                                   steps_key="sft.steps")
     console.print(f"[bold]run directory[/bold] {run.path}")
     seed_everything(cfg.seed)
     model_path = resolve_model_path(cfg, console, pretraining_text=base_pretraining_text(cfg.base))
@@ -286,6 +289,7 @@ def build_sft(cfg: Config, console: Console, *, resume: bool) -> SFTRun:
         state = load_trainer_state(checkpoint, optimizers={"optimizer": optimizer, "scheduler": scheduler}, controllers={})
         s.start_step = resume_from(checkpoint, state, stream=s.stream, run=run, console=console, steps=cfg.sft.steps)
     s.tracker = build_tracker(cfg, run)
+    end_startup()  # the lines mathrl logged while setting up, as one block (track/console.py)
     return s
 
 
@@ -350,6 +354,7 @@ def finish_sft(s: SFTRun, *, base: dict, last: dict, wall_seconds: float) -> Non
         s.engine.close()
     s.model.save_pretrained(run.final, safe_serialization=True)
     s.tokenizer.save_pretrained(run.final)
+    umask_modes(run.final)
     (run.final / "trainer_state.json").write_text(json.dumps({"step": cfg.sft.steps, "data": s.stream.state_dict()}))
     s.tracker.close()
     losses = [r for r in run.metrics() if "sft/eval_loss" in r]

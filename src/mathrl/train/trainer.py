@@ -51,6 +51,7 @@ from mathrl.train.dist import Ranks, broadcast_object, shard_model
 from mathrl.train.monitors import CollapseWatch, SignalWatch
 from mathrl.train.preempt import StopSignal, agree, time_save_due
 from mathrl.train.shared import SkipCount, build_optimizer, build_tracker, resume_from, save_due, seed_everything
+from mathrl.train.startup import log_decisions
 from mathrl.train.teacher import load_teacher
 from mathrl.train.update import loss_scaler
 
@@ -268,6 +269,7 @@ def build_trainer(cfg: Config, ranks: Ranks, *, console: Console, resume: bool =
         engine.update_weights(trainer.engine_weights())
     trainer.tracker = build_tracker(cfg, run, ranks)
     _print_data_notes(trainer)
+    log_decisions(trainer)  # the start-up block: engine, threads, losses (and what the tools logged)
     trainer.rewarder = rewarder
     return trainer
 
@@ -314,7 +316,7 @@ def _restore(t: Trainer) -> None:
     if checkpoint is None and cfg.train.init_from_mode == "restart":  # its weights only: all else starts fresh
         if t.ranks.main:
             t.run.write_parent(parent, int(json.loads((parent / "trainer_state.json").read_text())["step"]))
-        t.console.print(f"[bold]restarting[/bold] from the weights of {parent} as a new starting model (fresh "
+        t.console.print(f"[bold]restarting[/bold] from the weights of {parent_label(parent)} as a new starting model (fresh "
                         "optimizer and schedule; it is also the KL reference); recorded in parent.json")
         return
     origin = checkpoint or parent
@@ -338,7 +340,17 @@ def _restore(t: Trainer) -> None:
     else:  # staged growth (e.g. a longer rollout.max_new_tokens): optimizer, schedule, controllers kept
         if t.ranks.main:
             t.run.write_parent(parent, state["step"])
-        t.console.print(f"[bold]continuing[/bold] from {parent} (step {state['step']} of its run); recorded in parent.json")
+        t.console.print(f"[bold]continuing[/bold] from {parent_label(parent)} (its optimizer, schedule and controllers; "
+                        f"train.steps={cfg.train.steps} counts this run's steps, from 1); recorded in parent.json")
+
+
+def parent_label(parent: Path) -> str:
+    """`<run> step N` for a `train.init_from` checkpoint (`<checkpoint>` when it is not in a run's
+    checkpoints/ or final/, or its step is not recorded)."""
+    state = parent / "trainer_state.json"
+    step = json.loads(state.read_text()).get("step") if state.is_file() else None
+    run = parent.parent.parent if parent.parent.name == "checkpoints" else parent.parent if parent.name == "final" else None
+    return f"{run} step {step}" if run is not None and step is not None else str(parent)
 
 
 def _print_data_notes(t: Trainer) -> None:

@@ -174,8 +174,9 @@ class Generator:
 
     def checkpoint_tensors(self, step: int) -> dict[str, torch.Tensor]:
         """The versions steps step+1 .. step+k sample from (fixed lag), besides version `step` itself:
-        {"<version>:<name>": tensor}, for the checkpoint of step `step`."""
-        if self.cfg.rollout.async_mode != "fixed_lag" or step >= self.last_step:
+        {"<version>:<name>": tensor}, for the checkpoint of step `step`; the last step's checkpoint too,
+        from which a longer train.steps extends the finished run step for step (run_dir.open_run_dir)."""
+        if self.cfg.rollout.async_mode != "fixed_lag":
             return {}
         out = {}
         for v in range(needed_version(step + 1, self.lag), step):

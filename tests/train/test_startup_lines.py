@@ -1,0 +1,22 @@
+"""train/startup.py: the start-up block's teacher line, from the config alone."""
+
+from __future__ import annotations
+
+from mathrl.config import load_config
+from mathrl.train.startup import teacher_line
+
+
+def test_no_teacher_no_line() -> None:
+    assert teacher_line(load_config(None)) == []
+
+
+def test_the_teacher_and_the_mode_in_force() -> None:
+    cfg = load_config(None, ["algo.distill.mode=reverse_kl", "teacher.self=true"])
+    assert teacher_line(cfg) == ["teacher: the starting model, frozen, the answer in its prompt only "
+                                 "('{answer}:{question}'); distillation reverse_kl (student logprob sampler), "
+                                 "task reward weight 0"]
+    cfg = load_config(None, ["algo.distill.mode=jsd", "algo.distill.beta=0.5", "algo.distill.topk=8",
+                             "algo.distill.reward_weight=1", "teacher.self=true", "teacher.self_update=true"])
+    (line,) = teacher_line(cfg)
+    assert line.startswith("teacher: the current policy, without gradient")
+    assert line.endswith("distillation jsd (beta 0.5, top-8), task reward weight 1")
