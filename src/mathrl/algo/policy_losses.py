@@ -42,8 +42,9 @@ is loaded (tests/algo/test_policy_losses.py registers one from outside and train
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -70,6 +71,9 @@ class PolicyLoss:
     sequence_ratio: bool = False  # one importance ratio per sequence: no token of a row has its own gradient weight
     dual_clip: bool = False  # reads algo.clip.dual_clip_c
     needs_generator: bool = False  # picks tokens at random: the caller passes a seeded torch.Generator
+    # {algo.clip key: the loss's published value}: applied when the user sets no algo.clip.* of that name
+    # (config/load.py); empty for a loss that reads no clip. `clip_defaults(fn)` reads them off the signature.
+    defaults: dict[str, float] = field(default_factory=dict)
 
 
 def weigh(loss: Tensor, mask: Tensor, weights: Tensor | None) -> Tensor:
@@ -195,11 +199,14 @@ def geo_mean(logprobs, old_logprobs, advantages, mask, *, weights=None, eps_low=
 
 
 # ----------------------------------------------------------------------------- every token keeps a gradient
-def cispo(logprobs, old_logprobs, advantages, mask, *, weights=None, eps_low=0.2, eps_high=0.28):
+def cispo(logprobs, old_logprobs, advantages, mask, *, weights=None, eps_low=1.0, eps_high=0.2):
     """CISPO (MiniMax-M1, arXiv 2506.13585, eq. 4-5): clip the importance weight, stop its gradient,
     and keep every token's gradient:
 
         l_it = -sg[clip(ratio_it, 1 - eps_low, 1 + eps_high)] * A_it * logprobs_it
+
+    The method bounds the weight from above only: eps_low 1.0 (the weight's lower bound 0, never
+    reached); eps_high 0.2 as verl's CISPO example.
 
     Returns stats pg_clipfrac (the weight was clipped), pg_clipfrac_lower (0), ppo_kl."""
     logprobs, old_logprobs, advantages = _inputs(logprobs, old_logprobs, advantages, mask)
@@ -375,6 +382,15 @@ def top_entropy_mask(entropy: Tensor, mask: Tensor, *, quantile: float) -> Tenso
 
 
 # ----------------------------------------------------------------------------- the registry
+CLIP_KEYS = ("eps_low", "eps_high")  # the algo.clip fields a loss's own defaults can set
+
+
+def clip_defaults(fn: Callable[..., Any]) -> dict[str, float]:
+    """{eps_low, eps_high: their defaults in `fn`'s signature}: the values the loss is published with."""
+    params = inspect.signature(fn).parameters
+    return {k: params[k].default for k in CLIP_KEYS if k in params}
+
+
 def _clip(algo) -> dict[str, float]:
     return {"eps_low": algo.clip.eps_low, "eps_high": algo.clip.eps_high}
 
@@ -385,19 +401,22 @@ def _dppo_params(algo) -> dict[str, float]:
 
 
 POLICY_LOSSES.register("ppo_clip", PolicyLoss(
-    ppo_clip, params=lambda algo: {**_clip(algo), "dual_clip_c": algo.clip.dual_clip_c}, dual_clip=True))
-POLICY_LOSSES.register("gspo", PolicyLoss(gspo, params=_clip, agg=SEQ_AGG, sequence_ratio=True))
-POLICY_LOSSES.register("gspo_token", PolicyLoss(gspo_token, params=_clip, agg=SEQ_AGG))
-POLICY_LOSSES.register("cispo", PolicyLoss(cispo, params=_clip))
+    ppo_clip, params=lambda algo: {**_clip(algo), "dual_clip_c": algo.clip.dual_clip_c}, dual_clip=True,
+    defaults=clip_defaults(ppo_clip)))
+POLICY_LOSSES.register("gspo", PolicyLoss(gspo, params=_clip, agg=SEQ_AGG, sequence_ratio=True,
+                                          defaults=clip_defaults(gspo)))
+POLICY_LOSSES.register("gspo_token", PolicyLoss(gspo_token, params=_clip, agg=SEQ_AGG, defaults=clip_defaults(gspo_token)))
+POLICY_LOSSES.register("cispo", PolicyLoss(cispo, params=_clip, defaults=clip_defaults(cispo)))
 POLICY_LOSSES.register("sapo", PolicyLoss(
     sapo, params=lambda algo: {"tau_pos": algo.sapo.tau_pos, "tau_neg": algo.sapo.tau_neg}, agg=SEQ_AGG))
-POLICY_LOSSES.register("geo_mean", PolicyLoss(geo_mean, params=_clip, agg=SEQ_AGG, sequence_ratio=True))
+POLICY_LOSSES.register("geo_mean", PolicyLoss(geo_mean, params=_clip, agg=SEQ_AGG, sequence_ratio=True,
+                                              defaults=clip_defaults(geo_mean)))
 POLICY_LOSSES.register("dppo_tv", PolicyLoss(dppo_tv, params=_dppo_params))
 POLICY_LOSSES.register("dppo_kl", PolicyLoss(dppo_kl, params=_dppo_params))
 POLICY_LOSSES.register("clip_cov", PolicyLoss(
     clip_cov, params=lambda algo: {**_clip(algo), "cov_ratio": algo.cov.ratio, "cov_lb": algo.cov.lb,
                                   "cov_ub": algo.cov.ub},
-    needs_generator=True))
+    needs_generator=True, defaults=clip_defaults(clip_cov)))
 POLICY_LOSSES.register("kl_cov", PolicyLoss(
     kl_cov, params=lambda algo: {"cov_ratio": algo.cov.ratio, "kl_coef": algo.cov.kl_coef}))
 POLICY_LOSSES.register("gpg", PolicyLoss(gpg))

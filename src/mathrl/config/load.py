@@ -24,6 +24,8 @@ import yaml
 
 from mathrl.config.shared import ConfigError
 from mathrl.config.tree import Config
+from mathrl.config.tree_algo import ClipConfig
+from mathrl.registry import POLICY_LOSSES
 
 _FLOAT_RE = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
@@ -218,6 +220,32 @@ def fit_mini_batch(cfg: Config, *, set_by_user: bool) -> str | None:
     return line
 
 
+def apply_loss_defaults(cfg: Config, *, set_by_user: set[str]) -> tuple[dict[str, str], list[str]]:
+    """Give algo.clip.* the chosen policy loss's published values (its registered `defaults`: GSPO's
+    3e-4 / 4e-4, CISPO's one-sided bound, GMPO's log-space 0.4) where the user set no value of that key.
+    Returns ({dotted key: where its value came from} for each value changed, note lines): a key the user
+    set is kept, and when it holds PPO's value under another loss, a note names the loss's own."""
+    name = cfg.algo.policy_loss
+    if name not in POLICY_LOSSES.names():
+        return {}, []  # named by the domain check
+    chosen, notes = {}, []
+    tree_default = ClipConfig()
+    for key, value in POLICY_LOSSES.get(name).defaults.items():
+        dotted, current = f"algo.clip.{key}", getattr(cfg.algo.clip, key)
+        if value == getattr(tree_default, key):
+            continue  # the tree's default is the loss's own (ppo_clip, clip_cov): nothing to choose
+        if key in set_by_user:
+            if current == getattr(tree_default, key):
+                notes.append(f"{dotted}={current} as set, which is PPO's value; {name}'s own default is {value}")
+            continue
+        setattr(cfg.algo.clip, key, value)
+        chosen[dotted] = f"{name}'s default"
+    if chosen:
+        notes.insert(0, ", ".join(f"{k}={getattr(cfg.algo.clip, k.rsplit('.', 1)[1])}" for k in chosen)
+                     + f": {name}'s default{'s' if len(chosen) > 1 else ''} (set algo.clip.* to choose others)")
+    return chosen, notes
+
+
 def _read_recipe(recipe: str | Path) -> dict[str, Any]:
     """The mapping a YAML recipe file holds; ConfigError naming the file (and line) when it cannot be one."""
     path = Path(recipe)
@@ -256,12 +284,32 @@ def load_config(
         key, value = parse_override(text)
         _set_dotted(tree, key, value)
     cfg = from_dict(Config, tree)
-    chosen = fit_mini_batch(cfg, set_by_user="mini_batch_size" in (tree.get("train") or {}))
-    if chosen:
-        note(chosen)
+    clip = (tree.get("algo") or {}).get("clip") or {}
+    cfg.chosen, notes = apply_loss_defaults(cfg, set_by_user=set(clip) if isinstance(clip, dict) else set())
+    fitted = fit_mini_batch(cfg, set_by_user="mini_batch_size" in (tree.get("train") or {}))
+    for line in [*notes, *([fitted] if fitted else [])]:
+        note(line)
     cfg.validate(check_paths=check_paths)
     return cfg
 
 
 def dump_yaml(cfg: Config) -> str:
-    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+    """The config as YAML; a value `load_config` chose (`cfg.chosen`) carries a comment saying where from:
+    `    eps_low: 0.0003  # gspo's default`."""
+    return _annotate(yaml.safe_dump(to_dict(cfg), sort_keys=False), getattr(cfg, "chosen", {}))
+
+
+def _annotate(text: str, comments: dict[str, str]) -> str:
+    """`text` (safe_dump's block YAML, two spaces per level) with `# comment` after the line of each dotted key."""
+    if not comments:
+        return text
+    lines, path = text.splitlines(keepends=True), []
+    for i, line in enumerate(lines):
+        indent, key = len(line) - len(line.lstrip(" ")), line.strip().split(":", 1)[0]
+        if not line.strip() or line.lstrip().startswith("-"):
+            continue
+        path = path[: indent // 2] + [key]
+        comment = comments.get(".".join(path))
+        if comment is not None:
+            lines[i] = line.rstrip("\n") + f"  # {comment}\n"
+    return "".join(lines)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from mathrl.config.rules import ConfigRules
 from mathrl.config.schema import (
@@ -366,6 +366,9 @@ class Config(ConfigRules):
     eval: EvalConfig = section(EvalConfig, "held-out evaluation during training")
     log: LogConfig = section(LogConfig, "what is written besides metrics.jsonl")
     sft: SFTConfig = section(SFTConfig, "supervised fine-tuning (mathrl sft), before RL")
+    # {dotted key: where its value came from} for the values load_config chose (a policy loss's own clip
+    # range); not a field: config.yaml keeps its keys, and shows these as comments (load.dump_yaml)
+    chosen: ClassVar[dict[str, str]] = {}
 
     # -- derived sizes, in one place (validate and the cross-field rules: rules.py) ----------------
     @property

@@ -37,6 +37,10 @@ TOKEN_SHARE = unit(open_low=True, why="the share of tokens kept; 0.2 is the pape
 
 @dataclass
 class ClipConfig:
+    """PPO's ratio clip; a policy loss published with other values (gspo 3e-4 / 4e-4, cispo's one-sided
+    1.0 / 0.2, geo_mean's log-space 0.4 / 0.4) gets its own for each key the user does not set (its
+    registered `defaults`; `mathrl config` and config.yaml say which values came from it)."""
+
     eps_low: ZeroToOne = knob(0.2, "ratio clipped below at 1 - eps_low (1.0: no lower bound, as CISPO)")
     eps_high: NonNeg[float] = knob(0.28, "ratio clipped above at 1 + eps_high (clip-higher, DAPO section 3.1)")
     dual_clip_c: Annotated[float, DUAL_CLIP] | None = knob(None,
