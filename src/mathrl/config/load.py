@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import yaml
 
+from mathrl.config.peers import close_name, peer_key_hint
 from mathrl.config.shared import ConfigError
 from mathrl.config.tree import Config
 from mathrl.config.tree_algo import ClipConfig
@@ -54,18 +55,17 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if origin is Literal:
         if value in typing.get_args(tp):
             return value
-        choices = [str(a) for a in typing.get_args(tp)]
-        lowered = {c.lower(): c for c in choices}
-        word = str(value).lower()
-        if word in lowered:
-            close = [lowered[word]]
+        choices, why = [str(a) for a in typing.get_args(tp)], ""
+        word, peer = str(value).lower(), close_name(value, choices, where)  # another case, or a TRL / verl name
+        if peer is not None:
+            close, why = [peer[0]], peer[1]
         elif word in ("off", "no", "false"):  # switching a choice field off
             close = ["none"] if "none" in choices else []
         elif word in ("on", "yes", "true"):  # "on" is not a typo of "none": which choice is meant is the user's call
             close = []
         else:
             close = difflib.get_close_matches(str(value), choices, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
+        hint = f"; did you mean {close[0]!r}?{why}" if close else ""
         shown = str(value).lower() if isinstance(value, bool) else repr(value)  # as typed: true, not True
         raise ConfigError(f"{where}: {shown} is not one of {_type_name(tp)}{hint}")
     if origin in (typing.Union, types.UnionType):
@@ -125,7 +125,18 @@ def _all_keys(cls: type, prefix: str = "") -> list[str]:
     return keys
 
 
-def _unknown_key_error(cls: type, key: str, prefix: str) -> ConfigError:
+def _dotted_leaves(value: Any, key: str) -> list[str]:
+    """`key` and, when `value` is a mapping, the dotted keys of its leaves (actor_rollout_ref.actor.clip_ratio)."""
+    if not isinstance(value, dict):
+        return [key]
+    return [key] + [leaf for k, v in value.items() for leaf in _dotted_leaves(v, f"{key}.{k}")]
+
+
+def _unknown_key_error(cls: type, key: str, prefix: str, value: Any = None) -> ConfigError:
+    for dotted in _dotted_leaves(value, prefix + key):  # a TRL or verl key: mathrl's, with the conversion
+        peer = peer_key_hint(dotted)
+        if peer is not None:
+            return ConfigError(f"unknown config key {dotted!r}; {peer}")
     local = [f.name for f in dataclasses.fields(cls)]
     close = difflib.get_close_matches(key, local, n=1, cutoff=0.5)
     close = close or [k for k in local if len(k) > 1 and (key.startswith(k) or k.startswith(key))][:1]  # lr_rate -> lr
@@ -146,7 +157,7 @@ def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     kwargs = {}
     for key, value in data.items():
         if key not in names:
-            raise _unknown_key_error(cls, str(key), prefix)
+            raise _unknown_key_error(cls, str(key), prefix, value)
         tp = hints[key]
         if dataclasses.is_dataclass(tp):
             kwargs[key] = from_dict(tp, value if value is not None else {}, prefix + key + ".")

@@ -8,7 +8,7 @@ ones (a field the run never reads), the check behind the "counts only when" rule
 
 Reads made by the config's own checking and writing (config/rules.py, schema.py, load.py: `validate`,
 `dump_yaml`) are not the run's use of a field and are left out; so are reads inside `dataclasses` and
-`copy` called from there. A list of sections (reward.functions) records its entries' fields as
+`copy` called from there; `vars(section)` reads all its fields. A list of sections (reward.functions) records its entries' fields as
 `reward.functions[].fn`. Only this process's reads: generator processes are not seen.
 """
 
@@ -66,6 +66,8 @@ def recording_reads(root: type | None = None) -> Iterator[set[str]]:
         cls = type(self)
         if name in names.get(cls, ()) and not dataclasses.is_dataclass(value) and not _from_checking():
             read.add(prefixes[cls] + name)
+        elif name == "__dict__" and cls in names and not _from_checking():  # vars(section): every field of it
+            read.update(prefixes[cls] + field for field in names[cls])
         return value
 
     saved = {cls: cls.__dict__.get("__getattribute__") for cls in prefixes}

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
+from mathrl.config.peers import close_name
 from mathrl.registry import Registry
 
 __all__ = [
@@ -126,6 +127,9 @@ class Registered(Domain):
         names = self.registry.names()
         if value in names:
             return None
+        peer = close_name(value, names, self.registry.field)  # GSPO -> gspo, verl's vanilla -> ppo_clip
+        if peer is not None:
+            return f"must be {self.text}; did you mean {peer[0]!r}?{peer[1]}"
         close = difflib.get_close_matches(str(value), names, n=1)
         return f"must be {self.text}" + (f"; did you mean {close[0]!r}?" if close else "")
 
@@ -256,15 +260,17 @@ def value_at(cfg: Any, key: str) -> Any:
     return cfg
 
 
-def _conditions(cls: type, prefix: str = "") -> Iterator[tuple[str, Any, When]]:
+@functools.cache
+def _conditions(cls: type, prefix: str = "") -> tuple[tuple[str, Any, When], ...]:
     """(dotted key, default, When) of every field of `cls` that declares one, sections descended."""
-    hints = typing.get_type_hints(cls)
+    hints, out = typing.get_type_hints(cls), []
     for f in dataclasses.fields(cls):
         if dataclasses.is_dataclass(hints[f.name]):
-            yield from _conditions(hints[f.name], f"{prefix}{f.name}.")
+            out += _conditions(hints[f.name], f"{prefix}{f.name}.")
         elif WHEN in f.metadata:
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-            yield prefix + f.name, default, f.metadata[WHEN]
+            out.append((prefix + f.name, default, f.metadata[WHEN]))
+    return tuple(out)
 
 
 def dead_settings(cfg: Any) -> list[str]:
