@@ -10,7 +10,9 @@ with logprobs [B, T] log pi_theta of the sampled tokens (differentiable), old_lo
 importance weights of the policy-gradient term (algo.rollout_correction / algo.off_policy, detached).
 It returns the per-token loss [B, T], 0 at masked tokens, already weighted, and `stats`: per-token
 float tensors [B, T], detached and 0 at masked tokens, each averaged over the step's counted tokens
-into the metric actor/<key> (pg_clipfrac, pg_clipfrac_lower, ppo_kl, cov_selected_frac).
+into the metric actor/<key> (pg_clipfrac, pg_clipfrac_lower, pg_clipfrac_low, pg_clipfrac_high, ppo_kl,
+cov_selected_frac); a `seq_*` stat holds each row's value on its tokens and is reduced over sequences
+(the sequence ratio's seq_ratio_mean / _min / _max and seq_clipfrac of gspo, gspo_token, geo_mean).
 The per-token loss is then reduced by `losses.aggregate` with the entry's own aggregation, or
 algo.loss_agg where the entry has none:
 
@@ -108,6 +110,20 @@ def _seq_mean(x: Tensor, mask: Tensor) -> Tensor:
     return masked_sum(x, mask, -1) / mask.bool().sum(-1).to(x.dtype).clamp_min(1)
 
 
+def _sides(clipped: Tensor, advantages: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """pg_clipfrac_low / pg_clipfrac_high [B, T]: the clipped tokens (`clipped` [B, T] bool) split by the side
+    whose bound took effect: the lower bound where A < 0, the upper where A > 0 (verl's pg_clipfrac, by side)."""
+    return {"pg_clipfrac_low": _stat(clipped & (advantages < 0), mask), "pg_clipfrac_high": _stat(clipped & (advantages > 0), mask)}
+
+
+def _seq_stats(s: Tensor, clipped: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """The sequence ratio's statistics, each row's value [B] on its counted tokens [B, T]: seq_ratio_mean /
+    _min / _max (train/update.py reduces them over the step's sequences: a mean per sequence, the smallest,
+    the largest) and seq_clipfrac, the share of sequences clipped."""
+    return {"seq_ratio_mean": _stat(_per_row(s, mask), mask), "seq_ratio_min": _stat(_per_row(s, mask), mask),
+            "seq_ratio_max": _stat(_per_row(s, mask), mask), "seq_clipfrac": _stat(_per_row(clipped.float(), mask), mask)}
+
+
 def _per_row(seq_loss: Tensor, mask: Tensor) -> Tensor:
     """[B, T] each row's loss on each of its counted tokens (seq_mean_token_mean sums it once per row)."""
     return torch.where(mask.bool(), seq_loss[:, None].expand(mask.shape), torch.zeros((), dtype=seq_loss.dtype,
@@ -121,7 +137,7 @@ def ppo_clip(logprobs, old_logprobs, advantages, mask, *, weights=None, eps_low=
     loss, info = policy_loss(logprobs, old_logprobs, advantages, mask, eps_low=eps_low, eps_high=eps_high,
                              dual_clip_c=dual_clip_c)
     return weigh(loss, mask, weights), {"pg_clipfrac": info["clipped"], "pg_clipfrac_lower": info["dual_clipped"],
-                                        "ppo_kl": info["ppo_kl"]}
+                                        "ppo_kl": info["ppo_kl"], **_sides(info["clipped"].bool(), advantages, mask)}
 
 
 # ----------------------------------------------------------------------------- sequence-level ratios
@@ -146,9 +162,12 @@ def gspo(logprobs, old_logprobs, advantages, mask, *, weights=None, eps_low=3e-4
     adv = _seq_mean(advantages, mask)  # [B]
     unclipped, clipped = -adv * s, -adv * s.clamp(1.0 - eps_low, 1.0 + eps_high)  # [B]
     loss = _per_row(torch.maximum(unclipped, clipped), mask)  # [B, T]
-    return weigh(loss, mask, weights), {"pg_clipfrac": _stat(_per_row((clipped > unclipped).float(), mask), mask),
+    row_clipped = clipped > unclipped  # [B]
+    return weigh(loss, mask, weights), {"pg_clipfrac": _stat(_per_row(row_clipped.float(), mask), mask),
                                         "pg_clipfrac_lower": _stat(torch.zeros_like(loss), mask),
-                                        "ppo_kl": _stat(-log_ratio, mask)}
+                                        "ppo_kl": _stat(-log_ratio, mask),
+                                        **_sides(_per_row(row_clipped.float(), mask).bool(), _per_row(adv, mask), mask),
+                                        **_seq_stats(s, row_clipped, mask)}
 
 
 def gspo_token(logprobs, old_logprobs, advantages, mask, *, weights=None, eps_low=3e-4, eps_high=4e-4):
@@ -165,9 +184,13 @@ def gspo_token(logprobs, old_logprobs, advantages, mask, *, weights=None, eps_lo
     s = torch.exp(log_st)
     unclipped, clipped = -advantages * s, -advantages * s.clamp(1.0 - eps_low, 1.0 + eps_high)
     loss = torch.maximum(unclipped, clipped)
+    s_row = torch.exp(log_s.clamp(max=10.0))  # [B] the sequence ratio's value
+    adv_row = _seq_mean(advantages, mask)  # [B]
+    row_clipped = -adv_row * s_row.clamp(1.0 - eps_low, 1.0 + eps_high) > -adv_row * s_row  # [B], as gspo's
     return weigh(loss, mask, weights), {"pg_clipfrac": _stat((clipped > unclipped).float(), mask),
                                         "pg_clipfrac_lower": _stat(torch.zeros_like(loss), mask),
-                                        "ppo_kl": _stat(-log_ratio, mask)}
+                                        "ppo_kl": _stat(-log_ratio, mask), **_sides(clipped > unclipped, advantages, mask),
+                                        **_seq_stats(s_row, row_clipped, mask)}
 
 
 def geo_mean(logprobs, old_logprobs, advantages, mask, *, weights=None, eps_low=0.4, eps_high=0.4):
@@ -193,9 +216,11 @@ def geo_mean(logprobs, old_logprobs, advantages, mask, *, weights=None, eps_low=
     if weights is not None:
         seq_loss = seq_loss * torch.exp(_seq_mean(torch.log(weights.to(seq_loss.device) + 1e-10), mask))
     clipped = (log_ratio != clamped).float()
+    binds = (pessimistic != log_ratio) & mask.bool()  # [B, T] the bound on the advantage's side took effect
     return _per_row(seq_loss, mask), {"pg_clipfrac": _stat(clipped * (advantages > 0), mask),
                                       "pg_clipfrac_lower": _stat(clipped * (advantages < 0), mask),
-                                      "ppo_kl": _stat(-log_ratio, mask)}
+                                      "ppo_kl": _stat(-log_ratio, mask), **_sides(binds, advantages, mask),
+                                      **_seq_stats(torch.exp(_seq_mean(log_ratio, mask)), binds.any(-1), mask)}
 
 
 # ----------------------------------------------------------------------------- every token keeps a gradient
@@ -215,7 +240,9 @@ def cispo(logprobs, old_logprobs, advantages, mask, *, weights=None, eps_low=1.0
     loss = -clipped * advantages * logprobs
     return weigh(loss, mask, weights), {"pg_clipfrac": _stat((ratio != clipped).float(), mask),
                                         "pg_clipfrac_lower": _stat(torch.zeros_like(loss), mask),
-                                        "ppo_kl": _stat(-log_ratio, mask)}
+                                        "ppo_kl": _stat(-log_ratio, mask),
+                                        "pg_clipfrac_low": _stat(ratio < 1.0 - eps_low, mask),
+                                        "pg_clipfrac_high": _stat(ratio > 1.0 + eps_high, mask)}
 
 
 def sapo(logprobs, old_logprobs, advantages, mask, *, weights=None, tau_pos=1.0, tau_neg=1.05):
@@ -234,6 +261,7 @@ def sapo(logprobs, old_logprobs, advantages, mask, *, weights=None, tau_pos=1.0,
     loss = -torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau) * advantages
     zeros = _stat(torch.zeros_like(loss), mask)
     return weigh(loss, mask, weights), {"pg_clipfrac": zeros, "pg_clipfrac_lower": zeros.clone(),
+                                        "pg_clipfrac_low": zeros.clone(), "pg_clipfrac_high": zeros.clone(),
                                         "ppo_kl": _stat(-log_ratio, mask)}
 
 
@@ -243,9 +271,11 @@ def _dppo(logprobs, old_logprobs, advantages, mask, weights, valid: Tensor, rati
     truncated = ratio.clamp(max=trunc_c).detach()
     valid = valid.detach().to(logprobs.dtype)
     loss = -advantages * truncated * logprobs * valid
+    removed, up = valid == 0, advantages > 0  # the mask's upper check applies where A > 0, its lower elsewhere
     return weigh(loss, mask, weights), {"pg_clipfrac": _stat(1.0 - valid, mask),
                                         "pg_clipfrac_lower": _stat((ratio > trunc_c).float() * valid, mask),
-                                        "ppo_kl": _stat(-log_ratio, mask)}
+                                        "ppo_kl": _stat(-log_ratio, mask), "pg_clipfrac_low": _stat(removed & ~up, mask),
+                                        "pg_clipfrac_high": _stat(removed & up, mask)}
 
 
 def dppo_tv(logprobs, old_logprobs, advantages, mask, *, weights=None, delta_low=0.2, delta_high=0.2, trunc_c=20.0):
@@ -312,7 +342,8 @@ def clip_cov(logprobs, old_logprobs, advantages, mask, *, weights=None, eps_low=
     loss = torch.where(picked, torch.zeros_like(ratio), torch.maximum(unclipped, clipped))
     return weigh(loss, mask, weights), {"pg_clipfrac": _stat(picked.float(), mask),
                                         "pg_clipfrac_lower": _stat(torch.zeros_like(loss), mask),
-                                        "ppo_kl": _stat(-log_ratio, mask), "cov_selected_frac": _stat(picked.float(), mask)}
+                                        "ppo_kl": _stat(-log_ratio, mask), "cov_selected_frac": _stat(picked.float(), mask),
+                                        **_sides(m & (clipped > unclipped), advantages, mask)}
 
 
 def kl_cov(logprobs, old_logprobs, advantages, mask, *, weights=None, cov_ratio=2e-4, kl_coef=0.1):
@@ -335,6 +366,7 @@ def kl_cov(logprobs, old_logprobs, advantages, mask, *, weights=None, cov_ratio=
     loss = torch.where(picked, loss + kl_coef * log_ratio.abs(), loss)
     zeros = _stat(torch.zeros_like(loss), mask)
     return weigh(loss, mask, weights), {"pg_clipfrac": zeros, "pg_clipfrac_lower": zeros.clone(),
+                                        "pg_clipfrac_low": zeros.clone(), "pg_clipfrac_high": zeros.clone(),
                                         "ppo_kl": _stat(log_ratio.abs(), mask), "cov_selected_frac": _stat(picked.float(), mask)}
 
 

@@ -304,6 +304,7 @@ def update_policy(
     """
     terms_on = [(name, term) for name, term in LOSS_TERMS.items() if term.enabled(cfg.algo)]
     sums = {k: 0.0 for k in ("entropy", *STANDARD_STATS, "tokens", "ent_masked")}  # token sums of the metrics
+    extrema: dict[str, float] = {}  # the smallest / largest of a sequence statistic (seq_*_min, seq_*_max)
     log, device = UpdateLog(), input_device(model)
     seed = derive_seed(cfg.seed, step)
     for mini in mini_batches(batch, cfg, seed=seed, rows=rows):
@@ -327,7 +328,12 @@ def update_policy(
                         loss = loss + contribution
                 backward(loss * dp_scale(), scaler)
                 for key, value in (("entropy", entropy.detach()), *stats.items()):
+                    if key.startswith(SEQ_PREFIX):  # a row's value on its tokens: reduced over sequences
+                        add_sequence_stat(sums, extrema, key, value, x.mask)
+                        continue
                     sums[key] = sums.get(key, 0.0) + float((value * x.mask).sum())
+                if any(key.startswith(SEQ_PREFIX) for key in stats):
+                    sums["seqs"] = sums.get("seqs", 0.0) + float((x.mask.sum(-1) > 0).sum())
                 sums["tokens"] += float(x.mask.sum())
                 for k, v in terms.items():
                     totals[k] = totals.get(k, 0.0) + v
@@ -335,11 +341,39 @@ def update_policy(
             extra = ptx_update(model, ptx, cfg, scaler=scaler) if ptx is not None else {}
         optimizer_step(model, optimizer, scheduler, cfg, log, totals, extra, scaler=scaler)
     metrics = policy_metrics(log, tdist.all_reduce_sums(sums), cfg, terms_on=[name for name, _ in terms_on],
-                             ptx=ptx is not None)
+                             ptx=ptx is not None, extrema=reduce_extrema(extrema))
     return Updated(metrics, skipped=log.skipped - log.inf_skipped)
 
 
-STANDARD_STATS = ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")  # logged for every loss (0 where it has none)
+# logged for every loss (0 where it has none)
+STANDARD_STATS = ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "pg_clipfrac_low", "pg_clipfrac_high")
+SEQ_PREFIX = "seq_"  # a loss's statistic of its sequences (gspo's ratio): each row's value on its counted tokens
+
+
+def add_sequence_stat(sums: dict[str, float], extrema: dict[str, float], key: str, value: torch.Tensor,
+                      mask: torch.Tensor) -> None:
+    """Fold a sequence statistic ([B, T], each row's value on its counted tokens) into the step's: a `_min`
+    or `_max` key into its extreme over the rows with a counted token, any other into the sum over them
+    (divided by the step's sequences in policy_metrics)."""
+    counts = mask.sum(-1)
+    rows = (value * mask).sum(-1)[counts > 0] / counts[counts > 0]  # [rows] each row's value
+    if not key.endswith(("_min", "_max")):
+        sums[key] = sums.get(key, 0.0) + float(rows.sum())  # every rank adds the key (the sums are all-reduced)
+    elif len(rows):
+        pick = min if key.endswith("_min") else max
+        extrema[key] = pick(extrema.get(key, float(pick(rows))), float(pick(rows)))
+
+
+def reduce_extrema(extrema: dict[str, float]) -> dict[str, float]:
+    """The extremes over all ranks (each rank's, gathered)."""
+    if not tdist.active():
+        return extrema
+    out: dict[str, float] = {}
+    for part in tdist.all_gather_objects(extrema):
+        for key, v in part.items():
+            pick = min if key.endswith("_min") else max
+            out[key] = pick(out.get(key, v), v)
+    return out
 
 
 def pg_term(x: TermInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -370,7 +404,7 @@ def ptx_update(model, ptx: PretrainText, cfg: Config, *, scaler=None) -> dict[st
 
 
 def policy_metrics(log: UpdateLog, sums: dict[str, float], cfg: Config, *, terms_on: list[str],
-                   ptx: bool) -> dict[str, float]:
+                   ptx: bool, extrema: dict[str, float] | None = None) -> dict[str, float]:
     """actor/* of the update from its log and its token sums (over all ranks)."""
     tokens = max(sums["tokens"], 1.0)
     metrics = {
@@ -385,8 +419,10 @@ def policy_metrics(log: UpdateLog, sums: dict[str, float], cfg: Config, *, terms
     if cfg.model.dtype == "float16":
         metrics["actor/loss_scale"] = log.loss_scale
         metrics["actor/skipped_inf_steps"] = float(log.inf_skipped)
-    for key in sorted(sums.keys() - {"entropy", *STANDARD_STATS, "tokens", "ent_masked"}):  # a loss's own stats
-        metrics[f"actor/{key}"] = sums[key] / tokens
+    for key in sorted(sums.keys() - {"entropy", *STANDARD_STATS, "tokens", "ent_masked", "seqs"}):  # a loss's own stats
+        metrics[f"actor/{key}"] = sums[key] / (max(sums["seqs"], 1.0) if key.startswith(SEQ_PREFIX) else tokens)
+    for key, value in sorted((extrema or {}).items()):
+        metrics[f"actor/{key}"] = value
     for name in terms_on:
         metrics[f"actor/{name}"] = _mean(log.terms.get(name, []))
     if cfg.algo.entropy.mode != "none":
