@@ -12,10 +12,10 @@ import io
 
 import pytest
 from rich.console import Console
+from test_dead_settings import FIELDS
 
 from mathrl.config import load_config
 from mathrl.config.reads import recording_reads
-from test_dead_settings import FIELDS
 
 pytestmark = pytest.mark.slow
 
