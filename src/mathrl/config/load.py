@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import re
 import sys
 import types
@@ -148,12 +149,17 @@ def _unknown_key_error(cls: type, key: str, prefix: str, value: Any = None) -> C
     return ConfigError(f"unknown config key {prefix + key!r}; {hint}")
 
 
+@functools.cache
+def _hints(cls: type) -> tuple[dict[str, Any], frozenset[str]]:
+    """(the resolved annotations, the field names) of a config dataclass, worked out once."""
+    return typing.get_type_hints(cls), frozenset(f.name for f in dataclasses.fields(cls))
+
+
 def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     """Build the dataclass `cls` from a nested dict, starting from its defaults."""
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
+    hints, names = _hints(cls)
     kwargs = {}
     for key, value in data.items():
         if key not in names:

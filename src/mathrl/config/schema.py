@@ -201,14 +201,20 @@ def domains(cls: type, prefix: str = "") -> dict[str, Domain]:
     return out
 
 
+@functools.cache
+def _field_domains(cls: type) -> tuple[tuple[str, Domain | None], ...]:
+    """(field, its domain or None) of a config dataclass, in declaration order, worked out once."""
+    return tuple((name, domain_of(tp)) for name, tp in _annotations(cls).items())
+
+
 def _problems(obj: Any, prefix: str = "") -> Iterator[tuple[str, Any, str]]:
     """(dotted key, value, problem) of every field of the dataclass `obj` outside its domain, sections
     descended; the items of a list of sections are checked by `check_domains`."""
-    for name, tp in _annotations(type(obj)).items():
+    for name, domain in _field_domains(type(obj)):
         value = getattr(obj, name)
         if dataclasses.is_dataclass(value):
             yield from _problems(value, f"{prefix}{name}.")
-        elif (domain := domain_of(tp)) is not None and (problem := domain.problem(value)):
+        elif domain is not None and (problem := domain.problem(value)):
             yield prefix + name, value, problem
 
 
