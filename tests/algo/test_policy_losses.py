@@ -105,7 +105,20 @@ class Ref:
         return cls(zeros(), zeros(), {k: zeros() for k in stats})
 
 
-STANDARD = ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")
+STANDARD = ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "pg_clipfrac_low", "pg_clipfrac_high")
+SEQ = ("seq_ratio_mean", "seq_ratio_min", "seq_ratio_max", "seq_clipfrac")  # a sequence ratio's, on each of its tokens
+
+
+def sides(out: Ref, i: int, t: int, clipped: bool, a: float) -> None:
+    """pg_clipfrac_low / _high: a clipped token where A < 0 (the lower bound took effect) / A > 0 (the upper)."""
+    out.stats["pg_clipfrac_low"][i][t] = float(clipped and a < 0)
+    out.stats["pg_clipfrac_high"][i][t] = float(clipped and a > 0)
+
+
+def seq_stats(out: Ref, i: int, row: list[int], s: float, clipped: bool) -> None:
+    for t in row:
+        out.stats["seq_ratio_mean"][i][t] = out.stats["seq_ratio_min"][i][t] = out.stats["seq_ratio_max"][i][t] = s
+        out.stats["seq_clipfrac"][i][t] = float(clipped)
 
 
 def ref_aggregate(loss, mask, mode: str) -> float:
@@ -128,6 +141,7 @@ def ref_ppo_clip(lp, old, adv, mask, w, *, eps_low, eps_high, dual_clip_c=None) 
         unclipped, clipped = -a * r, -a * clip(r, 1 - eps_low, 1 + eps_high)
         loss, dloss = (clipped, 0.0) if clipped > unclipped else (unclipped, -a * r)
         out.stats["pg_clipfrac"][i][t] = float(clipped > unclipped)
+        sides(out, i, t, clipped > unclipped, a)
         if dual_clip_c is not None and a < 0 and loss > -dual_clip_c * a:
             loss, dloss = -dual_clip_c * a, 0.0
             out.stats["pg_clipfrac_lower"][i][t] = 1.0
@@ -141,7 +155,7 @@ def ref_gspo(lp, old, adv, mask, w, *, eps_low, eps_high) -> Ref:
         l_i = max(-A_i s_i, -A_i clip(s_i, 1 - eps_low, 1 + eps_high)) on each of row i's tokens (times w_it);
     seq_mean_token_mean sums l_i wbar_i / S, so dL/dlp_it = -A_i s_i wbar_i / len_i / S unless clipped
     (d s_i / d lp_it = s_i / len_i: every token of a row gets the same gradient)."""
-    out, s_count = Ref.empty(mask, *STANDARD), num_seqs(mask)
+    out, s_count = Ref.empty(mask, *STANDARD, *SEQ), num_seqs(mask)
     for i in range(len(mask)):
         row = tokens_of(mask, i)
         if not row:
@@ -149,12 +163,14 @@ def ref_gspo(lp, old, adv, mask, w, *, eps_low, eps_high) -> Ref:
         n_i = len(row)
         s = math.exp(min(sum(lp[i][t] - old[i][t] for t in row) / n_i, 10.0))
         a = sum(adv[i][t] for t in row) / n_i
+        seq_stats(out, i, row, s, -a * clip(s, 1 - eps_low, 1 + eps_high) > -a * s)
         w_bar = sum(w[i][t] for t in row) / n_i
         unclipped, clipped = -a * s, -a * clip(s, 1 - eps_low, 1 + eps_high)
         loss, dloss = (clipped, 0.0) if clipped > unclipped else (unclipped, -a * s / n_i)
         for t in row:
             out.loss[i][t], out.grad[i][t] = loss * w[i][t], dloss * w_bar / s_count
             out.stats["pg_clipfrac"][i][t] = float(clipped > unclipped)
+            sides(out, i, t, clipped > unclipped, a)
             out.stats["ppo_kl"][i][t] = old[i][t] - lp[i][t]
     return out
 
@@ -163,19 +179,22 @@ def ref_gspo_token(lp, old, adv, mask, w, *, eps_low, eps_high) -> Ref:
     """GSPO-token (Zheng et al. 2025, eq. 13-14): s_it has s_i's value and d s_it / d lp_it = s_i (its own
     token only), l_it = max(-A_it s_i, -A_it clip(s_i)) w_it;  seq_mean_token_mean:
     dL/dlp_it = -A_it s_i w_it / len_i / S unless clipped."""
-    out, s_count = Ref.empty(mask, *STANDARD), num_seqs(mask)
+    out, s_count = Ref.empty(mask, *STANDARD, *SEQ), num_seqs(mask)
     for i in range(len(mask)):
         row = tokens_of(mask, i)
         if not row:
             continue
         n_i = len(row)
         s = math.exp(min(sum(lp[i][t] - old[i][t] for t in row) / n_i, 10.0))
+        a_row = sum(adv[i][t] for t in row) / n_i  # the row is clipped as gspo's would be
+        seq_stats(out, i, row, s, -a_row * clip(s, 1 - eps_low, 1 + eps_high) > -a_row * s)
         for t in row:
             a = adv[i][t]
             unclipped, clipped = -a * s, -a * clip(s, 1 - eps_low, 1 + eps_high)
             loss, dloss = (clipped, 0.0) if clipped > unclipped else (unclipped, -a * s)
             out.loss[i][t], out.grad[i][t] = loss * w[i][t], dloss * w[i][t] / n_i / s_count
             out.stats["pg_clipfrac"][i][t] = float(clipped > unclipped)
+            sides(out, i, t, clipped > unclipped, a)
             out.stats["ppo_kl"][i][t] = old[i][t] - lp[i][t]
     return out
 
@@ -189,6 +208,7 @@ def ref_cispo(lp, old, adv, mask, w, *, eps_low, eps_high) -> Ref:
         c = clip(r, 1 - eps_low, 1 + eps_high)
         out.loss[i][t], out.grad[i][t] = -c * a * lp[i][t] * w[i][t], -c * a * w[i][t] / n
         out.stats["pg_clipfrac"][i][t] = float(c != r)
+        out.stats["pg_clipfrac_low"][i][t], out.stats["pg_clipfrac_high"][i][t] = float(r < 1 - eps_low), float(r > 1 + eps_high)
         out.stats["ppo_kl"][i][t] = -x
     return out
 
@@ -213,7 +233,7 @@ def ref_geo_mean(lp, old, adv, mask, w, *, eps_low, eps_high) -> Ref:
         l_i = -A_i exp(mean_t q_it) G_i,  A_i = mean_t A_it,  G_i = exp(mean_t log(w_it + 1e-10)),
     on each of row i's tokens; seq_mean_token_mean sums l_i / S, and dq/dx is 1 on the unclipped side
     (0 where the clip is the pessimistic side, or A = 0), so dL/dlp_it = l_i dq_it/dx / len_i / S."""
-    out, s_count = Ref.empty(mask, *STANDARD), num_seqs(mask)
+    out, s_count = Ref.empty(mask, *STANDARD, *SEQ), num_seqs(mask)
     for i in range(len(mask)):
         row = tokens_of(mask, i)
         if not row:
@@ -227,7 +247,10 @@ def ref_geo_mean(lp, old, adv, mask, w, *, eps_low, eps_high) -> Ref:
             clipped = float(c != x)
             out.stats["pg_clipfrac"][i][t] = clipped * (adv[i][t] > 0)
             out.stats["pg_clipfrac_lower"][i][t] = clipped * (adv[i][t] < 0)
+            sides(out, i, t, q[t] != x, adv[i][t])  # the bound on the advantage's side took effect
             out.stats["ppo_kl"][i][t] = -x
+        x_mean = sum(lp[i][t] - old[i][t] for t in row) / n_i
+        seq_stats(out, i, row, math.exp(x_mean), any(q[t] != lp[i][t] - old[i][t] for t in row))
         a = sum(adv[i][t] for t in row) / n_i
         g = math.exp(sum(math.log(w[i][t] + 1e-10) for t in row) / n_i)
         loss = -a * math.exp(sum(q.values()) / n_i) * g
@@ -246,6 +269,7 @@ def _ref_dppo(lp, old, adv, mask, w, valid, trunc_c) -> Ref:
         out.loss[i][t] = -a * min(r, trunc_c) * lp[i][t] * v * w[i][t]
         out.grad[i][t] = -a * min(r, trunc_c) * v * w[i][t] / n
         out.stats["pg_clipfrac"][i][t] = 1.0 - v
+        out.stats["pg_clipfrac_low"][i][t], out.stats["pg_clipfrac_high"][i][t] = (1.0 - v) * (a <= 0), (1.0 - v) * (a > 0)
         out.stats["pg_clipfrac_lower"][i][t] = float(r > trunc_c) * v
         out.stats["ppo_kl"][i][t] = -x
     return out

@@ -31,7 +31,8 @@ from mathrl.config import load_config
 from mathrl.model.lora import LoraError, adapter_params, add_adapters, is_lora, merged_weights, plain_weights
 from mathrl.rollout.engine import TorchEngine
 from mathrl.train.batching import TrainBatch
-from mathrl.train.update import scoring_pass, update_policy
+from mathrl.train.passes import scoring_pass
+from mathrl.train.update import update_policy
 
 pytest.importorskip("peft", reason="LoRA needs peft (a dependency: pip install -e .)")
 

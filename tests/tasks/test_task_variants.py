@@ -296,8 +296,12 @@ def test_valid_variant_configs_load():
                              "data.eval=[arith,arith_decimal,arith_hard]"], check_paths=False)
     assert (cfg.data.arith.decimal_share, cfg.data.transform) == (0.3, "integer_answer")
     assert cfg.data.eval == ["arith", "arith_decimal", "arith_hard"]
-    cfg = load_config(None, ["data.arith.min_carries=3", "data.arith.hard_min_carries=3"], check_paths=False)
+    cfg = load_config(None, ["data.arith.min_carries=3", "data.arith.hard_min_carries=3", "data.eval=[arith,arith_hard]"],
+                      check_paths=False)
     assert (cfg.data.arith.min_carries, cfg.data.arith.hard_min_carries) == (3, 3)
+    # ... and it counts only there: set without arith_hard, it is refused as having no effect
+    with pytest.raises(ConfigError, match="data.arith.hard_min_carries=3 has no effect .* arith_hard in data.eval"):
+        load_config(None, ["data.arith.hard_min_carries=3"], check_paths=False)
     # hard_min_carries is checked only where arith_hard is evaluated: 1-digit tasks keep the default 2
     cfg = load_config(None, ["data.arith.max_digits=1", "data.arith.min_digits=1"], check_paths=False)
     assert cfg.data.arith.max_digits == 1 and cfg.data.arith.hard_min_carries == 2

@@ -207,7 +207,7 @@ def test_scoring_pass_matches_a_single_pass(tiny_model, rollout_batch):
     # entropy) micro-batches by train.micro_batch_tokens * 4 and chunks the head by
     # model.logprob_chunk_size; with a budget that forces ~1 row per group it must still equal one
     # pass, and be exactly 0 on padding (old logprobs feed the ratio only where the mask is 1).
-    from mathrl.train.update import scoring_pass
+    from mathrl.train.passes import scoring_pass
 
     cfg = load_config(None, ["train.micro_batch_tokens=5", "model.logprob_chunk_size=7"])  # budget 20
     logprobs, entropy = scoring_pass(tiny_model, rollout_batch, cfg, with_entropy=True)
@@ -223,7 +223,7 @@ def test_scoring_pass_matches_a_single_pass(tiny_model, rollout_batch):
 
 def test_sum_pi_squared_pass_is_the_softmax_squared_over_the_vocabulary(tiny_model, rollout_batch):
     # the optimal token baseline's sum_v pi_v^2, against the model's full logits: softmax(logits / T)^2 summed
-    from mathrl.train.update import sum_pi_squared_pass
+    from mathrl.train.passes import sum_pi_squared_pass
 
     cfg = load_config(None, ["train.micro_batch_tokens=64"])  # several micro-batches
     got = sum_pi_squared_pass(tiny_model, rollout_batch, cfg)

@@ -62,9 +62,9 @@ class ScriptedVerifier:
 
 
 def collect(char_tokenizer, rounds: list[list[int]], *overrides: str):
+    cap = [] if "data.dynamic_sampling.mode=none" in overrides else ["data.dynamic_sampling.max_rounds=3"]  # none: 1
     cfg = load_config(None, [f"rollout.prompts_per_step={PROMPTS}", f"rollout.n={N}", f"train.mini_batch_size={N}",
-                             "data.dynamic_sampling.max_rounds=3",
-                             *overrides])
+                             *cap, *overrides])
     engine, verifier = ScriptedEngine(char_tokenizer.pad_token_id), ScriptedVerifier(rounds)
     stream = ProblemStream(cfg, char_tokenizer)
     collected = collect_rollouts(cfg, 1, train_stream=stream, engine=engine, tokenizer=char_tokenizer, verifier=verifier)

@@ -18,7 +18,8 @@ import torch
 from mathrl.config import ConfigError, load_config
 from mathrl.rollout.engine import TorchEngine
 from mathrl.train.batching import TrainBatch
-from mathrl.train.update import engine_logprobs_are_old, scoring_pass, update_policy
+from mathrl.train.passes import engine_logprobs_are_old, scoring_pass
+from mathrl.train.update import update_policy
 
 PROMPTS = ["12+7=", "3+4=", "105+27=", "9="]  # different lengths: the engine left-pads them
 

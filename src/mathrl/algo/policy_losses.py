@@ -4,8 +4,9 @@ after it, each a pure function on plain tensors, registered in `mathrl.registry.
     token_loss, stats = fn(logprobs, old_logprobs, advantages, mask, *, weights=None, **hyperparameters)
 
 All inputs [B, T]; the per-token loss [B, T] is 0 at masked tokens and already weighted, `stats` are
-detached per-token floats [B, T] for actor/<key>; `losses.aggregate` reduces it with the entry's
-aggregation or algo.loss_agg (docs/architecture.md, "Policy losses"). Each equals verl's
+detached per-token floats [B, T] for actor/<key> (a `seq_*` stat is reduced over sequences);
+`losses.aggregate` reduces the loss with the entry's aggregation or algo.loss_agg (docs/architecture.md,
+"Policy losses"; the stats: docs/metrics.md). Each equals verl's
 `compute_policy_loss_<name>` (@1dda039) but `gspo` under weights that vary within a row (docs/tricks.md).
 A new loss is one function and one registration:
 
@@ -16,8 +17,9 @@ A new loss is one function and one registration:
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -44,6 +46,9 @@ class PolicyLoss:
     sequence_ratio: bool = False  # one importance ratio per sequence: no token of a row has its own gradient weight
     dual_clip: bool = False  # reads algo.clip.dual_clip_c
     needs_generator: bool = False  # picks tokens at random: the caller passes a seeded torch.Generator
+    # {algo.clip key: the loss's published value}: applied when the user sets no algo.clip.* of that name
+    # (config/load.py); empty for a loss that reads no clip. `clip_defaults(fn)` reads them off the signature.
+    defaults: dict[str, float] = field(default_factory=dict)
 
 
 def weigh(loss: Tensor, mask: Tensor, weights: Tensor | None) -> Tensor:
@@ -78,6 +83,20 @@ def _seq_mean(x: Tensor, mask: Tensor) -> Tensor:
     return masked_sum(x, mask, -1) / mask.bool().sum(-1).to(x.dtype).clamp_min(1)
 
 
+def _sides(clipped: Tensor, advantages: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """pg_clipfrac_low / pg_clipfrac_high [B, T]: the clipped tokens (`clipped` [B, T] bool) split by the side
+    whose bound took effect: the lower bound where A < 0, the upper where A > 0 (verl's pg_clipfrac, by side)."""
+    return {"pg_clipfrac_low": _stat(clipped & (advantages < 0), mask), "pg_clipfrac_high": _stat(clipped & (advantages > 0), mask)}
+
+
+def _seq_stats(s: Tensor, clipped: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """The sequence ratio's statistics, each row's value [B] on its counted tokens [B, T]: seq_ratio_mean /
+    _min / _max (train/update.py reduces them over the step's sequences: a mean per sequence, the smallest,
+    the largest) and seq_clipfrac, the share of sequences clipped."""
+    return {"seq_ratio_mean": _stat(_per_row(s, mask), mask), "seq_ratio_min": _stat(_per_row(s, mask), mask),
+            "seq_ratio_max": _stat(_per_row(s, mask), mask), "seq_clipfrac": _stat(_per_row(clipped.float(), mask), mask)}
+
+
 def _per_row(seq_loss: Tensor, mask: Tensor) -> Tensor:
     """[B, T] each row's loss on each of its counted tokens (seq_mean_token_mean sums it once per row)."""
     return torch.where(mask.bool(), seq_loss[:, None].expand(mask.shape), torch.zeros((), dtype=seq_loss.dtype,
@@ -91,7 +110,7 @@ def ppo_clip(logprobs, old_logprobs, advantages, mask, *, weights=None, eps_low=
     loss, info = policy_loss(logprobs, old_logprobs, advantages, mask, eps_low=eps_low, eps_high=eps_high,
                              dual_clip_c=dual_clip_c)
     return weigh(loss, mask, weights), {"pg_clipfrac": info["clipped"], "pg_clipfrac_lower": info["dual_clipped"],
-                                        "ppo_kl": info["ppo_kl"]}
+                                        "ppo_kl": info["ppo_kl"], **_sides(info["clipped"].bool(), advantages, mask)}
 
 
 # ----------------------------------------------------------------------------- sequence-level ratios
@@ -116,9 +135,12 @@ def gspo(logprobs, old_logprobs, advantages, mask, *, weights=None, eps_low=3e-4
     adv = _seq_mean(advantages, mask)  # [B]
     unclipped, clipped = -adv * s, -adv * s.clamp(1.0 - eps_low, 1.0 + eps_high)  # [B]
     loss = _per_row(torch.maximum(unclipped, clipped), mask)  # [B, T]
-    return weigh(loss, mask, weights), {"pg_clipfrac": _stat(_per_row((clipped > unclipped).float(), mask), mask),
+    row_clipped = clipped > unclipped  # [B]
+    return weigh(loss, mask, weights), {"pg_clipfrac": _stat(_per_row(row_clipped.float(), mask), mask),
                                         "pg_clipfrac_lower": _stat(torch.zeros_like(loss), mask),
-                                        "ppo_kl": _stat(-log_ratio, mask)}
+                                        "ppo_kl": _stat(-log_ratio, mask),
+                                        **_sides(_per_row(row_clipped.float(), mask).bool(), _per_row(adv, mask), mask),
+                                        **_seq_stats(s, row_clipped, mask)}
 
 
 def gspo_token(logprobs, old_logprobs, advantages, mask, *, weights=None, eps_low=3e-4, eps_high=4e-4):
@@ -135,9 +157,13 @@ def gspo_token(logprobs, old_logprobs, advantages, mask, *, weights=None, eps_lo
     s = torch.exp(log_st)
     unclipped, clipped = -advantages * s, -advantages * s.clamp(1.0 - eps_low, 1.0 + eps_high)
     loss = torch.maximum(unclipped, clipped)
+    s_row = torch.exp(log_s.clamp(max=10.0))  # [B] the sequence ratio's value
+    adv_row = _seq_mean(advantages, mask)  # [B]
+    row_clipped = -adv_row * s_row.clamp(1.0 - eps_low, 1.0 + eps_high) > -adv_row * s_row  # [B], as gspo's
     return weigh(loss, mask, weights), {"pg_clipfrac": _stat((clipped > unclipped).float(), mask),
                                         "pg_clipfrac_lower": _stat(torch.zeros_like(loss), mask),
-                                        "ppo_kl": _stat(-log_ratio, mask)}
+                                        "ppo_kl": _stat(-log_ratio, mask), **_sides(clipped > unclipped, advantages, mask),
+                                        **_seq_stats(s_row, row_clipped, mask)}
 
 
 def geo_mean(logprobs, old_logprobs, advantages, mask, *, weights=None, eps_low=0.4, eps_high=0.4):
@@ -163,17 +189,22 @@ def geo_mean(logprobs, old_logprobs, advantages, mask, *, weights=None, eps_low=
     if weights is not None:
         seq_loss = seq_loss * torch.exp(_seq_mean(torch.log(weights.to(seq_loss.device) + 1e-10), mask))
     clipped = (log_ratio != clamped).float()
+    binds = (pessimistic != log_ratio) & mask.bool()  # [B, T] the bound on the advantage's side took effect
     return _per_row(seq_loss, mask), {"pg_clipfrac": _stat(clipped * (advantages > 0), mask),
                                       "pg_clipfrac_lower": _stat(clipped * (advantages < 0), mask),
-                                      "ppo_kl": _stat(-log_ratio, mask)}
+                                      "ppo_kl": _stat(-log_ratio, mask), **_sides(binds, advantages, mask),
+                                      **_seq_stats(torch.exp(_seq_mean(log_ratio, mask)), binds.any(-1), mask)}
 
 
 # ----------------------------------------------------------------------------- every token keeps a gradient
-def cispo(logprobs, old_logprobs, advantages, mask, *, weights=None, eps_low=0.2, eps_high=0.28):
+def cispo(logprobs, old_logprobs, advantages, mask, *, weights=None, eps_low=1.0, eps_high=0.2):
     """CISPO (MiniMax-M1, arXiv 2506.13585, eq. 4-5): clip the importance weight, stop its gradient,
     and keep every token's gradient:
 
         l_it = -sg[clip(ratio_it, 1 - eps_low, 1 + eps_high)] * A_it * logprobs_it
+
+    The method bounds the weight from above only: eps_low 1.0 (the weight's lower bound 0, never
+    reached); eps_high 0.2 as verl's CISPO example.
 
     Returns stats pg_clipfrac (the weight was clipped), pg_clipfrac_lower (0), ppo_kl."""
     logprobs, old_logprobs, advantages = _inputs(logprobs, old_logprobs, advantages, mask)
@@ -182,7 +213,9 @@ def cispo(logprobs, old_logprobs, advantages, mask, *, weights=None, eps_low=0.2
     loss = -clipped * advantages * logprobs
     return weigh(loss, mask, weights), {"pg_clipfrac": _stat((ratio != clipped).float(), mask),
                                         "pg_clipfrac_lower": _stat(torch.zeros_like(loss), mask),
-                                        "ppo_kl": _stat(-log_ratio, mask)}
+                                        "ppo_kl": _stat(-log_ratio, mask),
+                                        "pg_clipfrac_low": _stat(ratio < 1.0 - eps_low, mask),
+                                        "pg_clipfrac_high": _stat(ratio > 1.0 + eps_high, mask)}
 
 
 def sapo(logprobs, old_logprobs, advantages, mask, *, weights=None, tau_pos=1.0, tau_neg=1.05):
@@ -201,6 +234,7 @@ def sapo(logprobs, old_logprobs, advantages, mask, *, weights=None, tau_pos=1.0,
     loss = -torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau) * advantages
     zeros = _stat(torch.zeros_like(loss), mask)
     return weigh(loss, mask, weights), {"pg_clipfrac": zeros, "pg_clipfrac_lower": zeros.clone(),
+                                        "pg_clipfrac_low": zeros.clone(), "pg_clipfrac_high": zeros.clone(),
                                         "ppo_kl": _stat(-log_ratio, mask)}
 
 
@@ -210,9 +244,11 @@ def _dppo(logprobs, old_logprobs, advantages, mask, weights, valid: Tensor, rati
     truncated = ratio.clamp(max=trunc_c).detach()
     valid = valid.detach().to(logprobs.dtype)
     loss = -advantages * truncated * logprobs * valid
+    removed, up = valid == 0, advantages > 0  # the mask's upper check applies where A > 0, its lower elsewhere
     return weigh(loss, mask, weights), {"pg_clipfrac": _stat(1.0 - valid, mask),
                                         "pg_clipfrac_lower": _stat((ratio > trunc_c).float() * valid, mask),
-                                        "ppo_kl": _stat(-log_ratio, mask)}
+                                        "ppo_kl": _stat(-log_ratio, mask), "pg_clipfrac_low": _stat(removed & ~up, mask),
+                                        "pg_clipfrac_high": _stat(removed & up, mask)}
 
 
 def dppo_tv(logprobs, old_logprobs, advantages, mask, *, weights=None, delta_low=0.2, delta_high=0.2, trunc_c=20.0):
@@ -279,7 +315,8 @@ def clip_cov(logprobs, old_logprobs, advantages, mask, *, weights=None, eps_low=
     loss = torch.where(picked, torch.zeros_like(ratio), torch.maximum(unclipped, clipped))
     return weigh(loss, mask, weights), {"pg_clipfrac": _stat(picked.float(), mask),
                                         "pg_clipfrac_lower": _stat(torch.zeros_like(loss), mask),
-                                        "ppo_kl": _stat(-log_ratio, mask), "cov_selected_frac": _stat(picked.float(), mask)}
+                                        "ppo_kl": _stat(-log_ratio, mask), "cov_selected_frac": _stat(picked.float(), mask),
+                                        **_sides(m & (clipped > unclipped), advantages, mask)}
 
 
 def kl_cov(logprobs, old_logprobs, advantages, mask, *, weights=None, cov_ratio=2e-4, kl_coef=0.1):
@@ -302,6 +339,7 @@ def kl_cov(logprobs, old_logprobs, advantages, mask, *, weights=None, cov_ratio=
     loss = torch.where(picked, loss + kl_coef * log_ratio.abs(), loss)
     zeros = _stat(torch.zeros_like(loss), mask)
     return weigh(loss, mask, weights), {"pg_clipfrac": zeros, "pg_clipfrac_lower": zeros.clone(),
+                                        "pg_clipfrac_low": zeros.clone(), "pg_clipfrac_high": zeros.clone(),
                                         "ppo_kl": _stat(log_ratio.abs(), mask), "cov_selected_frac": _stat(picked.float(), mask)}
 
 
@@ -350,6 +388,15 @@ def top_entropy_mask(entropy: Tensor, mask: Tensor, *, quantile: float) -> Tenso
 
 
 # ----------------------------------------------------------------------------- the registry
+CLIP_KEYS = ("eps_low", "eps_high")  # the algo.clip fields a loss's own defaults can set
+
+
+def clip_defaults(fn: Callable[..., Any]) -> dict[str, float]:
+    """{eps_low, eps_high: their defaults in `fn`'s signature}: the values the loss is published with."""
+    params = inspect.signature(fn).parameters
+    return {k: params[k].default for k in CLIP_KEYS if k in params}
+
+
 def _clip(algo) -> dict[str, float]:
     return {"eps_low": algo.clip.eps_low, "eps_high": algo.clip.eps_high}
 
@@ -360,19 +407,22 @@ def _dppo_params(algo) -> dict[str, float]:
 
 
 POLICY_LOSSES.register("ppo_clip", PolicyLoss(
-    ppo_clip, params=lambda algo: {**_clip(algo), "dual_clip_c": algo.clip.dual_clip_c}, dual_clip=True))
-POLICY_LOSSES.register("gspo", PolicyLoss(gspo, params=_clip, agg=SEQ_AGG, sequence_ratio=True))
-POLICY_LOSSES.register("gspo_token", PolicyLoss(gspo_token, params=_clip, agg=SEQ_AGG))
-POLICY_LOSSES.register("cispo", PolicyLoss(cispo, params=_clip))
+    ppo_clip, params=lambda algo: {**_clip(algo), "dual_clip_c": algo.clip.dual_clip_c}, dual_clip=True,
+    defaults=clip_defaults(ppo_clip)))
+POLICY_LOSSES.register("gspo", PolicyLoss(gspo, params=_clip, agg=SEQ_AGG, sequence_ratio=True,
+                                          defaults=clip_defaults(gspo)))
+POLICY_LOSSES.register("gspo_token", PolicyLoss(gspo_token, params=_clip, agg=SEQ_AGG, defaults=clip_defaults(gspo_token)))
+POLICY_LOSSES.register("cispo", PolicyLoss(cispo, params=_clip, defaults=clip_defaults(cispo)))
 POLICY_LOSSES.register("sapo", PolicyLoss(
     sapo, params=lambda algo: {"tau_pos": algo.sapo.tau_pos, "tau_neg": algo.sapo.tau_neg}, agg=SEQ_AGG))
-POLICY_LOSSES.register("geo_mean", PolicyLoss(geo_mean, params=_clip, agg=SEQ_AGG, sequence_ratio=True))
+POLICY_LOSSES.register("geo_mean", PolicyLoss(geo_mean, params=_clip, agg=SEQ_AGG, sequence_ratio=True,
+                                              defaults=clip_defaults(geo_mean)))
 POLICY_LOSSES.register("dppo_tv", PolicyLoss(dppo_tv, params=_dppo_params))
 POLICY_LOSSES.register("dppo_kl", PolicyLoss(dppo_kl, params=_dppo_params))
 POLICY_LOSSES.register("clip_cov", PolicyLoss(
     clip_cov, params=lambda algo: {**_clip(algo), "cov_ratio": algo.cov.ratio, "cov_lb": algo.cov.lb,
                                   "cov_ub": algo.cov.ub},
-    needs_generator=True))
+    needs_generator=True, defaults=clip_defaults(clip_cov)))
 POLICY_LOSSES.register("kl_cov", PolicyLoss(
     kl_cov, params=lambda algo: {"cov_ratio": algo.cov.ratio, "kl_coef": algo.cov.kl_coef}))
 POLICY_LOSSES.register("gpg", PolicyLoss(gpg))

@@ -150,7 +150,9 @@ def config(ns: argparse.Namespace, console: Console) -> int:
         for part in e.key.split("."):
             value = getattr(value, part)
         value = plain(value)
-        shown = f"{value!r}" + (f" (default {values[e.key]!r})" if value != values[e.key] else "")
+        came = cfg.chosen.get(e.key)  # a value load_config chose, e.g. the policy loss's own clip range
+        shown = f"{value!r}" + (f" ({came}; default {values[e.key]!r})" if came else
+                                f" (default {values[e.key]!r})" if value != values[e.key] else "")
         allowed = f"  [{e.domain}]" if e.domain else ""
         print(f"{e.key}: {e.type} = {shown}{allowed}" + (f"  # {e.doc}" if e.doc else ""))
         for item in e.items:  # a list of entries: the keys of each, with a new entry's defaults

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import re
 import sys
 import types
@@ -22,8 +23,11 @@ from typing import Any, Literal
 
 import yaml
 
+from mathrl.config.peers import close_name, peer_key_hint
 from mathrl.config.shared import ConfigError
 from mathrl.config.tree import Config
+from mathrl.config.tree_algo import ClipConfig
+from mathrl.registry import POLICY_LOSSES
 
 _FLOAT_RE = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
@@ -52,18 +56,17 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if origin is Literal:
         if value in typing.get_args(tp):
             return value
-        choices = [str(a) for a in typing.get_args(tp)]
-        lowered = {c.lower(): c for c in choices}
-        word = str(value).lower()
-        if word in lowered:
-            close = [lowered[word]]
+        choices, why = [str(a) for a in typing.get_args(tp)], ""
+        word, peer = str(value).lower(), close_name(value, choices, where)  # another case, or a TRL / verl name
+        if peer is not None:
+            close, why = [peer[0]], peer[1]
         elif word in ("off", "no", "false"):  # switching a choice field off
             close = ["none"] if "none" in choices else []
         elif word in ("on", "yes", "true"):  # "on" is not a typo of "none": which choice is meant is the user's call
             close = []
         else:
             close = difflib.get_close_matches(str(value), choices, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
+        hint = f"; did you mean {close[0]!r}?{why}" if close else ""
         shown = str(value).lower() if isinstance(value, bool) else repr(value)  # as typed: true, not True
         raise ConfigError(f"{where}: {shown} is not one of {_type_name(tp)}{hint}")
     if origin in (typing.Union, types.UnionType):
@@ -123,7 +126,18 @@ def _all_keys(cls: type, prefix: str = "") -> list[str]:
     return keys
 
 
-def _unknown_key_error(cls: type, key: str, prefix: str) -> ConfigError:
+def _dotted_leaves(value: Any, key: str) -> list[str]:
+    """`key` and, when `value` is a mapping, the dotted keys of its leaves (actor_rollout_ref.actor.clip_ratio)."""
+    if not isinstance(value, dict):
+        return [key]
+    return [key] + [leaf for k, v in value.items() for leaf in _dotted_leaves(v, f"{key}.{k}")]
+
+
+def _unknown_key_error(cls: type, key: str, prefix: str, value: Any = None) -> ConfigError:
+    for dotted in _dotted_leaves(value, prefix + key):  # a TRL or verl key: mathrl's, with the conversion
+        peer = peer_key_hint(dotted)
+        if peer is not None:
+            return ConfigError(f"unknown config key {dotted!r}; {peer}")
     local = [f.name for f in dataclasses.fields(cls)]
     close = difflib.get_close_matches(key, local, n=1, cutoff=0.5)
     close = close or [k for k in local if len(k) > 1 and (key.startswith(k) or k.startswith(key))][:1]  # lr_rate -> lr
@@ -135,16 +149,21 @@ def _unknown_key_error(cls: type, key: str, prefix: str) -> ConfigError:
     return ConfigError(f"unknown config key {prefix + key!r}; {hint}")
 
 
+@functools.cache
+def _hints(cls: type) -> tuple[dict[str, Any], frozenset[str]]:
+    """(the resolved annotations, the field names) of a config dataclass, worked out once."""
+    return typing.get_type_hints(cls), frozenset(f.name for f in dataclasses.fields(cls))
+
+
 def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     """Build the dataclass `cls` from a nested dict, starting from its defaults."""
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
+    hints, names = _hints(cls)
     kwargs = {}
     for key, value in data.items():
         if key not in names:
-            raise _unknown_key_error(cls, str(key), prefix)
+            raise _unknown_key_error(cls, str(key), prefix, value)
         tp = hints[key]
         if dataclasses.is_dataclass(tp):
             kwargs[key] = from_dict(tp, value if value is not None else {}, prefix + key + ".")
@@ -218,6 +237,32 @@ def fit_mini_batch(cfg: Config, *, set_by_user: bool) -> str | None:
     return line
 
 
+def apply_loss_defaults(cfg: Config, *, set_by_user: set[str]) -> tuple[dict[str, str], list[str]]:
+    """Give algo.clip.* the chosen policy loss's published values (its registered `defaults`: GSPO's
+    3e-4 / 4e-4, CISPO's one-sided bound, GMPO's log-space 0.4) where the user set no value of that key.
+    Returns ({dotted key: where its value came from} for each value changed, note lines): a key the user
+    set is kept, and when it holds PPO's value under another loss, a note names the loss's own."""
+    name = cfg.algo.policy_loss
+    if name not in POLICY_LOSSES.names():
+        return {}, []  # named by the domain check
+    chosen, notes = {}, []
+    tree_default = ClipConfig()
+    for key, value in POLICY_LOSSES.get(name).defaults.items():
+        dotted, current = f"algo.clip.{key}", getattr(cfg.algo.clip, key)
+        if value == getattr(tree_default, key):
+            continue  # the tree's default is the loss's own (ppo_clip, clip_cov): nothing to choose
+        if key in set_by_user:
+            if current == getattr(tree_default, key):
+                notes.append(f"{dotted}={current} as set, which is PPO's value; {name}'s own default is {value}")
+            continue
+        setattr(cfg.algo.clip, key, value)
+        chosen[dotted] = f"{name}'s default"
+    if chosen:
+        notes.insert(0, ", ".join(f"{k}={getattr(cfg.algo.clip, k.rsplit('.', 1)[1])}" for k in chosen)
+                     + f": {name}'s default{'s' if len(chosen) > 1 else ''} (set algo.clip.* to choose others)")
+    return chosen, notes
+
+
 def _read_recipe(recipe: str | Path) -> dict[str, Any]:
     """The mapping a YAML recipe file holds; ConfigError naming the file (and line) when it cannot be one."""
     path = Path(recipe)
@@ -256,12 +301,32 @@ def load_config(
         key, value = parse_override(text)
         _set_dotted(tree, key, value)
     cfg = from_dict(Config, tree)
-    chosen = fit_mini_batch(cfg, set_by_user="mini_batch_size" in (tree.get("train") or {}))
-    if chosen:
-        note(chosen)
+    clip = (tree.get("algo") or {}).get("clip") or {}
+    cfg.chosen, notes = apply_loss_defaults(cfg, set_by_user=set(clip) if isinstance(clip, dict) else set())
+    fitted = fit_mini_batch(cfg, set_by_user="mini_batch_size" in (tree.get("train") or {}))
+    for line in [*notes, *([fitted] if fitted else [])]:
+        note(line)
     cfg.validate(check_paths=check_paths)
     return cfg
 
 
 def dump_yaml(cfg: Config) -> str:
-    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+    """The config as YAML; a value `load_config` chose (`cfg.chosen`) carries a comment saying where from:
+    `    eps_low: 0.0003  # gspo's default`."""
+    return _annotate(yaml.safe_dump(to_dict(cfg), sort_keys=False), getattr(cfg, "chosen", {}))
+
+
+def _annotate(text: str, comments: dict[str, str]) -> str:
+    """`text` (safe_dump's block YAML, two spaces per level) with `# comment` after the line of each dotted key."""
+    if not comments:
+        return text
+    lines, path = text.splitlines(keepends=True), []
+    for i, line in enumerate(lines):
+        indent, key = len(line) - len(line.lstrip(" ")), line.strip().split(":", 1)[0]
+        if not line.strip() or line.lstrip().startswith("-"):
+            continue
+        path = path[: indent // 2] + [key]
+        comment = comments.get(".".join(path))
+        if comment is not None:
+            lines[i] = line.rstrip("\n") + f"  # {comment}\n"
+    return "".join(lines)

@@ -18,7 +18,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from mathrl.config.schema import check_domains
+from mathrl.config.schema import check_domains, dead_settings
 from mathrl.config.shared import (
     CUT_NOTE,
     DATA_FILE_SUFFIXES,
@@ -62,6 +62,7 @@ class ConfigRules:
         if errors:  # cross-field rules assume each field is in its own domain
             raise ConfigError("\n".join(errors))
         errors = [*self._batch_errors(), *self._algo_errors(), *self._tiny_base_errors(), *self._data_errors()]
+        errors += dead_settings(self)  # a field set while the setting that makes it count is off (its `when`)
         if check_paths:
             errors += self._missing_paths()
         errors += self._model_init_errors(check_paths)

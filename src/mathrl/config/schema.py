@@ -36,12 +36,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
+from mathrl.config.peers import close_name
 from mathrl.registry import Registry
 
 __all__ = [
     "COUNT", "FINITE", "NONNEG", "NON_EMPTY", "SEED", "Count", "Domain", "FieldInfo", "Finite", "NonNeg", "Positions", "Positive",
     "Range", "Registered", "Rule", "Seed", "Text", "ZeroToOne", "at_least", "check_domains",
-    "domain_of", "domains", "field_docs", "knob", "plain", "positive", "reference", "section", "unit",
+    "When", "dead_settings", "domain_of", "domains", "field_docs", "knob", "plain", "positive", "reference", "section",
+    "unit", "value_at",
 ]
 
 INF = math.inf
@@ -125,6 +127,9 @@ class Registered(Domain):
         names = self.registry.names()
         if value in names:
             return None
+        peer = close_name(value, names, self.registry.field)  # GSPO -> gspo, verl's vanilla -> ppo_clip
+        if peer is not None:
+            return f"must be {self.text}; did you mean {peer[0]!r}?{peer[1]}"
         close = difflib.get_close_matches(str(value), names, n=1)
         return f"must be {self.text}" + (f"; did you mean {close[0]!r}?" if close else "")
 
@@ -196,14 +201,20 @@ def domains(cls: type, prefix: str = "") -> dict[str, Domain]:
     return out
 
 
+@functools.cache
+def _field_domains(cls: type) -> tuple[tuple[str, Domain | None], ...]:
+    """(field, its domain or None) of a config dataclass, in declaration order, worked out once."""
+    return tuple((name, domain_of(tp)) for name, tp in _annotations(cls).items())
+
+
 def _problems(obj: Any, prefix: str = "") -> Iterator[tuple[str, Any, str]]:
     """(dotted key, value, problem) of every field of the dataclass `obj` outside its domain, sections
     descended; the items of a list of sections are checked by `check_domains`."""
-    for name, tp in _annotations(type(obj)).items():
+    for name, domain in _field_domains(type(obj)):
         value = getattr(obj, name)
         if dataclasses.is_dataclass(value):
             yield from _problems(value, f"{prefix}{name}.")
-        elif (domain := domain_of(tp)) is not None and (problem := domain.problem(value)):
+        elif domain is not None and (problem := domain.problem(value)):
             yield prefix + name, value, problem
 
 
@@ -231,12 +242,65 @@ def check_domains(cfg: Any) -> list[str]:
 
 
 # --------------------------------------------------------------------------------------------------
+# settings that count only when another one is on
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class When:
+    """A field has an effect only when `ok(cfg)` holds for the whole config; `switch` says which setting makes
+    it count (`algo.kl.use=loss or reward`), `keys` the keys `ok` looks at (their values go in the message).
+    Declared on the field, `knob(0.001, "...", when=When(...))`; `dead_settings` names every field that
+    differs from its default while its `When` does not hold."""
+
+    keys: tuple[str, ...]
+    ok: Callable[[Any], bool]
+    switch: str
+
+
+WHEN = "when"  # the metadata key of a field's When
+
+
+def value_at(cfg: Any, key: str) -> Any:
+    """The value of the dotted `key` in the config `cfg`."""
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+@functools.cache
+def _conditions(cls: type, prefix: str = "") -> tuple[tuple[str, Any, When], ...]:
+    """(dotted key, default, When) of every field of `cls` that declares one, sections descended."""
+    hints, out = typing.get_type_hints(cls), []
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            out += _conditions(hints[f.name], f"{prefix}{f.name}.")
+        elif WHEN in f.metadata:
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            out.append((prefix + f.name, default, f.metadata[WHEN]))
+    return tuple(out)
+
+
+def dead_settings(cfg: Any) -> list[str]:
+    """One message per field set away from its default while the setting that makes it count is off:
+    "algo.kl.coef=0.04 has no effect with algo.kl.use='none': it counts only with algo.kl.use=loss or
+    reward; set that, or leave algo.kl.coef at its default 0.001"."""
+    errors = []
+    for key, default, when in _conditions(type(cfg)):
+        value = value_at(cfg, key)
+        if value != default and not when.ok(cfg):
+            now = ", ".join(f"{k}={value_at(cfg, k)!r}" for k in when.keys)
+            errors.append(f"{key}={value!r} has no effect with {now}: it counts only with {when.switch}; set that, "
+                          f"or leave {key} at its default {default!r}")
+    return errors
+
+
+# --------------------------------------------------------------------------------------------------
 # docs and the reference listing
 # --------------------------------------------------------------------------------------------------
 HELP = "help"  # the metadata key of a field's help text
 
 
-def knob(default: Any = dataclasses.MISSING, help: str = "", *, default_factory: Any = dataclasses.MISSING) -> Any:
+def knob(default: Any = dataclasses.MISSING, help: str = "", *, default_factory: Any = dataclasses.MISSING,
+         when: When | None = None) -> Any:
     """A config field with its default and its help text (the field's metadata, which `mathrl config` prints):
 
         steps: Count = knob(50, "RL steps (one rollout batch each)")
@@ -245,10 +309,13 @@ def knob(default: Any = dataclasses.MISSING, help: str = "", *, default_factory:
             "mis: drop ratio > cap (Liu, Li et al. 2025)")
 
     A list, dict or dataclass default is copied for each config (dataclasses' default_factory), so a
-    config's `data.eval` is its own; `default_factory=` gives any other factory."""
+    config's `data.eval` is its own; `default_factory=` gives any other factory. `when` declares the
+    setting without which the field has no effect (`When`): set away from its default without it, the
+    config is refused."""
     if default_factory is dataclasses.MISSING and (isinstance(default, (list, dict, set)) or _is_instance(default)):
         default, default_factory = dataclasses.MISSING, functools.partial(copy.deepcopy, default)
-    return dataclasses.field(default=default, default_factory=default_factory, metadata={HELP: help})
+    metadata = {HELP: help, **({WHEN: when} if when is not None else {})}
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
 
 def section(cls: type, help: str = "") -> Any:

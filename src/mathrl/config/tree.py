@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from mathrl.config.rules import ConfigRules
 from mathrl.config.schema import (
@@ -34,6 +34,7 @@ from mathrl.config.schema import (
     Rule,
     Seed,
     Text,
+    When,
     ZeroToOne,
     at_least,
     knob,
@@ -67,6 +68,26 @@ LENGTH_SCHEDULE = Rule(lambda v: all(isinstance(p, list) and len(p) == 2 and p[0
                        "a list of [step >= 0, target_length >= 1] pairs")
 GRAD_NORM = positive("gradients are clipped to this norm; a negative limit flips their sign")
 WRONG_ANSWER = Range(-INF, 1, open_high=True, why="a wrong answer must score below a right one (1)")
+
+
+# --------------------------------------------------------------------------------------------------
+# what makes a field count (schema.When): a field set away from its default without it is refused
+# --------------------------------------------------------------------------------------------------
+def _file_data(c: Any) -> bool:
+    return c.data.train != "arith" or any(s not in ARITH_SOURCES.names() for s in c.data.eval)
+
+
+def _arith_data(c: Any) -> bool:
+    return c.data.train == "arith" or any(s in ARITH_SOURCES.names() for s in c.data.eval)
+
+
+LORA = When(("model.lora.r",), lambda c: c.model.lora.r > 0, "model.lora.r > 0")
+FILE_DATA = When(("data.train", "data.eval"), _file_data, "a data file or hf: dataset in data.train or data.eval")
+ARITH_DATA = When(("data.train", "data.eval"), _arith_data, "data.train=arith or an arith source in data.eval")
+ARITH_TRAIN = When(("data.train",), lambda c: c.data.train == "arith", "data.train=arith")
+DROPPING = When(("data.dynamic_sampling.mode",), lambda c: c.data.dynamic_sampling.mode != "none",
+                "data.dynamic_sampling.mode=nonconstant or band")
+BAND = When(("data.dynamic_sampling.mode",), lambda c: c.data.dynamic_sampling.mode == "band", "data.dynamic_sampling.mode=band")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -109,12 +130,12 @@ class LoraConfig:
     targeted linear layers train; the KL reference is the base with the adapters disabled. docs/lora.md."""
 
     r: NonNeg[int] = knob(0, "adapter rank; 0: no adapters, the whole model trains")
-    alpha: Positive[float] = knob(32.0, "scaling numerator: the update is (alpha / r) * B @ A")
+    alpha: Positive[float] = knob(32.0, "scaling numerator: the update is (alpha / r) * B @ A", when=LORA)
     dropout: Annotated[float, unit(open_high=True)] = knob(0.0,
-        "dropout on the adapters' input during the policy update (scoring and sampling run without it)")
+        "dropout on the adapters' input during the policy update (scoring and sampling run without it)", when=LORA)
     target_modules: Annotated[list[str], MODULE_NAMES] = knob(
         ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-        "names of the linear layers that get adapters (peft's target_modules)")
+        "names of the linear layers that get adapters (peft's target_modules)", when=LORA)
 
 
 @dataclass
@@ -136,22 +157,24 @@ class ModelConfig:
 
 @dataclass
 class ArithConfig:
-    min_digits: Digits = knob(1, "operand sizes of the arithmetic problems")
-    max_digits: Digits = knob(3, "(min_digits <= max_digits)")
+    min_digits: Digits = knob(1, "operand sizes of the arithmetic problems", when=ARITH_DATA)
+    max_digits: Digits = knob(3, "(min_digits <= max_digits)", when=ARITH_DATA)
     heldout_permille: Annotated[int, Range(1, 999)] = knob(50,
-        "share of the problem space reserved for evaluation (1/1000)")
+        "share of the problem space reserved for evaluation (1/1000)", when=ARITH_DATA)
     decimal_share: ZeroToOne = knob(0.0,
         r"share of problems with one-decimal-place operands (2.5+13.7=...\boxed{16.2}), in the "
-        "training stream and the arith eval set; the base model learns them with base.decimal_share")
+        "training stream and the arith eval set; the base model learns them with base.decimal_share", when=ARITH_DATA)
     mul_share: ZeroToOne = knob(0.0,
         "share of problems that are products a*b (long multiplication; decimal_share must be 0), in "
-        "the training stream and the arith eval set; the base model learns them with base.mul_share")
-    mul_digits: Digits = knob(2, "digits of a product's second factor (the first: min_digits..max_digits)")
+        "the training stream and the arith eval set; the base model learns them with base.mul_share", when=ARITH_DATA)
+    mul_digits: Digits = knob(2, "digits of a product's second factor (the first: min_digits..max_digits)",
+                              when=When(("data.arith.mul_share",), lambda c: c.data.arith.mul_share > 0, "data.arith.mul_share > 0"))
     min_carries: Carries = knob(0,
         "training stream: only problems whose column addition carries "
-        "at least this often (0: every problem; at most max_digits)")
+        "at least this often (0: every problem; at most max_digits)", when=ARITH_TRAIN)
     hard_min_carries: Carries = knob(2,
-        "the eval source arith_hard: held-out problems with at least this many carries (at most max_digits)")
+        "the eval source arith_hard: held-out problems with at least this many carries (at most max_digits)",
+        when=When(("data.eval",), lambda c: "arith_hard" in c.data.eval, "arith_hard in data.eval"))
 
 
 @dataclass
@@ -160,10 +183,11 @@ class DynamicSamplingConfig:
 
     mode: Literal["none", "nonconstant", "band"] = knob("nonconstant",
         "nonconstant: drop all-equal groups; band: keep accuracy in [low, high]; none: every group trains")
-    band_low: ZeroToOne = knob(0.2, "mode=band: keep groups whose accuracy is >= band_low")
-    band_high: ZeroToOne = knob(0.8, "... and <= band_high")
-    max_rounds: Count = knob(4, "generation rounds per step to fill the batch with kept groups")
-    on_exhausted: Literal["train_smaller", "error"] = knob("train_smaller", "when max_rounds cannot fill the batch")
+    band_low: ZeroToOne = knob(0.2, "mode=band: keep groups whose accuracy is >= band_low", when=BAND)
+    band_high: ZeroToOne = knob(0.8, "... and <= band_high", when=BAND)
+    max_rounds: Count = knob(4, "generation rounds per step to fill the batch with kept groups", when=DROPPING)
+    on_exhausted: Literal["train_smaller", "error"] = knob("train_smaller", "when max_rounds cannot fill the batch",
+                                                          when=DROPPING)
     max_empty_steps: NonNeg[int] = knob(5,
         "stop after this many steps in a row with no group kept (every sample "
         "wrong, or right), explaining why; 0: never. With mode none: a warning")
@@ -172,7 +196,8 @@ class DynamicSamplingConfig:
 @dataclass
 class CurriculumConfig:
     mode: Literal["none", "field", "online"] = knob("none", "order training problems easiest-first (jsonl data)")
-    field: str = knob("level", "the problem field holding the difficulty, for mode=field")
+    field: str = knob("level", "the problem field holding the difficulty, for mode=field",
+                      when=When(("data.curriculum.mode",), lambda c: c.data.curriculum.mode == "field", "data.curriculum.mode=field"))
 
 
 @dataclass
@@ -182,11 +207,12 @@ class DataConfig:
     eval: Annotated[list[str], EVAL_SOURCES] = knob(["arith"],
         '"arith" (held-out split; arith_decimal: its decimal problems only, arith_hard: those with '
         ">= data.arith.hard_min_carries carries) and/or files / hf: datasets (split default test)")
-    question_field: Text = knob("problem", "field mapping for data files (a known file or hf: dataset uses its preset)")
-    answer_field: str | None = knob("answer", "field holding the gold answer (null with answer_from_solution)")
-    answer_from_solution: str | None = knob(None, r"take the gold answer from the last \boxed{} of this field")
+    question_field: Text = knob("problem", "field mapping for data files (a known file or hf: dataset uses its preset)",
+                                when=FILE_DATA)
+    answer_field: str | None = knob("answer", "field holding the gold answer (null with answer_from_solution)", when=FILE_DATA)
+    answer_from_solution: str | None = knob(None, r"take the gold answer from the last \boxed{} of this field", when=FILE_DATA)
     answer_after: str | None = knob(None,
-        'the gold answer is the text after this marker in the answer field (GSM8K: "####")')
+        'the gold answer is the text after this marker in the answer field (GSM8K: "####")', when=FILE_DATA)
     question_suffix: str = knob("",
         "appended to every question (after a space) before the template; DeepScaleR: "
         "\"Let's think step by step and output the final answer within \\\\boxed{}.\"")
@@ -195,7 +221,7 @@ class DataConfig:
     max_prompt_tokens: Count = knob(512, "longer prompts are dropped (counted), never truncated")
     eval_size: Count = knob(200, "problems per eval set (held-out arithmetic problems, or the first N rows)")
     on_error: Literal["raise", "skip"] = knob("raise",
-        "a malformed jsonl row: stop naming file:line, or skip and count it")
+        "a malformed jsonl row: stop naming file:line, or skip and count it", when=FILE_DATA)
     transform: Literal["none", "integer_answer"] = knob("none",
         "DAPO integer-answer rewrite of the training problems (data.train=arith: "
         "with data.arith.decimal_share > 0, decimal answers are dropped and redrawn)")
@@ -247,7 +273,8 @@ class TrainConfig:
     init_from_mode: Literal["continue", "restart"] = knob("continue",
         "continue: its policy, optimizer, schedule and controllers, the KL reference stays "
         "model.path; restart: its policy weights as a new starting model (fresh optimizer "
-        "and schedule, the KL reference is that checkpoint), as DeepScaleR's later stages do")
+        "and schedule, the KL reference is that checkpoint), as DeepScaleR's later stages do",
+        when=When(("train.init_from",), lambda c: c.train.init_from is not None, "train.init_from (a checkpoint)"))
     old_logprobs: Literal["auto", "recompute", "reuse_engine"] = knob("auto",
         "the PPO ratio's old logprobs: recompute = a no-grad scoring pass of the training model; "
         "reuse_engine = the torch engine's sampling logprobs (same float32 weights, equal to float "
@@ -282,7 +309,8 @@ class SFTConfig:
 class OverlongConfig:
     filter: bool = knob(False, "truncated responses are masked out of the loss (DAPO overlong filtering)")
     soft_punishment: bool = knob(False, "DAPO soft overlong punishment over the last cache_len tokens")
-    cache_len: Count = knob(8, "tokens before rollout.max_new_tokens where the soft punishment starts")
+    cache_len: Count = knob(8, "tokens before rollout.max_new_tokens where the soft punishment starts", when=When(
+        ("reward.overlong.soft_punishment",), lambda c: c.reward.overlong.soft_punishment, "reward.overlong.soft_punishment=true"))
 
 
 @dataclass
@@ -326,8 +354,10 @@ class RewardConfig:
     overlong: OverlongConfig = section(OverlongConfig, "truncated responses (DAPO section 3.4)")
     kimi_length_coef: NonNeg[float] = knob(0.0, "Kimi k1.5 length penalty coefficient (0 = off)")
     length_bonus_coef: Finite = knob(0.0, "reward coef x length / max length (ablation only)")
-    length_schedule: Annotated[list[list[int]], LENGTH_SCHEDULE] = knob([], "[[step, target_len], ...] (ablation only)")
-    length_schedule_coef: NonNeg[float] = knob(0.0, "weight of the length_schedule reward (ablation only)")
+    length_schedule: Annotated[list[list[int]], LENGTH_SCHEDULE] = knob([], "[[step, target_len], ...] (ablation only)",
+        when=When(("reward.length_schedule_coef",), lambda c: c.reward.length_schedule_coef > 0, "reward.length_schedule_coef > 0"))
+    length_schedule_coef: NonNeg[float] = knob(0.0, "weight of the length_schedule reward (ablation only)",
+        when=When(("reward.length_schedule",), lambda c: bool(c.reward.length_schedule), "reward.length_schedule (a schedule)"))
 
 
 @dataclass
@@ -350,9 +380,10 @@ class LogConfig:
         "markers counted by rollout/reflection_rate")
     tensorboard: bool = knob(False, "also write <run_dir>/tensorboard (pip install tensorboard)")
     wandb: bool = knob(False, "also log to Weights & Biases (pip install wandb; WANDB_MODE=offline keeps it local)")
-    wandb_project: str = knob("mathrl", "W&B project of the run")
+    wandb_project: str = knob("mathrl", "W&B project of the run", when=When(("log.wandb",), lambda c: c.log.wandb, "log.wandb=true"))
     mlflow: bool = knob(False, "also log to MLflow at MLFLOW_TRACKING_URI (pip install mlflow-skinny)")
-    mlflow_experiment: str = knob("mathrl", "MLflow experiment of the run")
+    mlflow_experiment: str = knob("mathrl", "MLflow experiment of the run",
+                                  when=When(("log.mlflow",), lambda c: c.log.mlflow, "log.mlflow=true"))
 
 
 @dataclass
@@ -370,6 +401,9 @@ class Config(ConfigRules):
     eval: EvalConfig = section(EvalConfig, "held-out evaluation during training")
     log: LogConfig = section(LogConfig, "what is written besides metrics.jsonl")
     sft: SFTConfig = section(SFTConfig, "supervised fine-tuning (mathrl sft), before RL")
+    # {dotted key: where its value came from} for the values load_config chose (a policy loss's own clip
+    # range); not a field: config.yaml keeps its keys, and shows these as comments (load.dump_yaml)
+    chosen: ClassVar[dict[str, str]] = {}
 
     # -- derived sizes, in one place (validate and the cross-field rules: rules.py) ----------------
     @property

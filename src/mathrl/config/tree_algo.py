@@ -18,6 +18,7 @@ from mathrl.config.schema import (
     Registered,
     Rule,
     Text,
+    When,
     ZeroToOne,
     knob,
     positive,
@@ -35,10 +36,55 @@ LOWER_RATIO = unit(open_low=True, open_high=True, why="a ratio of 1 is on-policy
 TOKEN_SHARE = unit(why="the share of tokens kept; 0.2 is the paper's, 0 keeps the highest-entropy token (TRL)")
 
 
+# what makes a field count (schema.When): a field set away from its default without it is refused
+def _loss(*names: str) -> When:
+    return When(("algo.policy_loss",), lambda c: c.algo.policy_loss in names, "algo.policy_loss=" + " or ".join(names))
+
+
+def _estimator(*names: str) -> When:
+    return When(("algo.adv.estimator",), lambda c: c.algo.adv.estimator in names,
+                "algo.adv.estimator=" + " or ".join(names))
+
+
+def _mask(*names: str) -> When:
+    return When(("algo.rollout_correction.masks",), lambda c: any(n in c.algo.rollout_correction.masks for n in names),
+                " or ".join(names) + " in algo.rollout_correction.masks")
+
+
+CLIPPING = When(("algo.policy_loss",), lambda c: bool(POLICY_LOSSES.get(c.algo.policy_loss).defaults),
+                "a policy loss with a ratio clip (ppo_clip, gspo, gspo_token, cispo, geo_mean, clip_cov)")
+CRITIC = When(("algo.adv.estimator",), lambda c: ADVANTAGE_ESTIMATORS.get(c.algo.adv.estimator).needs_critic,
+              "algo.adv.estimator=gae (an estimator with a learned critic)")
+STD_NORMALIZING = ("grpo", "grpo_passk", "gdpo")  # the estimators that read algo.adv.std_normalize / std_scope
+BATCH_STD = When(("algo.adv.estimator", "algo.adv.std_normalize"),
+                 lambda c: c.algo.adv.estimator in STD_NORMALIZING and c.algo.adv.std_normalize,
+                 "algo.adv.std_normalize=true and algo.adv.estimator=" + " or ".join(STD_NORMALIZING))
+ENTROPY_ON = When(("algo.entropy.mode",), lambda c: c.algo.entropy.mode != "none", "algo.entropy.mode=fixed, adaptive or skywork")
+CONTROLLED = When(("algo.entropy.mode",), lambda c: c.algo.entropy.mode in ("adaptive", "skywork"),
+                  "algo.entropy.mode=adaptive or skywork")
+KL_ON = When(("algo.kl.use",), lambda c: c.algo.kl.use != "none", "algo.kl.use=loss or reward")
+KL_ADAPTIVE = When(("algo.kl.target",), lambda c: c.algo.kl.target is not None, "algo.kl.target set (the adaptive controller)")
+PTX_ON = When(("algo.ptx.coef",), lambda c: c.algo.ptx.coef > 0, "algo.ptx.coef > 0")
+WEIGHTED = When(("algo.rollout_correction.mode", "algo.off_policy"),
+                lambda c: c.algo.rollout_correction.mode != "none" or c.algo.off_policy != "none",
+                "algo.rollout_correction.mode=tis or mis, or algo.off_policy=tis or decoupled")
+REJECTING = When(("algo.rollout_correction.mode", "algo.off_policy", "algo.rollout_correction.masks"),
+                 lambda c: (c.algo.rollout_correction.mode != "none" or c.algo.off_policy != "none"
+                            or bool(c.algo.rollout_correction.masks)),
+                 "algo.rollout_correction.mode, algo.off_policy or algo.rollout_correction.masks")
+RC_ON = When(("algo.rollout_correction.mode",), lambda c: c.algo.rollout_correction.mode != "none",
+             "algo.rollout_correction.mode=tis or mis")
+
+
 @dataclass
 class ClipConfig:
-    eps_low: ZeroToOne = knob(0.2, "ratio clipped below at 1 - eps_low (1.0: no lower bound, as CISPO)")
-    eps_high: NonNeg[float] = knob(0.28, "ratio clipped above at 1 + eps_high (clip-higher, DAPO section 3.1)")
+    """PPO's ratio clip; a policy loss published with other values (gspo 3e-4 / 4e-4, cispo's one-sided
+    1.0 / 0.2, geo_mean's log-space 0.4 / 0.4) gets its own for each key the user does not set (its
+    registered `defaults`; `mathrl config` and config.yaml say which values came from it)."""
+
+    eps_low: ZeroToOne = knob(0.2, "ratio clipped below at 1 - eps_low (1.0: no lower bound, as CISPO)", when=CLIPPING)
+    eps_high: NonNeg[float] = knob(0.28, "ratio clipped above at 1 + eps_high (clip-higher, DAPO section 3.1)",
+                                   when=CLIPPING)
     dual_clip_c: Annotated[float, DUAL_CLIP] | None = knob(None,
         "dual clip bound for negative advantages (Ye et al. 2020); None = off")
 
@@ -50,15 +96,16 @@ class AdvConfig:
         "critic, algo.critic), grpo_passk, reinforce_pp_baseline, opo, gpg, maxrl, gdpo, optimal_token_baseline, "
         "tir_optimal_token_baseline, or remax (the greedy response per prompt is its baseline; docs/tricks.md)")
     std_normalize: bool = knob(True,
-        "divide by the reward std (GRPO; also grpo_passk and gdpo's per-component normalisation); False is Dr. GRPO")
+        "divide by the reward std (GRPO; also grpo_passk and gdpo's per-component normalisation); False is Dr. GRPO",
+        when=_estimator(*STD_NORMALIZING))
     std_scope: Literal["group", "batch"] = knob("group",
-        "the std that normalises: per group or over the batch (grpo, grpo_passk, gdpo)")
+        "the std that normalises: per group or over the batch (grpo, grpo_passk, gdpo)", when=BATCH_STD)
     gpg_alpha: Literal["valid_groups", "nonzero_rewards", "none"] = knob("valid_groups",
         "gpg's scale alpha: valid_groups = N / (N - M), M the samples of all-equal groups "
-        "(GPG paper and code); nonzero_rewards = N / #(reward != 0) (verl); none = 1")
+        "(GPG paper and code); nonzero_rewards = N / #(reward != 0) (verl); none = 1", when=_estimator("gpg"))
     gdpo_whiten: Literal["token", "sequence", "none"] = knob("token",
         "gdpo's last step, whitening the summed advantage over the batch: token = over its counted tokens "
-        "(verl), sequence = over its responses (TRL, NeMo-RL), none = the decoupled sum")
+        "(verl), sequence = over its responses (TRL, NeMo-RL), none = the decoupled sum", when=_estimator("gdpo"))
 
 
 @dataclass
@@ -66,18 +113,20 @@ class CriticConfig:
     """PPO with a learned critic (algo.adv.estimator: gae): GAE, VC-PPO value pretraining and decoupled
     lambdas, VAPO length-adaptive lambda."""
 
-    path: str | None = knob(None, "critic initialisation (a causal LM or a saved critic); default: the starting policy")
-    lr: Positive[float] | None = knob(None, "critic learning rate; default: train.lr")
-    gamma: Annotated[float, unit(open_low=True)] = knob(1.0, "discount")
-    lam_actor: ZeroToOne = knob(0.95, "GAE lambda of the policy advantages")
-    lam_critic: ZeroToOne = knob(1.0, "GAE lambda of the value targets (decoupled GAE, VC-PPO: 1.0)")
+    path: str | None = knob(None, "critic initialisation (a causal LM or a saved critic); default: the starting policy",
+                            when=CRITIC)
+    lr: Positive[float] | None = knob(None, "critic learning rate; default: train.lr", when=CRITIC)
+    gamma: Annotated[float, unit(open_low=True)] = knob(1.0, "discount", when=CRITIC)
+    lam_actor: ZeroToOne = knob(0.95, "GAE lambda of the policy advantages", when=CRITIC)
+    lam_critic: ZeroToOne = knob(1.0, "GAE lambda of the value targets (decoupled GAE, VC-PPO: 1.0)", when=CRITIC)
     length_adaptive_alpha: Annotated[float, positive("VAPO uses 0.05; null is off")] | None = knob(None,
-        "VAPO: lam_actor = 1 - 1/(alpha * length) per response (0.05); None = off")
+        "VAPO: lam_actor = 1 - 1/(alpha * length) per response (0.05); None = off", when=CRITIC)
     value_clip: Annotated[float, positive("null is off")] | None = knob(0.2,
-        "clip range of the value loss around the sampling-time values; None = off")
+        "clip range of the value loss around the sampling-time values; None = off", when=CRITIC)
     pretrain_steps: NonNeg[int] = knob(0,
-        "VC-PPO value pretraining: critic-only steps on the starting policy's rollouts (lambda 1)")
-    whiten_advantages: bool = knob(True, "normalise the policy advantages over the batch's tokens (PPO practice)")
+        "VC-PPO value pretraining: critic-only steps on the starting policy's rollouts (lambda 1)", when=CRITIC)
+    whiten_advantages: bool = knob(True, "normalise the policy advantages over the batch's tokens (PPO practice)",
+                                   when=CRITIC)
 
 
 @dataclass
@@ -92,12 +141,17 @@ class RefGainClipConfig:
 class EntropyConfig:
     mode: Literal["none", "fixed", "adaptive", "skywork"] = knob("none",
         "entropy bonus: off, fixed coef, or a controller")
-    coef: NonNeg[float] = knob(0.0, "the fixed coefficient, or the starting coefficient of a controller")
-    target: NonNeg[float] = knob(0.2, "target token entropy (nats) of the adaptive and skywork controllers")
-    kp: NonNeg[float] = knob(0.01, "adaptive: coef += kp * (target - entropy) each step")
-    step: NonNeg[float] = knob(0.0005, "skywork: coef moves by this much toward the target each step")
-    min_coef: NonNeg[float] = knob(0.0, "the controllers keep coef within [min_coef, max_coef]")
-    max_coef: NonNeg[float] = knob(0.05, "upper bound of the controlled coefficient")
+    coef: NonNeg[float] = knob(0.0, "the fixed coefficient, or the starting coefficient of a controller", when=ENTROPY_ON)
+    target: NonNeg[float] = knob(0.2, "target token entropy (nats) of the adaptive and skywork controllers",
+                                 when=CONTROLLED)
+    kp: NonNeg[float] = knob(0.01, "adaptive: coef += kp * (target - entropy) each step",
+                             when=When(("algo.entropy.mode",), lambda c: c.algo.entropy.mode == "adaptive",
+                                       "algo.entropy.mode=adaptive"))
+    step: NonNeg[float] = knob(0.0005, "skywork: coef moves by this much toward the target each step",
+                               when=When(("algo.entropy.mode",), lambda c: c.algo.entropy.mode == "skywork",
+                                         "algo.entropy.mode=skywork"))
+    min_coef: NonNeg[float] = knob(0.0, "the controllers keep coef within [min_coef, max_coef]", when=CONTROLLED)
+    max_coef: NonNeg[float] = knob(0.05, "upper bound of the controlled coefficient", when=CONTROLLED)
     ref_gain_clip: RefGainClipConfig = section(RefGainClipConfig)
 
 
@@ -107,20 +161,20 @@ class KLConfig:
         "KL to the reference model as a loss term or a reward penalty")
     estimator: Literal["k1", "k2", "k3", "k1+", "k3+"] = knob("k3",
         "KL estimator (Schulman 2020): k1 log-ratio, k2 squared, k3 unbiased low-variance; "
-        "k1+ / k3+ the value of k1 / k3 with the gradient of k2 (verl)")
-    coef: NonNeg[float] = knob(0.001, "fixed coefficient, or the starting one when `target` is set")
+        "k1+ / k3+ the value of k1 / k3 with the gradient of k2 (verl)", when=KL_ON)
+    coef: NonNeg[float] = knob(0.001, "fixed coefficient, or the starting one when `target` is set", when=KL_ON)
     target: Annotated[float, positive("null is a fixed coefficient")] | None = knob(None,
         "adaptive controller (Ziegler et al. 2019): target per-token KL; None = fixed")
-    horizon: Count = knob(10000, "adaptive controller horizon, in samples")
+    horizon: Count = knob(10000, "adaptive controller horizon, in samples", when=KL_ADAPTIVE)
 
 
 @dataclass
 class PTXConfig:
     coef: NonNeg[float] = knob(0.0, "weight of the pretraining cross-entropy mixed into each optimizer step (0 = off)")
     data: Text = knob("arith",
-        "\"arith\" (the tiny base model's pretraining text) or a .txt / .jsonl (\"text\" field) file")
-    batch_size: Count = knob(16, "pretraining sequences per optimizer step")
-    max_tokens: Positions = knob(256, "longer pretraining texts are cut to this many tokens")
+        "\"arith\" (the tiny base model's pretraining text) or a .txt / .jsonl (\"text\" field) file", when=PTX_ON)
+    batch_size: Count = knob(16, "pretraining sequences per optimizer step", when=PTX_ON)
+    max_tokens: Positions = knob(256, "longer pretraining texts are cut to this many tokens", when=PTX_ON)
 
 
 @dataclass
@@ -135,32 +189,34 @@ class RolloutCorrectionConfig:
 
     mode: Literal["none", "tis", "mis"] = knob("none",
         "tis: weight min(ratio, cap) (Yao et al. 2025); mis: drop ratio > cap (Liu, Li et al. 2025)")
-    level: Literal["token", "sequence"] = knob("token", "ratio per token, or of the whole response")
+    level: Literal["token", "sequence"] = knob("token", "ratio per token, or of the whole response", when=RC_ON)
     cap: Annotated[float, Range(1, open_low=True, why="a ratio of 1 is on-policy; 2.0 is common")] = knob(2.0,
-        "C > 1: the truncation (tis) or rejection (mis) threshold of the ratio pi_trainer / pi_rollout")
+        "C > 1: the truncation (tis) or rejection (mis) threshold of the ratio pi_trainer / pi_rollout", when=WEIGHTED)
     lower: Annotated[float, LOWER_RATIO] | None = knob(None,
         "L in (0, 1): tokens whose ratio is under it are rejected too (a "
-        "two-sided bound: verl's 1/C, IcePop 0.5); null = no lower bound")
+        "two-sided bound: verl's 1/C, IcePop 0.5); null = no lower bound", when=WEIGHTED)
     rejected: Literal["zero", "drop"] = knob("zero",
         "a rejected token: zero = a zero term that stays in the loss normalisers "
-        "(AReaL); drop = out of the loss mask and the normalisers (verl)")
+        "(AReaL); drop = out of the loss mask and the normalisers (verl)", when=REJECTING)
     masks: Annotated[list[Literal["geo_rs", "icepop", "k3_rs", "k2_mean_rs", "k2_max_rs", "opsm"]], DISTINCT] = knob([],
         "rejection rules, chained (a token is kept only if every listed rule keeps it; "
         "rejected tokens follow `rejected`): geo_rs, icepop, k3_rs, k2_mean_rs, k2_max_rs compare "
         "pi_trainer with pi_rollout, opsm also reads the advantages (docs/tricks.md)")
     geo_rs_bounds: Annotated[list[float], RATIO_WINDOW] = knob([0.999, 1.001],
         "geo_rs: a response is kept when the geometric mean of its ratios pi_trainer "
-        "/ pi_rollout is in [lower, upper] (verl's decoupled_geo_rs preset)")
+        "/ pi_rollout is in [lower, upper] (verl's decoupled_geo_rs preset)", when=_mask("geo_rs"))
     icepop_bounds: Annotated[list[float], RATIO_WINDOW] = knob([0.5, 2.0],
-        "icepop: a token is kept when its ratio pi_trainer / pi_rollout is in [lower, upper] (IcePop's [0.5, 2])")
+        "icepop: a token is kept when its ratio pi_trainer / pi_rollout is in [lower, upper] (IcePop's [0.5, 2])",
+        when=_mask("icepop"))
     k3_rs_threshold: Annotated[float, positive("a KL estimate in nats per token; 0.01 is verl's")] = knob(0.01,
         "k3_rs: a response is rejected when its mean k3 estimate of "
-        "KL(pi_rollout || pi_trainer) is above it (verl's decoupled_k3_rs preset)")
+        "KL(pi_rollout || pi_trainer) is above it (verl's decoupled_k3_rs preset)", when=_mask("k3_rs"))
     k2_rs_threshold: Annotated[float, positive("a KL estimate in nats per token")] = knob(0.01,
-        "k2_mean_rs: the same with k2 = (log ratio)^2 / 2; k2_max_rs: the largest token's k2 above it")
+        "k2_mean_rs: the same with k2 = (log ratio)^2 / 2; k2_max_rs: the largest token's k2 above it",
+        when=_mask("k2_mean_rs", "k2_max_rs"))
     opsm_delta: Annotated[float, positive("the mean log-ratio of an on-policy response is 0")] = knob(0.5,
         "opsm (DeepSeek-V3.2): a response with negative advantage is rejected when "
-        "its mean log(pi_rollout / pi_trainer) is above it (TRL's suggested start)")
+        "its mean log(pi_rollout / pi_trainer) is above it (TRL's suggested start)", when=_mask("opsm"))
     bypass: bool = knob(False,
         "the PPO ratio against the rollout engine's logprobs: old logprobs := rollout logprobs, no scoring "
         "pass (verl's bypass_mode); mode and masks then weigh pi_theta against the engine in the loss "
@@ -171,9 +227,10 @@ class RolloutCorrectionConfig:
 class SAPOConfig:
     """SAPO's soft gate (algo.policy_loss=sapo; Gao et al. 2025): sigmoid(tau (ratio - 1)) * 4 / tau."""
 
-    tau_pos: Positive[float] = knob(1.0, "the gate's temperature where the advantage is > 0 (the paper's 1.0)")
+    tau_pos: Positive[float] = knob(1.0, "the gate's temperature where the advantage is > 0 (the paper's 1.0)",
+                                    when=_loss("sapo"))
     tau_neg: Positive[float] = knob(1.05,
-        "... where it is <= 0 (the paper's 1.05: negative tokens' gates fall off faster)")
+        "... where it is <= 0 (the paper's 1.05: negative tokens' gates fall off faster)", when=_loss("sapo"))
 
 
 @dataclass
@@ -181,10 +238,12 @@ class DPPOConfig:
     """DPPO's trust region on the probability (algo.policy_loss=dppo_tv or dppo_kl; arXiv 2602.04879)."""
 
     delta_low: Positive[float] = knob(0.2,
-        "the divergence bound where the advantage is < 0 (dppo_tv: p_old - p; dppo_kl: the binary KL)")
-    delta_high: Positive[float] = knob(0.2, "... where it is > 0 (dppo_tv: p - p_old)")
+        "the divergence bound where the advantage is < 0 (dppo_tv: p_old - p; dppo_kl: the binary KL)",
+        when=_loss("dppo_tv", "dppo_kl"))
+    delta_high: Positive[float] = knob(0.2, "... where it is > 0 (dppo_tv: p - p_old)", when=_loss("dppo_tv", "dppo_kl"))
     trunc_c: Annotated[float, Range(1, open_low=True, why="a truncation below 1 would cut on-policy tokens")] = knob(
-        20.0, "the stopped importance weight is min(ratio, trunc_c) (the paper's §5.4: large)")
+        20.0, "the stopped importance weight is min(ratio, trunc_c) (the paper's §5.4: large)",
+        when=_loss("dppo_tv", "dppo_kl"))
 
 
 @dataclass
@@ -194,16 +253,17 @@ class CovConfig:
 
     ratio: Annotated[float, unit(open_low=True, why="the share of counted tokens picked")] = knob(2e-4,
         "share of a micro-batch's counted tokens picked (at least "
-        "one): clip_cov cuts their gradient, kl_cov penalises them")
-    lb: Finite = knob(1.0, "clip_cov: only tokens with covariance in (lb, ub) can be picked")
-    ub: Finite = knob(5.0, "clip_cov: the upper bound of that range")
-    kl_coef: NonNeg[float] = knob(0.1, "kl_cov: coefficient of |log ratio| on the picked tokens (verl's ppo_kl_coef)")
+        "one): clip_cov cuts their gradient, kl_cov penalises them", when=_loss("clip_cov", "kl_cov"))
+    lb: Finite = knob(1.0, "clip_cov: only tokens with covariance in (lb, ub) can be picked", when=_loss("clip_cov"))
+    ub: Finite = knob(5.0, "clip_cov: the upper bound of that range", when=_loss("clip_cov"))
+    kl_coef: NonNeg[float] = knob(0.1, "kl_cov: coefficient of |log ratio| on the picked tokens (verl's ppo_kl_coef)",
+                                  when=_loss("kl_cov"))
 
 
 @dataclass
 class DROConfig:
     beta: Annotated[float, positive("the quadratic penalty's weight; dro needs one")] | None = knob(None,
-        "algo.policy_loss=dro: the loss adds beta/2 (log ratio)^2 per token; required by dro")
+        "algo.policy_loss=dro: the loss adds beta/2 (log ratio)^2 per token; required by dro", when=_loss("dro"))
 
 
 @dataclass

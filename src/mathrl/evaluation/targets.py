@@ -104,13 +104,11 @@ def check_overrides(overrides: Sequence[str]) -> None:
 
 
 def eval_config(run_dir: Path | None, overrides: Sequence[str], settings: SweepSettings) -> Config:
-    """The run's config.yaml (or the defaults) <- overrides <- the --template / --data flags."""
-    cfg = load_config(run_dir / "config.yaml" if run_dir else None, list(overrides), check_paths=False)
-    if settings.template is not None:
-        cfg.data.template = settings.template
-    if settings.data is not None:
-        cfg.data.eval = list(settings.data)
-    return cfg
+    """The run's config.yaml (or the defaults) <- overrides <- the --template / --data flags, checked together
+    (data.question_field counts with the --data file). The flags go in as JSON, which YAML reads as given."""
+    flags = [*([f"data.template={json.dumps(settings.template)}"] if settings.template is not None else []),
+             *([f"data.eval={json.dumps(list(settings.data))}"] if settings.data is not None else [])]
+    return load_config(run_dir / "config.yaml" if run_dir else None, [*overrides, *flags], check_paths=False)
 
 
 def run_checkpoints(run_dir: Path, cfg: Config) -> list[tuple[str, Path, int]]:

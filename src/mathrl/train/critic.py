@@ -21,7 +21,8 @@ from mathrl.tasks.sources import ProblemStream
 from mathrl.train.batching import Rows, TrainBatch, ValueBatch
 from mathrl.train.collect import SINGLE, collect_rollouts, prepare
 from mathrl.train.dist import Ranks
-from mathrl.train.update import Updated, UpdateLog, backward, mini_batches, optimizer_step, per_token_pass
+from mathrl.train.passes import per_token_pass
+from mathrl.train.update import Updated, UpdateLog, backward, mini_batches, optimizer_step
 
 
 def value_pass(critic, batch: Rows, cfg: Config, *, rows: list[int] | None = None) -> torch.Tensor:

@@ -44,6 +44,7 @@ from mathrl.tasks.sources import build_eval_sets, field_map, prompt_encoder
 from mathrl.track.console import end_startup
 from mathrl.train.batching import Rows, micro_batches
 from mathrl.train.checkpoint import load_trainer_state, save_checkpoint
+from mathrl.train.passes import per_token_pass
 from mathrl.train.preempt import Preempted, StopSignal, time_save_due
 from mathrl.train.shared import (
     SkipCount,
@@ -58,7 +59,7 @@ from mathrl.train.shared import (
     seed_everything,
     summary,
 )
-from mathrl.train.update import per_token_pass, step_if_finite
+from mathrl.train.update import step_if_finite
 
 
 @dataclass

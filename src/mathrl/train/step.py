@@ -37,9 +37,10 @@ from mathrl.train.collect import CollapseRates, Collected, Prepared, collect_rol
 from mathrl.train.critic import update_critic, value_pass
 from mathrl.train.dist import Ranks
 from mathrl.train.monitors import GroupOutcomes
+from mathrl.train.passes import engine_logprobs_are_old, scoring_pass, sum_pi_squared_pass
 from mathrl.train.teacher import TeacherScores, teacher_prompts, teacher_scores
 from mathrl.train.trainer import Trainer
-from mathrl.train.update import engine_logprobs_are_old, scoring_pass, sum_pi_squared_pass, update_policy
+from mathrl.train.update import update_policy
 
 
 @dataclass

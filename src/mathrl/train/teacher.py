@@ -1,6 +1,6 @@
 """The teacher of on-policy distillation (algo.distill.mode, the `teacher` section): loaded frozen in the
 trainer, it scores the student's own tokens through the same no-grad pass as the reference model
-(`update.per_token_pass`), one more scoring pass of the step, never a second rollout.
+(`passes.per_token_pass`), one more scoring pass of the step, never a second rollout.
 
     teacher = load_teacher(cfg, model_path=..., ref_source=..., overrides=..., student_vocab=...)  # build_trainer
     scores = teacher_scores(model, rows, cfg, problems=..., encoder=..., tokenizer=...)          # train/step.py:score
@@ -23,7 +23,7 @@ from mathrl.model.io import load_model_and_tokenizer
 from mathrl.model.scoring import response_topk
 from mathrl.rollout.base import left_pad
 from mathrl.train.batching import Rows
-from mathrl.train.update import per_token_pass
+from mathrl.train.passes import per_token_pass
 
 DIRECT_MODES = ("forward_kl_topk", "jsd")  # the modes that read the teacher's top-k distribution
 

@@ -1,5 +1,5 @@
 """Updates on one rollout batch: the mini-batches and the optimizer step shared by the policy and critic
-updates, the policy update itself, and the no-grad per-token passes (old/reference logprobs).
+updates, and the policy update itself (the no-grad per-token passes: train/passes.py).
 
 A rollout batch is shuffled (a generator seeded by the step), cut into mini-batches of
 train.mini_batch_size rows (one optimizer step each), and those into micro-batches of at most
@@ -30,87 +30,11 @@ from mathrl.model.scoring import (
     next_token_logprobs,
     response_logprobs,
     response_logprobs_at,
-    response_sum_pi_squared,
 )
 from mathrl.registry import LOSS_TERMS, POLICY_LOSSES
 from mathrl.seeds import derive_seed
 from mathrl.tasks.sources import PretrainText
-from mathrl.train.batching import Rows, TrainBatch, micro_batch_slices, micro_batches, row_lengths
-
-
-# ----------------------------------------------------------------------------- no-grad per-token passes
-@torch.no_grad()
-def per_token_pass(model, batch: Rows, cfg: Config, forward, *, rows: list[int] | None = None) -> list[torch.Tensor]:
-    """Run `forward(model, micro_batch) -> [n, t] (or [n, t, k]) tensors` over no-grad micro-batches of `batch`,
-    the model in eval mode; returns each output as [N, T] (or [N, T, K]) on CPU, float32 unless it is an integer
-    tensor, 0 at masked positions.
-
-    With several ranks each computes only its `rows` (global row indices) and the outputs are summed
-    over ranks (disjoint rows, zeros elsewhere: exact). A rank with fewer micro-batches than another
-    runs throw-away forwards so that every rank makes the same sharded-model calls.
-    """
-    was_training = model.training
-    model.eval()
-    own = list(range(len(batch))) if rows is None else list(rows)
-    slices = [[own[i] for i in s] for s in micro_batch_slices(row_lengths(batch.select(own)), cfg.train.micro_batch_tokens * 4)] if own else []
-    calls = tdist.all_reduce_max(len(slices))  # no activations kept: a 4x larger budget
-    outputs: list[torch.Tensor] = []
-    for k in range(calls):
-        real = k < len(slices)
-        with autocast(cfg.model.dtype, input_device(model)):
-            parts = forward(model, batch.select(slices[k] if real else [0]).trimmed())
-        if not outputs:
-            outputs = [batch.response_mask.new_zeros((*batch.response_mask.shape, *part.shape[2:]),
-                                                     dtype=part.dtype if not part.is_floating_point() else None)
-                       for part in parts]
-        if real:
-            idx = (torch.as_tensor(slices[k])[:, None], torch.arange(parts[0].shape[1])[None, :])
-            for out, part in zip(outputs, parts):
-                out[idx] = part.to(out.dtype).cpu()
-    model.train(was_training)
-    outputs = [tdist.all_reduce_sum_tensor(out) for out in outputs]
-    masks = [batch.response_mask.view(*batch.response_mask.shape, *[1] * (out.dim() - 2)) for out in outputs]
-    return [out * (mask if out.is_floating_point() else mask.to(out.dtype)) for out, mask in zip(outputs, masks)]
-
-
-def engine_logprobs_are_old(cfg: Config, model) -> bool:
-    """train.old_logprobs: whether the rollout engine's sampling logprobs stand in for the old-policy
-    logprobs (no scoring pass). `auto` says yes only where they are the trainer's own to float
-    rounding (`Config.engine_logprobs_not_old`: e.g. the torch engine samples from these very float32
-    weights, tests/train/test_old_logprobs.py measures the gap, ~1e-6) and no FSDP-sharded model is involved."""
-    from torch.distributed.fsdp import FSDPModule
-
-    mode = cfg.train.old_logprobs
-    if mode != "auto":
-        return mode == "reuse_engine"
-    return cfg.engine_logprobs_not_old() is None and not isinstance(model, FSDPModule)
-
-
-def scoring_pass(model, batch: Rows, cfg: Config, *, with_entropy: bool,
-                 rows: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """[N, T] logprobs (and entropy, zeros if not asked) of the sampled tokens under `model`, no grad
-    (each rank scores its `rows`, see `per_token_pass`)."""
-
-    def forward(model, mb: Rows) -> list[torch.Tensor]:
-        lp, ent = response_logprobs(
-            model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.context_mask,
-            temperature=cfg.rollout.temperature, chunk_size=cfg.model.logprob_chunk_size, with_entropy=with_entropy,
-        )
-        return [lp, ent if ent is not None else torch.zeros_like(lp)]
-
-    logprobs, entropy = per_token_pass(model, batch, cfg, forward, rows=rows)
-    return logprobs, entropy
-
-
-def sum_pi_squared_pass(model, batch: Rows, cfg: Config, *, rows: list[int] | None = None) -> torch.Tensor:
-    """[N, T] sum_v pi_v^2 of each response position's next-token distribution under `model`, no grad
-    (the estimators with needs_policy_stats: the optimal token baseline)."""
-
-    def forward(model, mb: Rows) -> list[torch.Tensor]:
-        return [response_sum_pi_squared(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.context_mask,
-                                        temperature=cfg.rollout.temperature, chunk_size=cfg.model.logprob_chunk_size)]
-
-    return per_token_pass(model, batch, cfg, forward, rows=rows)[0]
+from mathrl.train.batching import Rows, TrainBatch, micro_batches
 
 
 # ----------------------------------------------------------------------------- mini-batches and optimizer steps
@@ -358,6 +282,7 @@ def update_policy(
     """
     terms_on = [(name, term) for name, term in LOSS_TERMS.items() if term.enabled(cfg.algo)]
     sums = {k: 0.0 for k in ("entropy", *STANDARD_STATS, "tokens", "ent_masked")}  # token sums of the metrics
+    extrema: dict[str, float] = {}  # the smallest / largest of a sequence statistic (seq_*_min, seq_*_max)
     log, device = UpdateLog(), input_device(model)
     seed = derive_seed(cfg.seed, step)
     for mini in mini_batches(batch, cfg, seed=seed, rows=rows):
@@ -378,7 +303,12 @@ def update_policy(
                         loss = loss + contribution
                 backward(loss * dp_scale(), scaler)
                 for key, value in (("entropy", entropy.detach()), *stats.items()):
+                    if key.startswith(SEQ_PREFIX):  # a row's value on its tokens: reduced over sequences
+                        add_sequence_stat(sums, extrema, key, value, x.mask)
+                        continue
                     sums[key] = sums.get(key, 0.0) + float((value * x.mask).sum())
+                if any(key.startswith(SEQ_PREFIX) for key in stats):
+                    sums["seqs"] = sums.get("seqs", 0.0) + float((x.mask.sum(-1) > 0).sum())
                 sums["tokens"] += float(x.mask.sum())
                 for k, v in terms.items():
                     totals[k] = totals.get(k, 0.0) + v
@@ -386,11 +316,39 @@ def update_policy(
             extra = ptx_update(model, ptx, cfg, scaler=scaler) if ptx is not None else {}
         optimizer_step(model, optimizer, scheduler, cfg, log, totals, extra, scaler=scaler)
     metrics = policy_metrics(log, tdist.all_reduce_sums(sums), cfg, terms_on=[name for name, _ in terms_on],
-                             ptx=ptx is not None)
+                             ptx=ptx is not None, extrema=reduce_extrema(extrema))
     return Updated(metrics, skipped=log.skipped - log.inf_skipped)
 
 
-STANDARD_STATS = ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")  # logged for every loss (0 where it has none)
+# logged for every loss (0 where it has none)
+STANDARD_STATS = ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "pg_clipfrac_low", "pg_clipfrac_high")
+SEQ_PREFIX = "seq_"  # a loss's statistic of its sequences (gspo's ratio): each row's value on its counted tokens
+
+
+def add_sequence_stat(sums: dict[str, float], extrema: dict[str, float], key: str, value: torch.Tensor,
+                      mask: torch.Tensor) -> None:
+    """Fold a sequence statistic ([B, T], each row's value on its counted tokens) into the step's: a `_min`
+    or `_max` key into its extreme over the rows with a counted token, any other into the sum over them
+    (divided by the step's sequences in policy_metrics)."""
+    counts = mask.sum(-1)
+    rows = (value * mask).sum(-1)[counts > 0] / counts[counts > 0]  # [rows] each row's value
+    if not key.endswith(("_min", "_max")):
+        sums[key] = sums.get(key, 0.0) + float(rows.sum())  # every rank adds the key (the sums are all-reduced)
+    elif len(rows):
+        pick = min if key.endswith("_min") else max
+        extrema[key] = pick(extrema.get(key, float(pick(rows))), float(pick(rows)))
+
+
+def reduce_extrema(extrema: dict[str, float]) -> dict[str, float]:
+    """The extremes over all ranks (each rank's, gathered)."""
+    if not tdist.active():
+        return extrema
+    out: dict[str, float] = {}
+    for part in tdist.all_gather_objects(extrema):
+        for key, v in part.items():
+            pick = min if key.endswith("_min") else max
+            out[key] = pick(out.get(key, v), v)
+    return out
 
 
 def policy_forward(model, micro: TrainBatch, cfg: Config) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -452,7 +410,7 @@ def ptx_update(model, ptx: PretrainText, cfg: Config, *, scaler=None) -> dict[st
 
 
 def policy_metrics(log: UpdateLog, sums: dict[str, float], cfg: Config, *, terms_on: list[str],
-                   ptx: bool) -> dict[str, float]:
+                   ptx: bool, extrema: dict[str, float] | None = None) -> dict[str, float]:
     """actor/* of the update from its log and its token sums (over all ranks)."""
     tokens = max(sums["tokens"], 1.0)
     metrics = {
@@ -467,8 +425,10 @@ def policy_metrics(log: UpdateLog, sums: dict[str, float], cfg: Config, *, terms
     if cfg.model.dtype == "float16":
         metrics["actor/loss_scale"] = log.loss_scale
         metrics["actor/skipped_inf_steps"] = float(log.inf_skipped)
-    for key in sorted(sums.keys() - {"entropy", *STANDARD_STATS, "tokens", "ent_masked"}):  # a loss's own stats
-        metrics[f"actor/{key}"] = sums[key] / tokens
+    for key in sorted(sums.keys() - {"entropy", *STANDARD_STATS, "tokens", "ent_masked", "seqs"}):  # a loss's own stats
+        metrics[f"actor/{key}"] = sums[key] / (max(sums["seqs"], 1.0) if key.startswith(SEQ_PREFIX) else tokens)
+    for key, value in sorted((extrema or {}).items()):
+        metrics[f"actor/{key}"] = value
     for name in terms_on:
         metrics[f"actor/{name}"] = _mean(log.terms.get(name, []))
     if cfg.algo.entropy.mode != "none":
