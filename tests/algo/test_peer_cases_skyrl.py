@@ -22,7 +22,7 @@ import torch
 from torch.testing import assert_close
 
 from mathrl.algo.losses import aggregate, batch_counts
-from mathrl.algo.policy_losses import clip_cov, cispo, dppo_kl, dppo_tv, gspo_token, kl_cov, ppo_clip, sapo
+from mathrl.algo.policy_losses import cispo, clip_cov, dppo_kl, dppo_tv, gspo_token, kl_cov, ppo_clip, sapo
 from mathrl.algo.rollout_correction import (
     chain,
     correction_weights,
