@@ -26,7 +26,7 @@ from torch.testing import assert_close
 from mathrl.algo.estimators import ADVANTAGE_ESTIMATORS, AdvantageInputs
 from mathrl.algo.kl import kl_penalty
 from mathrl.algo.losses import aggregate
-from mathrl.algo.policy_losses import cispo, gspo_token, ppo_clip
+from mathrl.algo.policy_losses import cispo, gpg, gspo_token, ppo_clip
 from mathrl.algo.rollout_correction import correction_weights, geo_rs_keep, icepop_keep
 from mathrl.config import load_config
 
@@ -51,6 +51,37 @@ ADV = t([[1.0, -1.0, 2.0]])
 PREV = t([[-1.0, -1.0, -1.0]])
 CURR = t([[-1.69315, -1.0, -0.59453]])
 GEN = t([[-0.5, -1.5, -0.8]])
+
+
+# ----------------------------------------------------------------------------- PPO, REINFORCE, on-policy ratio
+def test_ppo_clipping():
+    # F test_clipped_pg_loss_ppo_clipping: -min(r A, clip(r, 0.8, 1.2) A) = [-0.5, 1, -2.4], token mean -0.6333.
+    loss, _ = ppo_clip(CURR, PREV, ADV, ONE_ROW, eps_low=0.2, eps_high=0.2)
+    assert_close(loss, t([[-0.5, 1.0, -2.4]]), atol=1e-4, rtol=0)
+    assert token_mean(loss, ONE_ROW).item() == pytest.approx(-1.9 / 3, abs=1e-4)
+
+
+def test_reinforce_mode():
+    # F test_clipped_pg_loss_reinforce_mode (disable_ppo_ratio): -A logp = [0.5, -1, 3], token mean 0.8333;
+    # mathrl's `gpg` is the plain policy gradient.
+    curr = t([[-0.5, -1.0, -1.5]])
+    loss, _ = gpg(curr, torch.zeros(1, 3, dtype=torch.float64), ADV, ONE_ROW)
+    assert_close(loss, t([[0.5, -1.0, 3.0]]))
+    assert token_mean(loss, ONE_ROW).item() == pytest.approx(2.5 / 3)
+
+
+def test_force_on_policy_ratio():
+    # F test_clipped_pg_loss_force_on_policy_ratio: NeMo sets prev := sg(curr), so every ratio is 1. mathrl has
+    # no such switch; its old logprobs equal the current ones (detached) whenever a batch meets the policy
+    # that sampled it, as here: -A = [-1, 1, -2], mean -0.6667, and the gradient stays -A / 3 (the ratio's
+    # gradient at 1 is the logprob's).
+    lp = CURR.clone().requires_grad_(True)
+    loss, stats = ppo_clip(lp, CURR, ADV, ONE_ROW, eps_low=0.2, eps_high=0.2)
+    total = token_mean(loss, ONE_ROW)
+    assert total.item() == pytest.approx(-2 / 3, abs=1e-9)
+    total.backward()
+    assert_close(lp.grad, -ADV / 3)
+    assert float(stats["pg_clipfrac"].sum()) == 0.0
 
 
 # ----------------------------------------------------------------------------- CISPO

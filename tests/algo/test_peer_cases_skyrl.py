@@ -29,6 +29,7 @@ from mathrl.algo.rollout_correction import (
     geo_rs_keep,
     icepop_keep,
     kl_rs_keep,
+    rule_keeps,
 )
 
 
@@ -226,6 +227,25 @@ def test_dppo_anchor_on_the_rollout_logprobs_changes_the_mask():
 
 
 # ----------------------------------------------------------------------------- C: TIS
+def test_tis_only_leaves_ratios_under_the_cap():
+    # C test_compute_off_policy_correction_tis_only: token ratios exp(0.5) = 1.6487 each, under the cap 2.
+    w, over = correction_weights(t([[-1.0] * 3]), t([[-1.5] * 3]), ONE_ROW, mode="tis", level="token", cap=2.0)
+    assert_close(w, torch.full((1, 3), math.exp(0.5), dtype=torch.float64))
+    assert float(over.sum()) == 0.0
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: correction_weights(ONE_ROW, ONE_ROW, ONE_ROW, mode="invalid", level="token", cap=2.0), "unknown mode"),
+    (lambda: correction_weights(ONE_ROW, ONE_ROW, ONE_ROW, mode="tis", level="invalid", cap=2.0), "unknown level"),
+    (lambda: rule_keeps(ONE_ROW, ONE_ROW, ONE_ROW, ["invalid"]), "rules must be distinct names"),
+])
+def test_an_unknown_correction_is_an_error(call, match):
+    # C test_compute_tis_ratio_invalid_type / test_compute_sequence_mask_invalid_type: an unknown ratio type
+    # (mathrl's mode or level) or mask metric (mathrl's rule name) is refused with its name.
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
 def test_tis_token_level_caps_at_two():
     # C test_compute_tis_ratio_token_level: ratios exp([0.5, -0.5, 1]) capped at 2: [1.6487, 0.6065, 2];
     # 1 token of 3 capped (mathrl's `rejected` flags it; with tis it keeps the weight C).
