@@ -74,6 +74,19 @@ def test_cispo_hand_value():
     assert_close(stats["pg_clipfrac"], torch.tensor([[1.0, 0.0, 1.0]]), check_dtype=False)
 
 
+def test_cispo_anchored_on_the_rollout_logprobs():
+    # L test_policy_loss_cispo_rollout_anchor: SkyRL's cispo_anchor="rollout" takes the IS ratio against the
+    # rollout logprobs [-1.30685, -1.5, -1.0]; mathrl's bypass mode (old := the engine's logprobs) is that
+    # anchor. Ratios exp([-0.3863, 0.5, 0.3094]) = [0.680, 1.649, 1.363] clip to [0.8, 1.2, 1.2]:
+    # 1.35452 - 1.2 - 3.347568 = -3.193048, not the old-anchored -2.9930.
+    rollout = t([[-1.30685, -1.5, -1.0]])
+    loss, stats = cispo(DC_LP, rollout, DC_ADV, ONE_ROW, eps_low=0.2, eps_high=0.2)
+    assert summed(loss, ONE_ROW).item() == pytest.approx(1.35452 - 1.2 - 3.347568, abs=1e-4)
+    assert_close(stats["pg_clipfrac"], torch.ones(1, 3), check_dtype=False)
+    old_anchored, _ = cispo(DC_LP, DC_OLD, DC_ADV, ONE_ROW, eps_low=0.2, eps_high=0.2)
+    assert not torch.allclose(summed(loss, ONE_ROW), summed(old_anchored, ONE_ROW))
+
+
 # ----------------------------------------------------------------------------- L: GSPO token vs sequence
 GS_ADV = t([[1.5, 2.0, 1.0, 0.8, 0.5, 0.0, 0.0, 0.0],
             [3.0, 1.5, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
