@@ -229,10 +229,17 @@ class DistillConfig:
 @dataclass
 class TeacherConfig:
     """The teacher of on-policy distillation (algo.distill.mode): frozen, in the trainer, scored through the same
-    pass as the reference model, with the student's tokenizer (docs/guide.md, "Distillation from a teacher")."""
+    pass as the reference model, or behind a teacher server (teacher.url), with the student's tokenizer
+    (docs/guide.md, "Distillation from a teacher")."""
 
     path: str | None = knob(None,
         "a Hugging Face model directory or hub id, or an earlier run's final/ (the same tokenizer as the student)")
+    url: str | None = knob(None,
+        "a teacher server's address (`mathrl serve-teacher MODEL --port N`), e.g. http://10.0.0.2:8100: it scores the "
+        "student's tokens over HTTP instead of a model in the trainer (the same tokenizer, checked at the start)")
+    timeout_s: Positive[float] = knob(120.0, "teacher.url: seconds per request attempt")
+    retries: NonNeg[int] = knob(2, "teacher.url: further attempts after a failed request (connection error, timeout, 5xx); "
+                                   "then the run stops: a teacher's signal is never replaced by a zero")
     self: bool = knob(False,
         "self-distillation: the teacher is the starting model itself, with teacher.context in its prompt only")
     self_update: bool = knob(False, "with teacher.self: the current policy (no gradient) instead of the starting model")

@@ -78,10 +78,11 @@ def estimate_memory(
 
 def _teacher_architecture(cfg: Config, a: Architecture) -> Architecture | None:
     """The teacher's architecture: teacher.path's, or the policy's own (teacher.self: a frozen copy of the starting
-    model, or with teacher.self_update the policy itself); None without a distillation mode."""
+    model, or with teacher.self_update the policy itself; teacher.url: the student's, whose vocabulary the
+    server shares); None without a distillation mode."""
     if not cfg.needs_teacher:
         return None
-    return a if cfg.teacher.self else architecture_of(cfg, teacher=True)
+    return a if cfg.teacher.self or cfg.teacher.url is not None else architecture_of(cfg, teacher=True)
 
 
 def _check_machine(cfg: Config, gpus: int, gpu_mem_gib: float, trainer_gpus: list[int] | None,
