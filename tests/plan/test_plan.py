@@ -447,3 +447,14 @@ def test_no_teacher_no_teacher_memory_and_a_missing_teacher_config_is_one_line()
                       check_paths=False)
     with pytest.raises(ValueError, match=r"^teacher.path='/nonexistent/teacher': its config.json is not on this machine"):
         estimate_memory(cfg, gpus=4, gpu_mem_gib=80)
+
+
+@pytest.mark.parametrize("mode, logits, why", [
+    ("reverse_kl", None, "the server's pass holds its logits on its own machine; reverse_kl's update needs none"),
+    ("forward_kl_topk", LOGITS, "a top-k mode's update still holds the student's full logits here"),
+])
+def test_a_teacher_server_holds_nothing_in_the_trainer(mode, logits, why):
+    cfg = load_config(None, [*STUDENT, f"algo.distill.mode={mode}", "teacher.url=http://10.0.0.2:8100"], check_paths=False)
+    plan = estimate_memory(cfg, gpus=4, gpu_mem_gib=80)
+    assert plan.components["teacher model"] == 0, why
+    assert plan.components.get("teacher logits") == logits, why
