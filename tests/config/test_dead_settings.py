@@ -63,6 +63,12 @@ ENABLE = {
     "reward.length_schedule (a schedule)": ["reward.length_schedule=[[0, 10]]"],
     "log.wandb=true": ["log.wandb=true"],
     "log.mlflow=true": ["log.mlflow=true"],
+    "algo.distill.mode=reverse_kl, forward_kl_topk or jsd": ["algo.distill.mode=reverse_kl"],
+    "algo.distill.mode=reverse_kl": ["algo.distill.mode=reverse_kl"],
+    "algo.distill.mode=forward_kl_topk or jsd": ["algo.distill.mode=jsd"],
+    "algo.distill.mode=jsd": ["algo.distill.mode=jsd"],
+    "teacher.self=true with algo.distill.mode set": ["algo.distill.mode=reverse_kl", "teacher.self=true"],
+    "teacher.url set with algo.distill.mode set": ["algo.distill.mode=reverse_kl", "teacher.url=http://127.0.0.1:1"],
 }
 # ... and one way off for the switches that are on under the defaults
 OFF = {

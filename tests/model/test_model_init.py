@@ -76,6 +76,23 @@ def test_qwen3_8b_base_has_the_published_size():
     assert round((count - 2 * raw["vocab_size"] * raw["hidden_size"]) / 1e9, 2) == 6.95
 
 
+@pytest.mark.parametrize("name, total, outside_embeddings, why", [
+    ("qwen3-1.7b-base", 1.7, 1.4, "the model card: 1.7B, 1.4B non-embedding (tied head: one vocab x hidden matrix)"),
+    ("qwen3-8b", 8.2, 6.95, "the post-trained 8B: the base's architecture, a longer context and the chat EOS"),
+])
+def test_shipped_qwen3_architectures_have_the_published_sizes(name, total, outside_embeddings, why):
+    from transformers import AutoModelForCausalLM
+
+    from mathrl.model.init import CONFIG_DIR
+
+    raw = json.loads((CONFIG_DIR / f"{name}.json").read_text())
+    with torch.device("meta"):
+        count = sum(p.numel() for p in AutoModelForCausalLM.from_config(architecture_config(name)).parameters())
+    assert count == qwen3_param_count(raw), why
+    embeddings = raw["vocab_size"] * raw["hidden_size"] * (1 if raw["tie_word_embeddings"] else 2)
+    assert round(count / 1e9, 1) == total and round((count - embeddings) / 1e9, 2 if total > 2 else 1) == outside_embeddings, why
+
+
 def _small_config_file(tmp_path, vocab_size=300):
     # The 0.5B's config with a small size: same code path as the shipped ones, seconds on a CPU.
     from mathrl.model.init import CONFIG_DIR
@@ -138,7 +155,7 @@ def test_config_path_loads_through_the_ordinary_loader_and_generates(tmp_path):
     [
         (["model.init=random"], "model.init=random needs model.path=config:<name>"),
         (["model.path=config:qwen2.5-0.5b"], "add model.init=random"),
-        (["model.path=config:qwen3-8b", "model.init=random"], "choose one of .*qwen2.5-0.5b"),
+        (["model.path=config:qwen3-9b", "model.init=random"], "choose one of .*qwen2.5-0.5b"),
         (["model.path=config:/nowhere/config.json", "model.init=random"], "no such config file"),
     ],
 )

@@ -403,3 +403,58 @@ def test_plan_checks_the_recipes_data_files(tmp_path, monkeypatch, capsys):
     assert f"data: data.eval missing.jsonl: no such file (from {tmp_path}): the run will stop; run from the directory the " \
            "recipe's paths are relative to, or override the key" in out
     assert code == 1  # the run would stop: the plan says no
+
+
+# Distillation's teacher, by hand. Qwen2.5-1.5B (hidden 1536, MLP 8960, 28 layers, 12 heads / 2 kv, head dim 128,
+# vocab 151,936, tied): per layer q 1536*1536+1536, k and v 2*(1536*256+256), o 1536*1536 -> 5,507,072; MLP
+# 3*1536*8960 = 41,287,680; 2 norms 3,072 -> 46,797,824; model 28 layers + embeddings 151,936*1536 + final norm
+# 1,536 = 1,543,714,304; outside the layers 233,375,232. The student Qwen2.5-0.5B has the same vocabulary.
+TEACHER_1_5B = -(-1_543_714_304 * 2 // 4) + (2 * 46_797_824 + 233_375_232) * 2  # bf16 shards / 4 + gathered layers
+LOGITS = 8192 * 151_936 * 4  # train.micro_batch_tokens x vocabulary, float32
+STUDENT = ["model.path=config:qwen2.5-0.5b", "model.init=random", "model.dtype=bfloat16"]
+
+
+@pytest.mark.parametrize("overrides, model, topk, why", [
+    (["algo.distill.mode=reverse_kl", "teacher.path=config:qwen2.5-1.5b"], TEACHER_1_5B, False,
+     "teacher.path: a second frozen model, sharded and gathered like the reference; only its pass holds the logits"),
+    (["algo.distill.mode=forward_kl_topk", "teacher.path=config:qwen2.5-1.5b"], TEACHER_1_5B, True,
+     "a top-k mode: the update holds the student's full logits beside its activations"),
+    (["algo.distill.mode=jsd", "teacher.self=true"], -(-494_032_768 * 2 // 4) + (2 * 14_912_384 + 136_135_552) * 2,
+     True, "teacher.self: a frozen copy of the starting model (Qwen2.5-0.5B: 494,032,768 params, 14,912,384 a layer)"),
+    (["algo.distill.mode=reverse_kl", "teacher.self=true", "teacher.self_update=true"], 0, False,
+     "teacher.self_update: the policy itself scores, no second model, but its pass still holds the logits"),
+])
+def test_the_teacher_is_counted_in_the_trainer(overrides, model, topk, why):
+    cfg = load_config(None, [*STUDENT, *overrides], check_paths=False)
+    plan = estimate_memory(cfg, gpus=4, gpu_mem_gib=80)
+    assert plan.components["teacher model"] == model, why
+    assert plan.components["teacher logits"] == LOGITS, why
+    c = plan.components
+    resident = sum(v for k, v in c.items() if k not in ("grads", "activations", "gathered weights", "head gradients",
+                                                         "teacher logits", "torch engine weights", "torch engine KV cache"))
+    update = c["grads"] + c["activations"] + c["gathered weights"] + c["head gradients"] + (LOGITS if topk else 0)
+    assert plan.update_peak == resident + c["torch engine weights"] + max(update, LOGITS), why
+
+
+def test_no_teacher_no_teacher_memory_and_a_missing_teacher_config_is_one_line():
+    plain = estimate_memory(load_config(None, STUDENT, check_paths=False), gpus=4, gpu_mem_gib=80)
+    assert "teacher model" not in plain.components and "teacher logits" not in plain.components
+    with_teacher = estimate_memory(load_config(None, [*STUDENT, "algo.distill.mode=reverse_kl",
+                                                      "teacher.path=config:qwen2.5-1.5b"], check_paths=False),
+                                   gpus=4, gpu_mem_gib=80)
+    assert with_teacher.total > plain.total  # the teacher's weights stay for the whole run
+    cfg = load_config(None, [*STUDENT, "algo.distill.mode=reverse_kl", "teacher.path=/nonexistent/teacher"],
+                      check_paths=False)
+    with pytest.raises(ValueError, match=r"^teacher.path='/nonexistent/teacher': its config.json is not on this machine"):
+        estimate_memory(cfg, gpus=4, gpu_mem_gib=80)
+
+
+@pytest.mark.parametrize("mode, logits, why", [
+    ("reverse_kl", None, "the server's pass holds its logits on its own machine; reverse_kl's update needs none"),
+    ("forward_kl_topk", LOGITS, "a top-k mode's update still holds the student's full logits here"),
+])
+def test_a_teacher_server_holds_nothing_in_the_trainer(mode, logits, why):
+    cfg = load_config(None, [*STUDENT, f"algo.distill.mode={mode}", "teacher.url=http://10.0.0.2:8100"], check_paths=False)
+    plan = estimate_memory(cfg, gpus=4, gpu_mem_gib=80)
+    assert plan.components["teacher model"] == 0, why
+    assert plan.components.get("teacher logits") == logits, why

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from mathrl.config import ConfigError, load_config
+from mathrl.plan.format import format_plan
 from mathrl.plan.memory import estimate_memory
 
 REPO = Path(__file__).resolve().parents[2]
@@ -146,3 +147,18 @@ def test_torl_parquet_converts_to_the_jsonl_the_recipe_reads(tmp_path):
                       check_paths=False)
     problems = load_problems(cfg.data.train, field_map(cfg, cfg.data.train)).problems  # the recipe's own field mapping reads it
     assert [(p.question, p.answer) for p in problems] == [("What is $1+1$?", "2"), ("Solve $x^2=4$.", "\\pm 2")]
+
+
+@pytest.mark.parametrize("name, reward_weight", [("opd_qwen3_1.7b_from_8b.yaml", 0.0),
+                                                 ("opd_reward_qwen3_1.7b_from_8b.yaml", 1.0)])
+def test_distillation_recipes_fit_8_gpus_teacher_included(name, reward_weight):
+    # Thinking Machines' setting: a Qwen3 base student and a larger post-trained Qwen3 teacher, reverse KL;
+    # the teacher is frozen in the trainer, so the plan must hold it on the same 8 GPUs
+    cfg = load_config(REPO / "recipes" / "real" / name, check_paths=False)
+    assert (cfg.algo.distill.mode, cfg.algo.distill.reward_weight) == ("reverse_kl", reward_weight)
+    assert (cfg.model.path, cfg.teacher.path) == ("Qwen/Qwen3-1.7B-Base", "Qwen/Qwen3-8B")
+    plan = estimate_memory(cfg, gpus=8, gpu_mem_gib=80)
+    teacher = 8_190_735_360  # Qwen3-8B's parameters (tests/model/test_model_init.py), float32 shards / 8
+    assert plan.components["teacher model"] > -(-teacher * 4 // 8)  # plus its gathered layers
+    assert plan.components["teacher logits"] == cfg.train.micro_batch_tokens * 151_936 * 4
+    assert plan.fits, format_plan(plan, name)

@@ -20,3 +20,10 @@ def test_the_teacher_and_the_mode_in_force() -> None:
     (line,) = teacher_line(cfg)
     assert line.startswith("teacher: the current policy, without gradient")
     assert line.endswith("distillation jsd (beta 0.5, top-8), task reward weight 1")
+
+
+def test_a_teacher_server_is_named_by_its_address() -> None:
+    cfg = load_config(None, ["algo.distill.mode=forward_kl_topk", "algo.distill.topk=16",
+                             "teacher.url=http://10.0.0.2:8100"], check_paths=False)
+    assert teacher_line(cfg) == ["teacher: the server at http://10.0.0.2:8100 (teacher.url); distillation "
+                                 "forward_kl_topk (top-16), task reward weight 0"]

@@ -238,7 +238,7 @@ def test_teacher_question(context, expected, why):
 # ----------------------------------------------------------------------------- config rules
 @pytest.mark.parametrize("settings, message", [
     ({"mode": "reverse_kl"}, "needs exactly one teacher"),
-    ({"mode": "jsd", "path": "x", "self": True}, "not both"),
+    ({"mode": "jsd", "path": "x", "self": True}, "not teacher.path and teacher.self"),
     ({"path": "somewhere"}, "algo.distill.mode is none"),
     ({"mode": "reverse_kl", "self_update": True}, "teacher.self_update=true needs teacher.self=true"),
     ({"mode": "reverse_kl", "self": True, "context": "hint: {question}"}, "put {answer} or {solution}"),

@@ -4,6 +4,7 @@
     mathrl sft   [RECIPE.yaml] [key.path=value ...] [--run-dir DIR] [--no-resume]   supervised fine-tuning (sft.*)
     mathrl distill-data [RECIPE.yaml] [key.path=value ...] --teacher PATH --out FILE.jsonl [--n 4 --prompts N ...]
                                                       a teacher's checked answers as rows for mathrl sft
+    mathrl serve-teacher MODEL [--host 127.0.0.1 --port 8100]   a distillation teacher over HTTP (teacher.url)
     mathrl config [RECIPE.yaml] [key.path=value ...] [--yaml]   every key: type, default, allowed values, doc
     mathrl base  [base.key=value ...]                  build (or find) the tiny base model; prints its path
     mathrl eval  TARGET... [key.path=value ...] [--n 8 --seeds 0 1 2 ...]   evaluate checkpoints (docs/evaluation.md)
@@ -55,6 +56,8 @@ VERBS: dict[str, Verb] = {
     "sft": ("supervised fine-tuning on (prompt, response) data; then mathrl train model.path=<run>/final", arguments.sft, commands.sft),
     "distill-data": ("sample a teacher's answers, keep those the checker accepts, write them as rows for mathrl sft",
                      arguments.distill_data, commands.distill_data),
+    "serve-teacher": ("serve a distillation teacher over HTTP for teacher.url: its logprobs of given token ids",
+                      arguments.serve_teacher, commands.serve_teacher),
     "config": ("list every config key with its type, default, allowed values and doc", arguments.config, commands.config),
     "base": ("build (or find in the cache) the tiny base model; prints its path", arguments.base, commands.base),
     "eval": ("evaluate checkpoints: avg@n pass@1 over seeds with 95% CIs, pass@k, maj@n, collapse rates",

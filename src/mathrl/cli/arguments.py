@@ -128,6 +128,15 @@ def plan(p: argparse.ArgumentParser) -> None:
                    help="host memory in GiB to check the kept policy versions (and a CPU run) against [not checked]")
 
 
+def serve_teacher(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", metavar="MODEL",
+                   help="the teacher: a Hugging Face model directory or hub id, a run directory (its final/), or tiny-arith")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on [127.0.0.1; 0.0.0.0 for other machines]")
+    p.add_argument("--port", type=int, default=8100, help="port to listen on [8100]")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="the weights' dtype [float32]")
+    p.add_argument("--device", default="cpu", help="where the model runs: cpu, cuda, cuda:1 ... [cpu]")
+
+
 def report(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories written by mathrl train")
     p.add_argument("--out", default="report.html",

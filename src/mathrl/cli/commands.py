@@ -161,6 +161,16 @@ def config(ns: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def serve_teacher(ns: argparse.Namespace, console: Console) -> int:
+    from mathrl.train.serve_teacher import serve_teacher as serve
+
+    if not 0 <= ns.port <= 65535:
+        raise UsageError(f"--port must be in 0-65535, got {ns.port}")
+    _quiet_libraries()
+    serve(ns.model, host=ns.host, port=ns.port, dtype=ns.dtype, device=ns.device, console=console)
+    return 0
+
+
 def base(ns: argparse.Namespace, console: Console) -> int:
     from mathrl.model.paths import TINY_BASE, resolve_model_path
     from mathrl.tasks.arithmetic import base_pretraining_text

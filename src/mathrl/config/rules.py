@@ -351,19 +351,27 @@ class ConfigRules:
 # entries of reward.functions and rollout.tools, and a train.init_from checkpoint
 # --------------------------------------------------------------------------------------------------
     def _teacher_errors(self, check_paths: bool) -> list[str]:
-        """A distillation mode has exactly one teacher (teacher.path or teacher.self), a teacher has a mode, and a
+        """A distillation mode has exactly one teacher (teacher.path, teacher.url or teacher.self), a teacher has a mode, and a
         teacher model directory has the student's vocabulary (same tokenizer only)."""
         mode, t = self.algo.distill.mode, self.teacher
+        sources = [name for name, on in (("teacher.path", t.path is not None), ("teacher.url", t.url is not None),
+                                          ("teacher.self", t.self)) if on]
         if mode == "none":
-            if t.path is not None or t.self:
-                return ["a teacher is set (teacher.path or teacher.self) but algo.distill.mode is none: "
+            if sources:
+                return [f"a teacher is set ({', '.join(sources)}) but algo.distill.mode is none: "
                         "choose reverse_kl, forward_kl_topk or jsd, or remove the teacher"]
             return []
         if t.self_update and not t.self:
             return ["teacher.self_update=true needs teacher.self=true (the current policy is the model itself)"]
-        if (t.path is None) == (not t.self):
-            return [f"algo.distill.mode={mode} needs exactly one teacher: teacher.path=<model dir or run's final/> or "
-                    "teacher.self=true" + (" (not both)" if t.self else "")]
+        if len(sources) != 1:
+            return [f"algo.distill.mode={mode} needs exactly one teacher: teacher.path=<model dir or run's final/>, "
+                    "teacher.url=<a mathrl serve-teacher address> or teacher.self=true"
+                    + (f" (not {' and '.join(sources)})" if sources else "")]
+        if t.url is not None:
+            parts = urllib.parse.urlsplit(t.url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                return [f"teacher.url={t.url!r} must look like http://host:port (mathrl serve-teacher's address)"]
+            return []
         if t.self:
             if not any(key in t.context for key in ("{answer}", "{solution}")):
                 return [f"teacher.context={t.context!r} gives the teacher nothing the student lacks: put {{answer}} or "

@@ -72,6 +72,18 @@ REJECTING = When(("algo.rollout_correction.mode", "algo.off_policy", "algo.rollo
                  lambda c: (c.algo.rollout_correction.mode != "none" or c.algo.off_policy != "none"
                             or bool(c.algo.rollout_correction.masks)),
                  "algo.rollout_correction.mode, algo.off_policy or algo.rollout_correction.masks")
+DISTILL_ON = When(("algo.distill.mode",), lambda c: c.algo.distill.mode != "none",
+                  "algo.distill.mode=reverse_kl, forward_kl_topk or jsd")
+
+
+def _distill(*modes: str) -> When:
+    return When(("algo.distill.mode",), lambda c: c.algo.distill.mode in modes, "algo.distill.mode=" + " or ".join(modes))
+
+
+TEACHER_SELF = When(("algo.distill.mode", "teacher.self"), lambda c: c.algo.distill.mode != "none" and c.teacher.self,
+                    "teacher.self=true with algo.distill.mode set")
+TEACHER_URL = When(("algo.distill.mode", "teacher.url"), lambda c: c.algo.distill.mode != "none" and bool(c.teacher.url),
+                   "teacher.url set with algo.distill.mode set")
 RC_ON = When(("algo.rollout_correction.mode",), lambda c: c.algo.rollout_correction.mode != "none",
              "algo.rollout_correction.mode=tis or mis")
 
@@ -277,28 +289,41 @@ class DistillConfig:
         "top-k as a direct loss (verl; mass-covering); jsd: TRL's generalized JSD with algo.distill.beta")
     reward_weight: NonNeg[float] = knob(0.0,
         "the task's advantage (algo.adv.estimator) is multiplied by this and its policy-gradient term kept beside "
-        "the distillation term; 0 = distillation alone, > 0 = distillation + task reward")
+        "the distillation term; 0 = distillation alone, > 0 = distillation + task reward", when=DISTILL_ON)
     student: Literal["sampler", "current"] = knob("sampler",
         "reverse_kl's student logprob: the sampler's (Thinking Machines, Tinker) or the current policy's, "
-        "detached, at each micro-batch (verl); they differ once the ratio leaves 1")
+        "detached, at each micro-batch (verl); they differ once the ratio leaves 1", when=_distill("reverse_kl"))
     topk: Count = knob(128, "forward_kl_topk and jsd: the teacher's k most likely tokens per position "
-                            "(verl's 128; capped at the vocabulary, where jsd is TRL's full-vocabulary loss)")
-    beta: ZeroToOne = knob(0.5, "jsd: 0 = KL(teacher || student), 1 = KL(student || teacher) (TRL's beta; its default 0.5)")
+                            "(verl's 128; capped at the vocabulary, where jsd is TRL's full-vocabulary loss)",
+                  when=_distill("forward_kl_topk", "jsd"))
+    beta: ZeroToOne = knob(0.5, "jsd: 0 = KL(teacher || student), 1 = KL(student || teacher) (TRL's beta; its default 0.5)",
+                           when=_distill("jsd"))
 
 
 @dataclass
 class TeacherConfig:
     """The teacher of on-policy distillation (algo.distill.mode): frozen, in the trainer, scored through the same
-    pass as the reference model, with the student's tokenizer (docs/guide.md, "Distillation from a teacher")."""
+    pass as the reference model, or behind a teacher server (teacher.url), with the student's tokenizer
+    (docs/guide.md, "Distillation from a teacher")."""
 
     path: str | None = knob(None,
-        "a Hugging Face model directory or hub id, or an earlier run's final/ (the same tokenizer as the student)")
+        "a Hugging Face model directory or hub id, or an earlier run's final/ (the same tokenizer as the student)",
+        when=DISTILL_ON)
+    url: str | None = knob(None,
+        "a teacher server's address (`mathrl serve-teacher MODEL --port N`), e.g. http://10.0.0.2:8100: it scores the "
+        "student's tokens over HTTP instead of a model in the trainer (the same tokenizer, checked at the start)",
+        when=DISTILL_ON)
+    timeout_s: Positive[float] = knob(120.0, "teacher.url: seconds per request attempt", when=TEACHER_URL)
+    retries: NonNeg[int] = knob(2, "teacher.url: further attempts after a failed request (connection error, timeout, 5xx); "
+                                   "then the run stops: a teacher's signal is never replaced by a zero", when=TEACHER_URL)
     self: bool = knob(False,
-        "self-distillation: the teacher is the starting model itself, with teacher.context in its prompt only")
-    self_update: bool = knob(False, "with teacher.self: the current policy (no gradient) instead of the starting model")
+        "self-distillation: the teacher is the starting model itself, with teacher.context in its prompt only",
+        when=DISTILL_ON)
+    self_update: bool = knob(False, "with teacher.self: the current policy (no gradient) instead of the starting model",
+                             when=TEACHER_SELF)
     context: Text = knob("{answer}:{question}",
         "teacher.self: the question the teacher's prompt is made of (data.template applied), with {question}, "
-        "{answer} (the reference answer) and {solution} (the problem's solution, else its answer)")
+        "{answer} (the reference answer) and {solution} (the problem's solution, else its answer)", when=TEACHER_SELF)
 
 
 @dataclass(frozen=True)

@@ -42,17 +42,19 @@ class Architecture:
         return self.params - self.layers * self.layer_params
 
 
-def hf_config(cfg: Config):
-    """The transformers config of `model.path`, without downloading anything."""
+def hf_config(cfg: Config, path: str | None = None, field: str = "model.path"):
+    """The transformers config of `path` (default `model.path`; `field` names it in the error), without
+    downloading anything."""
     from transformers import AutoConfig, Qwen2Config
 
     from mathrl.model.init import architecture_config
     from mathrl.model.paths import shipped_architecture_of
 
-    arch = parse_config_path(cfg.model.path) or shipped_architecture_of(cfg.model.path)
+    path = cfg.model.path if path is None else path
+    arch = parse_config_path(path) or shipped_architecture_of(path)
     if arch is not None:  # config:<name>, or a hub id whose architecture ships with mathrl
         return architecture_config(arch)
-    if cfg.model.path == TINY_BASE:
+    if path == TINY_BASE:
         b = cfg.base
         # the tiny base model: the character tokenizer's 99 tokens (model.tiny.build_char_tokenizer), tied head
         return Qwen2Config(vocab_size=99, hidden_size=b.hidden_size, intermediate_size=b.intermediate_size,
@@ -60,27 +62,29 @@ def hf_config(cfg: Config):
                            num_key_value_heads=b.num_kv_heads, max_position_embeddings=b.max_positions,
                            tie_word_embeddings=True)
     try:
-        return AutoConfig.from_pretrained(cfg.model.path, local_files_only=True)
+        return AutoConfig.from_pretrained(path, local_files_only=True)
     except OSError:
         raise ValueError(
-            f"model.path={cfg.model.path!r}: its config.json is not on this machine; give a local model directory, "
-            "or plan with the architecture alone: model.path=config:<name> model.init=random"
+            f"{field}={path!r}: its config.json is not on this machine; give a local model directory, "
+            f"or plan with the architecture alone: {field}=config:<name>"
+            + (" model.init=random" if field == "model.path" else "")
         ) from None
 
 
-def architecture_of(cfg: Config) -> Architecture:
-    """Exact parameter counts of the policy (and of its critic), from modules built on the meta device."""
+def architecture_of(cfg: Config, teacher: bool = False) -> Architecture:
+    """Exact parameter counts of the policy (and of its critic), from modules built on the meta device;
+    `teacher`: of teacher.path's model instead (no LoRA adapters: it is frozen)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
-    hf = hf_config(cfg)
+    hf = hf_config(cfg, cfg.teacher.path, "teacher.path") if teacher else hf_config(cfg)
     with torch.device("meta"):
         lm = AutoModelForCausalLM.from_config(hf)
         hf.num_labels = 1
         critic = AutoModelForTokenClassification.from_config(hf)
     layer = lm.model.layers[0]
     lora = [0, 0]
-    if cfg.model.lora.r > 0:  # the adapters peft builds on these modules (still on the meta device)
+    if cfg.model.lora.r > 0 and not teacher:  # the adapters peft builds on these modules (still on the meta device)
         from mathrl.model.lora import adapter_params, add_adapters
 
         with torch.device("meta"):

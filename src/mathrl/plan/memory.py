@@ -6,7 +6,7 @@
 The architecture is built on the meta device (no memory, no weights, no download). This module adds up
 per phase (generation, update) what arch.py, trainer.py, engine.py and layout.py compute: parameters,
 gradients, AdamW states, gathered layers, activations, reference model, critic, engines, generator
-processes, per device; format.py writes the plan, setup_time.py its last line (the setup time).
+processes, the distillation teacher, per device; format.py writes the plan, setup_time.py its last line (the setup time).
 It allocates no device memory and loads no weights. What each term assumes, and how it is checked:
 docs/performance.md, "What the estimate assumes, term by term".
 """
@@ -17,20 +17,21 @@ from mathrl.config import Config
 from mathrl.plan.arch import BYTES, Architecture, architecture_of
 from mathrl.plan.engine import engine_owns_weights, trainer_engine
 from mathrl.plan.layout import MemoryPlan, add_generators, device_loads
-from mathrl.plan.trainer import trainer_states
+from mathrl.plan.trainer import teacher_states, trainer_states
 
 __all__ = ["estimate_memory", "generator_layout_error"]
 
 
 def estimate_memory(
     cfg: Config, *, gpus: int, gpu_mem_gib: float, arch: Architecture | None = None, mixed_precision: bool = True,
-    trainer_gpus: list[int] | None = None, host_mem_gib: float | None = None,
+    trainer_gpus: list[int] | None = None, host_mem_gib: float | None = None, teacher_arch: Architecture | None = None,
 ) -> MemoryPlan:
     """The memory of training `cfg` on a machine of `gpus` GPUs of `gpu_mem_gib` GiB each (see the module
     docstring): the trainer's ranks on `trainer_gpus` (default: every GPU, one rank each; its states are
     sharded over them), generator processes where `rollout.placement.generator_gpus` puts them.
     `gpus=0` is a CPU run (everything in host memory, checked against `host_mem_gib` when given);
     `mixed_precision=False` computes in `model.dtype` instead of bfloat16 when that is float32 (as on a CPU).
+    `teacher_arch`: teacher.path's architecture (default: built from its config, as the policy's).
     """
     from mathrl.model.dtypes import trainer_dtype  # here: the plan itself imports no torch
     tgpus = _check_machine(cfg, gpus, gpu_mem_gib, trainer_gpus, host_mem_gib)
@@ -39,12 +40,18 @@ def estimate_memory(
     pb = BYTES[trainer_dtype(cfg.model.dtype)]  # float16: float32 master weights and AdamW state
     cb = 2 if cfg.model.dtype == "float16" or (on_gpu and mixed_precision and cfg.model.dtype == "float32") else pb
     c, notes, other = trainer_states(cfg, a, n=n, pb=pb, cb=cb, on_gpu=on_gpu)
+    teacher_c, teacher_notes = teacher_states(cfg, teacher_arch or _teacher_architecture(cfg, a), n=n, pb=pb, cb=cb)
+    c.update(teacher_c)
+    notes.update(teacher_notes)
     # Gradients exist only during an update (zero_grad(set_to_none=True) frees them after each
     # optimizer step); weights and optimizer states stay for the whole run. The policy and the critic
-    # update one after the other, so the larger of the two is the update's peak.
+    # update one after the other, so the larger of the two is the update's peak; the teacher's scoring
+    # pass (its logits) comes before them, and the top-k modes' update holds the student's logits too.
     policy_update = ("grads", "activations", "gathered weights", "head gradients")
-    resident = sum(v for k, v in c.items() if k not in (*policy_update, "critic update"))
-    transient = max(sum(c.get(k, 0) for k in policy_update), c.get("critic update", 0))
+    resident = sum(v for k, v in c.items() if k not in (*policy_update, "critic update", "teacher logits"))
+    logits = c.get("teacher logits", 0)
+    topk = logits if cfg.algo.distill.mode in ("forward_kl_topk", "jsd") else 0
+    transient = max(sum(c.get(k, 0) for k in policy_update) + topk, c.get("critic update", 0), logits)
     warnings: list[str] = []
     engine, engine_notes, generating, updating = trainer_engine(
         cfg, a, n=n, pb=pb, cb=cb, gpu_mem_gib=gpu_mem_gib if on_gpu else None, warnings=warnings)
@@ -67,6 +74,15 @@ def estimate_memory(
     add_generators(plan, cfg, pb=pb)
     plan.loads = device_loads(plan, host_mem_gib=host_mem_gib)
     return plan
+
+
+def _teacher_architecture(cfg: Config, a: Architecture) -> Architecture | None:
+    """The teacher's architecture: teacher.path's, or the policy's own (teacher.self: a frozen copy of the starting
+    model, or with teacher.self_update the policy itself; teacher.url: the student's, whose vocabulary the
+    server shares); None without a distillation mode."""
+    if not cfg.needs_teacher:
+        return None
+    return a if cfg.teacher.self or cfg.teacher.url is not None else architecture_of(cfg, teacher=True)
 
 
 def _check_machine(cfg: Config, gpus: int, gpu_mem_gib: float, trainer_gpus: list[int] | None,

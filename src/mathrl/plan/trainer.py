@@ -11,7 +11,7 @@ import math
 from mathrl.config import Config
 from mathrl.plan.arch import GIB, RUNTIME_GIB, Architecture
 
-__all__ = ["activation_bytes_per_token"]
+__all__ = ["activation_bytes_per_token", "teacher_states", "trainer_states"]
 
 
 def activation_bytes_per_token(a: Architecture, compute_bytes: int) -> int:
@@ -95,3 +95,41 @@ def trainer_states(cfg: Config, a: Architecture, *, n: int, pb: int, cb: int, on
         c["critic update"] = shard(a.critic_params * pb) + (ckpt if use_ckpt else full)
         notes["critic update"] = f"its gradients / {n}, and the backbone's activations"
     return c, notes, (full if use_ckpt else ckpt) + head
+
+
+def teacher_states(cfg: Config, t: Architecture | None, *, n: int, pb: int, cb: int) -> tuple[dict[str, int], dict[str, str]]:
+    """The distillation teacher's bytes per GPU (`t`: its architecture, the policy's for teacher.self and
+    teacher.url; None: no teacher). `teacher model`: frozen weights in the trainer's dtype, sharded over the
+    ranks and gathered while it scores like the reference model's (none for teacher.self_update, nor for
+    teacher.url: it is on its server). `teacher logits`: one micro-batch's full log-softmax
+    [train.micro_batch_tokens x vocabulary] in float32, held by its scoring pass (every mode: it reads the
+    sampled token's logprob and argmax from it) and by the update of the top-k modes (the student's)."""
+    from mathrl.model.dtypes import trainer_dtype  # here: the plan itself imports no torch
+    if t is None:
+        return {}, {}
+    c: dict[str, int] = {}
+    notes: dict[str, str] = {}
+    topk = cfg.algo.distill.mode in ("forward_kl_topk", "jsd")
+    tokens = cfg.train.micro_batch_tokens
+    if cfg.teacher.url is not None:  # on its server: only the top-k modes' update holds logits here
+        c["teacher model"] = 0
+        notes["teacher model"] = f"none here: it runs on its server ({cfg.teacher.url})"
+        if topk:
+            c["teacher logits"] = tokens * t.vocab * 4
+            notes["teacher logits"] = f"{tokens:,} tokens x {t.vocab:,} float32: the student's log-softmax in the update"
+        return c, notes
+    if cfg.teacher.self_update:
+        c["teacher model"] = 0
+        notes["teacher model"] = "none: the current policy is the teacher (teacher.self_update)"
+    else:
+        where = "the starting model" if cfg.teacher.self else "teacher.path's model"
+        c["teacher model"] = math.ceil(t.params * pb / n)
+        notes["teacher model"] = (f"frozen, {where}: {t.params:,} x {pb} B ({trainer_dtype(cfg.model.dtype)}) / {n}, "
+                                  "as the reference model")
+        if n > 1 or cb != pb:  # its forward gathers layers in the compute dtype, as the reference's does
+            c["teacher model"] += (2 * t.layer_params + t.root_params) * cb
+            notes["teacher model"] += " + its gathered layers while it scores"
+    c["teacher logits"] = tokens * t.vocab * 4
+    notes["teacher logits"] = (f"{tokens:,} tokens x {t.vocab:,} float32: the teacher's log-softmax of one micro-batch"
+                               + (", and the student's in the update (top-k modes)" if topk else ""))
+    return c, notes

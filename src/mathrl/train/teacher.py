@@ -24,6 +24,7 @@ from mathrl.model.scoring import response_topk
 from mathrl.rollout.base import left_pad
 from mathrl.train.batching import Rows
 from mathrl.train.passes import per_token_pass
+from mathrl.train.teacher_remote import RemoteTeacher, connect_teacher
 
 DIRECT_MODES = ("forward_kl_topk", "jsd")  # the modes that read the teacher's top-k distribution
 
@@ -40,12 +41,14 @@ class TeacherScores:
 
 
 def load_teacher(cfg: Config, *, model_path: str, ref_source, overrides: dict | None, student_vocab: dict[str, int]):
-    """The frozen teacher model, or None when the current policy is the teacher (teacher.self_update) or no
+    """The frozen teacher model (a `RemoteTeacher` client for teacher.url), or None when the current policy is the teacher (teacher.self_update) or no
     mode needs one: teacher.path's model, or (teacher.self) a copy of the starting model, the reference's
     source. A teacher whose tokenizer is not the student's is a one-line error naming both vocabularies."""
     t = cfg.teacher
     if not cfg.needs_teacher or t.self_update:
         return None
+    if t.url is not None:  # a teacher server: no model here (train/teacher_remote.py)
+        return connect_teacher(cfg, student_vocab=student_vocab, student_path=model_path)
     source = t.path if t.path is not None else ref_source
     teacher, tokenizer = load_model_and_tokenizer(source, dtype=trainer_dtype(cfg.model.dtype),
                                                   overrides=overrides if t.self else None)
@@ -92,7 +95,7 @@ def teacher_prompts(problems, *, n: int, encoder, tokenizer, context: str) -> tu
 def teacher_scores(model, batch: Rows, cfg: Config, *, rows: list[int] | None = None,
                    prompts: tuple[torch.Tensor, torch.Tensor] | None = None) -> TeacherScores:
     """The teacher's logprobs, argmax flags and (forward_kl_topk, jsd) top-k of `batch`'s sampled tokens, no
-    grad, at the rollout temperature (each rank scores its `rows`, `per_token_pass`). `prompts`: the teacher's
+    grad, at the rollout temperature (each rank scores its `rows`, `per_token_pass`; a `RemoteTeacher`, its server). `prompts`: the teacher's
     own prompt ids and mask (self-distillation) in place of the student's; the responses are the same tokens.
     The metrics compare it with the sampler's logprobs over the loss mask (`algo.distill.teacher_stats`)."""
     mode, temperature = cfg.algo.distill.mode, cfg.rollout.temperature
@@ -104,7 +107,11 @@ def teacher_scores(model, batch: Rows, cfg: Config, *, rows: list[int] | None = 
                                                        mb.context_mask, temperature=temperature, k=k)
         return [lp, is_argmax, top_ids, top_lp]
 
-    logprobs, is_argmax, top_ids, top_lp = per_token_pass(model, seen, cfg, forward, rows=rows)
+    if isinstance(model, RemoteTeacher):
+        logprobs, is_argmax, top_ids, top_lp = model.pass_over(seen, rows=rows, temperature=temperature,
+                                                               k=k if mode in DIRECT_MODES else None)
+    else:
+        logprobs, is_argmax, top_ids, top_lp = per_token_pass(model, seen, cfg, forward, rows=rows)
     metrics = teacher_stats(batch.rollout_logprobs, logprobs, is_argmax, batch.loss_mask)
     if mode not in DIRECT_MODES:
         top_ids = top_lp = None

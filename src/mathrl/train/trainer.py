@@ -260,7 +260,7 @@ def build_trainer(cfg: Config, ranks: Ranks, *, console: Console, resume: bool =
         ref_source = parent if parent is not None and cfg.train.init_from_mode == "restart" else model_path
         teacher = load_teacher(cfg, model_path=model_path, ref_source=ref_source, overrides=overrides,
                                student_vocab=tokenizer.get_vocab())
-        trainer.teacher_model = shard(teacher, cfg, ranks) if teacher is not None else None
+        trainer.teacher_model = shard(teacher, cfg, ranks) if isinstance(teacher, torch.nn.Module) else teacher
     if ADVANTAGE_ESTIMATORS.get(cfg.algo.adv.estimator).needs_critic:  # PPO; the critic resumes like the policy
         _add_critic(trainer)
     if checkpoint is not None or parent is not None:
