@@ -27,7 +27,7 @@ from mathrl.algo.kl import apply_kl_reward_penalty, kl_penalty
 from mathrl.algo.losses import masked_mean
 from mathrl.algo.policy_losses import top_entropy_mask
 from mathrl.algo.positions import position_means
-from mathrl.algo.rollout_correction import ADVANTAGE_RULES, chain, correction_weights, mismatch_kl, rule_keeps
+from mathrl.algo.rollout_correction import Corrected, advantage_rejection, rollout_correction
 from mathrl.registry import ADVANTAGE_ESTIMATORS
 from mathrl.reward.functions import Scores
 from mathrl.reward.reflection import reflection_stats
@@ -90,7 +90,8 @@ def rl_step(trainer: Trainer, step: int, collected: Collected | None = None) -> 
     # ---- advantages: coefficients, KL reward penalty, the estimator -------------------------------
     coefs, mean_entropy = step_coefs(trainer, scored, rows=len(prep.batch))
     adv, values, adv_metrics = advantages(trainer, got, prep, scored, coefs=coefs)
-    scored, mask_metrics = advantage_masks(cfg, scored, adv, got, prep)  # opsm: it reads the advantages
+    masked = advantage_masks(cfg, scored, adv, got, prep)  # opsm: it reads the advantages
+    scored = replace(scored, is_weights=masked.weights, loss_mask=masked.loss_mask)
     batch = train_batch(prep, scored, adv, values)
     if trainer.critic is not None and trainer.ranks.main:  # the critic read by position (VC-PPO's figures)
         trainer.run.append_positions(value_advantage_positions(step, batch))
@@ -106,7 +107,7 @@ def rl_step(trainer: Trainer, step: int, collected: Collected | None = None) -> 
         sync["perf/weight_sync_bytes"] = sent["perf/weight_sync_bytes"]
 
     # ---- log: the stages' metrics, merged once ------------------------------------------------------
-    metrics = {**got.metrics, **prep.checks.metrics, **scored.metrics, **staleness, **adv_metrics, **mask_metrics,
+    metrics = {**got.metrics, **prep.checks.metrics, **scored.metrics, **staleness, **adv_metrics, **masked.metrics,
                **update_metrics, **sync}
     log_step(trainer, step, got, batch, metrics, t0=t0, t_train=t_train)
     return StepResult(trained=True, groups=group_outcomes(got, cfg.rollout.n), collapse=prep.checks.collapse,
@@ -170,15 +171,14 @@ def score(trainer: Trainer, got: Collected, prep: Prepared) -> Scored:
         ref_kl = float(masked_mean(old_logprobs - ref_logprobs, loss_mask))
         metrics["actor/ref_kl"] = ref_kl
         metrics["actor/ref_entropy"] = float(masked_mean(ref_entropy, loss_mask))
-    is_weights, loss_mask, corr_metrics = importance_weights(cfg, old_logprobs, got.rollout.logprobs,
-                                                             batch.response_mask, loss_mask)
-    correction = is_weights
-    is_weights, fork_metrics = forking_tokens(cfg, entropy, loss_mask, is_weights)
+    corrected = correction(cfg, old_logprobs, got.rollout.logprobs, batch.response_mask, loss_mask)
+    loss_mask, corr_metrics = corrected.loss_mask, corrected.metrics
+    is_weights, fork_metrics = forking_tokens(cfg, entropy, loss_mask, corrected.weights)
     teacher = score_teacher(trainer, got, prep) if cfg.needs_teacher else None
     return Scored(old_logprobs=old_logprobs, entropy=entropy, ref_logprobs=ref_logprobs, ref_entropy=ref_entropy,
                   ref_kl=ref_kl, is_weights=is_weights, loss_mask=loss_mask,
                   metrics={**metrics, **corr_metrics, **fork_metrics, **(teacher.metrics if teacher else {})},
-                  correction=correction, teacher=teacher)
+                  correction=corrected.weights, teacher=teacher)
 
 
 def score_teacher(trainer: Trainer, got: Collected, prep: Prepared) -> TeacherScores:
@@ -193,73 +193,38 @@ def score_teacher(trainer: Trainer, got: Collected, prep: Prepared) -> TeacherSc
         return teacher_scores(model, prep.batch, cfg, rows=prep.rows, prompts=prompts)
 
 
-def importance_weights(cfg, old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, response_mask: torch.Tensor,
-                       loss_mask: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
-    """(is_weights, loss_mask, metrics): the policy-gradient term's weights between the trainer's old logprobs and
-    the sampling ones (Config.correction: algo.off_policy or algo.rollout_correction; None when neither
-    is on), times the keep mask of the rejection rules that compare the two (algo.rollout_correction.masks
-    but opsm, which waits for the advantages: `advantage_masks`), and the loss mask, less the rejected
-    tokens with rejected=drop (so they leave the normalisers too; a token tis capped stays). All [N, T]. With any of them on, the
-    gap itself is logged (rollout_corr/k1_kl, k3_kl over the sample filters' loss mask)."""
-    c, rc = cfg.correction(), cfg.algo.rollout_correction
-    if (c is None and not rc.masks) or rc.bypass:  # bypass: the loss weighs pi_theta against the engine (bypass_weights)
-        return None, loss_mask, {}
-    k1, k3 = mismatch_kl(old_logprobs, rollout_logprobs, loss_mask)
-    metrics = {"rollout_corr/k1_kl": float(k1), "rollout_corr/k3_kl": float(k3)}
-    is_weights, filtered = None, loss_mask
-    if c is not None:
-        is_weights, rejected = correction_weights(old_logprobs, rollout_logprobs, response_mask,
-                                                  mode=c.mode, level=c.level, cap=c.cap, lower=c.lower)
-        metrics["actor/rollout_is_weight"] = float(masked_mean(is_weights, loss_mask))
-        metrics["actor/rollout_is_over_cap"] = float(masked_mean(rejected, loss_mask))
-        if c.rejected == "drop":  # only the zeroed tokens leave: a token tis capped keeps the weight C and stays
-            loss_mask = loss_mask * (1.0 - rejected * (is_weights == 0).to(rejected.dtype))
-    keeps = rule_keeps(old_logprobs, rollout_logprobs, response_mask, [r for r in rc.masks if r not in ADVANTAGE_RULES],
-                       **rule_settings(rc))
-    is_weights, loss_mask, rejected_metrics = rejection(keeps, is_weights, loss_mask, filtered=filtered,
-                                                        drop=rc.rejected == "drop")
-    return is_weights, loss_mask, {**metrics, **rejected_metrics}
+def correction(cfg, old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, response_mask: torch.Tensor,
+               loss_mask: torch.Tensor) -> Corrected:
+    """The importance weights and the rejections of algo.off_policy / algo.rollout_correction that need no
+    advantages (algo/rollout_correction.py:rollout_correction), all [N, T]; none in bypass mode, where the
+    loss weighs pi_theta against the engine per micro-batch (`bypass_weights`)."""
+    if cfg.algo.rollout_correction.bypass:
+        return Corrected(weights=None, loss_mask=loss_mask, metrics={})
+    return rollout_correction(old_logprobs, rollout_logprobs, response_mask, loss_mask, **correction_settings(cfg))
 
 
-def advantage_masks(cfg, scored: Scored, adv: Advantages, got: Collected,
-                    prep: Prepared) -> tuple[Scored, dict[str, float]]:
-    """The rejection rules that read the advantages (opsm, DeepSeek-V3.2's off-policy sequence masking),
-    applied once they are computed: the scored weights and loss mask, less the tokens they reject, and
-    each rule's rejected share (rollout_corr/<rule>_rejected). Applied
-    here, between the advantages and the batch, it uses the trainer's old logprobs as the current policy
-    (algo/rollout_correction.py:opsm_keep says when that equals TRL's per-micro-batch mask), and the
-    update stays one loss with one weight per token."""
-    rc = cfg.algo.rollout_correction
-    rules = [r for r in rc.masks if r in ADVANTAGE_RULES]
-    if not rules:
-        return scored, {}
-    keeps = rule_keeps(scored.old_logprobs, got.rollout.logprobs, prep.batch.response_mask, rules,
-                       advantages=adv.advantages, **rule_settings(rc))
-    is_weights, loss_mask, metrics = rejection(keeps, scored.is_weights, scored.loss_mask,
-                                               filtered=prep.checks.loss_mask, drop=rc.rejected == "drop")
-    return replace(scored, is_weights=is_weights, loss_mask=loss_mask), metrics
+def correction_settings(cfg) -> dict:
+    """algo.off_policy and algo.rollout_correction as `rollout_correction` takes them: the importance weight
+    (Config.correction; none: no mode) and the rejection rules'."""
+    c = cfg.correction()
+    weight = {} if c is None else {"mode": c.mode, "level": c.level, "cap": c.cap, "lower": c.lower}
+    return {**weight, **rejection_settings(cfg.algo.rollout_correction)}
 
 
-def rule_settings(rc) -> dict:
-    """algo.rollout_correction's settings of the rejection rules, as `rule_keeps` takes them."""
-    return {"geo_rs_bounds": rc.geo_rs_bounds, "icepop_bounds": rc.icepop_bounds, "k3_rs_threshold": rc.k3_rs_threshold,
+def rejection_settings(rc) -> dict:
+    """algo.rollout_correction's rejection rules and their settings, as `advantage_rejection` takes them."""
+    return {"rules": list(rc.masks), "drop": rc.rejected == "drop", "geo_rs_bounds": rc.geo_rs_bounds,
+            "icepop_bounds": rc.icepop_bounds, "k3_rs_threshold": rc.k3_rs_threshold,
             "k2_rs_threshold": rc.k2_rs_threshold, "opsm_delta": rc.opsm_delta}
 
 
-def rejection(keeps: dict[str, torch.Tensor], is_weights: torch.Tensor | None, loss_mask: torch.Tensor, *,
-              filtered: torch.Tensor, drop: bool) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
-    """Measure each rule's share of the sample filters' loss tokens (`filtered`) that it rejects
-    (rollout_corr/<rule>_rejected, each rule on its own), then chain the rules: a token is kept only if
-    every rule keeps it. A rejected token's weight becomes 0 (a zero term); with `drop` it also leaves the
-    loss mask, so the normalisers (verl's rejection). Returns (is_weights, loss_mask), [N, T] each, and the
-    shares."""
-    if not keeps:
-        return is_weights, loss_mask, {}
-    metrics = {f"rollout_corr/{rule}_rejected": float(masked_mean((~keep).to(filtered.dtype), filtered))
-               for rule, keep in keeps.items()}
-    keep = chain(keeps.values(), like=loss_mask).to(loss_mask.dtype)  # [N, T] 1 = kept by every rule
-    is_weights = keep if is_weights is None else is_weights * keep
-    return is_weights, (loss_mask * keep if drop else loss_mask), metrics
+def advantage_masks(cfg, scored: Scored, adv: Advantages, got: Collected, prep: Prepared) -> Corrected:
+    """The rejection rules that read the advantages (opsm, DeepSeek-V3.2's off-policy sequence masking),
+    applied once they are computed (algo/rollout_correction.py:advantage_rejection) to the scored weights
+    and loss mask, with each rule's rejected share (rollout_corr/<rule>_rejected)."""
+    return advantage_rejection(scored.old_logprobs, got.rollout.logprobs, prep.batch.response_mask, adv.advantages,
+                               weights=scored.is_weights, loss_mask=scored.loss_mask, filtered=prep.checks.loss_mask,
+                               **rejection_settings(cfg.algo.rollout_correction))
 
 
 def forking_tokens(cfg, entropy: torch.Tensor | None, loss_mask: torch.Tensor,
