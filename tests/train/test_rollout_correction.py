@@ -91,8 +91,9 @@ def _update_once(overrides, old, rollout_lp, mask, adv):
     corrected = correction(cfg, batch.old_logprobs, batch.rollout_logprobs, batch.response_mask, batch.loss_mask)
     batch.is_weights, batch.loss_mask, metrics = corrected.weights, corrected.loss_mask, corrected.metrics
     logprobs = (old + 0.1).clone().requires_grad_(True)  # pi_theta moved a little away from the proximal policy
-    x = TermInputs(cfg.algo, cfg.rollout.max_new_tokens, 0, batch, logprobs, torch.zeros(n, t), batch.loss_mask,
-                   float(batch.loss_mask.sum()), float(n), 0.0, 0.0, {"entropy": 0.0, "kl": 0.0}, {})
+    x = TermInputs(algo=cfg.algo, max_len=cfg.rollout.max_new_tokens, seed=0, micro=batch, logprobs=logprobs,
+                   entropy=torch.zeros(n, t), mask=batch.loss_mask, num_tokens=float(batch.loss_mask.sum()),
+                   num_seqs=float(n), pos_tokens=0.0, pos_seqs=0.0, coefs={"entropy": 0.0, "kl": 0.0})
     loss, _ = pg_term(x)
     loss.backward()
     return float(loss.detach()), logprobs.grad, metrics, batch
@@ -180,10 +181,10 @@ def test_opsm_is_applied_after_the_advantages():
     assert "rollout_corr/k1_kl" in before.metrics and "rollout_corr/opsm_rejected" not in before.metrics
     # ... but once they are: row 1 (negative) goes, and with drop leaves the mask
     scored = Scored(old_logprobs=old, entropy=None, ref_logprobs=None, ref_entropy=None, ref_kl=None,
-                    is_weights=before.weights, loss_mask=before.loss_mask, metrics=before.metrics)
-    got = SimpleNamespace(rollout=SimpleNamespace(logprobs=ROLLOUT))
-    prep = SimpleNamespace(batch=SimpleNamespace(response_mask=MASK), checks=SimpleNamespace(loss_mask=MASK))
-    out = advantage_masks(cfg, scored, Advantages(-torch.ones(2, 3) * MASK), got, prep)
+                    is_weights=before.weights, loss_mask=before.loss_mask, mean_entropy=None, metrics=before.metrics)
+    prep = SimpleNamespace(batch=SimpleNamespace(response_mask=MASK, rollout_logprobs=ROLLOUT),
+                           checks=SimpleNamespace(loss_mask=MASK))
+    out = advantage_masks(cfg, scored, Advantages(-torch.ones(2, 3) * MASK), prep)
     assert_close(out.weights * MASK, torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]))  # padding: never in the loss
     assert_close(out.loss_mask, torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]))
     assert out.metrics["rollout_corr/opsm_rejected"] == pytest.approx(2 / 5)

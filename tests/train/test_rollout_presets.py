@@ -106,8 +106,9 @@ def _term(cfg_overrides):
     batch.is_weights, batch.loss_mask = corrected.weights, corrected.loss_mask
     # decoupled: pi_theta = pi_old + 0.1 (ratio e^0.1, inside the clip); bypass: pi_theta = the trainer's logprobs
     logprobs = (TRAINER if bypass else TRAINER + 0.1).clone().requires_grad_(True)
-    x = TermInputs(cfg.algo, cfg.rollout.max_new_tokens, 0, batch, logprobs, torch.zeros(3, 3), batch.loss_mask,
-                   float(batch.loss_mask.sum()), 3.0, 0.0, 0.0, {"entropy": 0.0, "kl": 0.0}, {})
+    x = TermInputs(algo=cfg.algo, max_len=cfg.rollout.max_new_tokens, seed=0, micro=batch, logprobs=logprobs,
+                   entropy=torch.zeros(3, 3), mask=batch.loss_mask, num_tokens=float(batch.loss_mask.sum()),
+                   num_seqs=3.0, pos_tokens=0.0, pos_seqs=0.0, coefs={"entropy": 0.0, "kl": 0.0})
     loss, _ = pg_term(x)
     loss.backward()
     return float(loss.detach()), logprobs.grad, batch.loss_mask
