@@ -380,7 +380,7 @@ def batch_metrics(got, batch: TrainBatch, *, n: int, prompts_too_long: int,
         "data/prompts_too_long": float(prompts_too_long),
         "rollout/all_correct_groups": float(all_correct.float().mean()),
         "rollout/all_wrong_groups": float(all_wrong.float().mean()),
-        "rollout/logprob_mismatch": float(masked_mean((rollout.logprobs - batch.old_logprobs).abs(), rollout.response_mask)),
+        "rollout/logprob_mismatch": float(masked_mean((batch.rollout_logprobs - batch.old_logprobs).abs(), batch.response_mask)),
     }
 
 
