@@ -56,7 +56,7 @@ def extensions(monkeypatch):
 
     def tokens_seen(x: update.TermInputs):
         seen["loss"].append(x.logprobs.shape)
-        return None, float(x.mask.sum())  # adds nothing to the loss; logs the micro-batch's counted tokens
+        return update.Term(loss=None, value=float(x.mask.sum()))  # adds nothing to the loss; logs the counted tokens
 
     LOSS_TERMS.register("tokens_seen", update.LossTerm(lambda cfg: True, tokens_seen))
     yield seen

@@ -10,19 +10,6 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from mathrl.algo.losses import aggregate, policy_loss
-from mathrl.algo.rollout_correction import (
-    chain,
-    correction_weights,
-    geo_rs_keep,
-    icepop_keep,
-    kl_rs_keep,
-    log_ratio,
-    mismatch_kl,
-    opsm_keep,
-    rule_keeps,
-)
-
 LN2, LN3 = math.log(2.0), math.log(3.0)
 
 # Two rows of three tokens; row 0 has all three sampled, row 1 only the first two (third is padding).
@@ -30,93 +17,6 @@ LN2, LN3 = math.log(2.0), math.log(3.0)
 OLD = torch.tensor([[LN2, 0.0, -LN2], [LN3, LN3, 99.0]])
 ROLLOUT = torch.zeros(2, 3)
 MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-
-CASES = [
-    # (mode, level, cap, expected weights, expected over_cap, why)
-    ("tis", "token", 2.5, [[2.0, 1.0, 0.5], [2.5, 2.5, 0.0]], [[0, 0, 0], [1, 1, 0]],
-     "token TIS caps ratio 3 at C=2.5 and keeps ratios under the cap as they are (0.5 stays 0.5: no lower cap)"),
-    ("mis", "token", 2.5, [[2.0, 1.0, 0.5], [0.0, 0.0, 0.0]], [[0, 0, 0], [1, 1, 0]],
-     "token MIS drops the two ratio-3 tokens instead of capping them; kept tokens keep their ratio"),
-    ("tis", "sequence", 2.5, [[1.0, 1.0, 1.0], [2.5, 2.5, 0.0]], [[0, 0, 0], [1, 1, 0]],
-     "row 0's sequence ratio is 2 * 1 * 1/2 = 1; row 1's is 3 * 3 = 9, capped at 2.5 on every token"),
-    ("mis", "sequence", 2.5, [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]], [[0, 0, 0], [1, 1, 0]],
-     "sequence MIS drops all of row 1 (ratio 9 > 2.5) and keeps row 0 whole although one token has ratio 2"),
-    ("tis", "token", 10.0, [[2.0, 1.0, 0.5], [3.0, 3.0, 0.0]], [[0] * 3, [0] * 3],
-     "with a cap above every ratio TIS is plain importance sampling"),
-    ("mis", "sequence", 10.0, [[1.0, 1.0, 1.0], [9.0, 9.0, 0.0]], [[0] * 3, [0] * 3],
-     "sequence ratio 9 is under C=10 and kept with its full weight"),
-]
-
-
-@pytest.mark.parametrize("mode, level, cap, weights, over, why", CASES, ids=[f"{c[0]}-{c[1]}-{c[2]}" for c in CASES])
-def test_weights_match_hand_computed_values(mode, level, cap, weights, over, why):
-    w, o = correction_weights(OLD, ROLLOUT, MASK, mode=mode, level=level, cap=cap)
-    assert_close(w, torch.tensor(weights), msg=why)
-    assert_close(o, torch.tensor(over, dtype=torch.float32), msg=why)
-
-
-def test_identical_logprobs_give_weight_one_everywhere():
-    # The torch engine samples from the trainer's own float32 weights: no correction must change nothing.
-    lp = torch.randn(3, 5)
-    for mode in ("tis", "mis"):
-        for level in ("token", "sequence"):
-            w, o = correction_weights(lp, lp.clone(), torch.ones(3, 5), mode=mode, level=level, cap=2.0)
-            assert_close(w, torch.ones(3, 5))
-            assert o.sum() == 0
-
-
-def test_sequence_ratio_far_over_the_cap_does_not_overflow():
-    # 100 tokens each 1 nat apart: the sequence ratio is e^100 (inf in float32 after exp without the clamp).
-    old, rollout, mask = torch.ones(1, 100), torch.zeros(1, 100), torch.ones(1, 100)
-    w, _ = correction_weights(old, rollout, mask, mode="tis", level="sequence", cap=2.0)
-    assert_close(w, torch.full((1, 100), 2.0))
-    w, _ = correction_weights(old, rollout, mask, mode="mis", level="sequence", cap=2.0)
-    assert torch.isfinite(w).all() and w.sum() == 0
-
-
-def test_padding_never_enters_the_sequence_ratio():
-    # Row 1's padded third token has old - rollout = 99; counting it would make the ratio e^101.
-    lr = log_ratio(OLD, ROLLOUT, MASK, level="sequence")
-    assert_close(lr, torch.tensor([[0.0, 0.0, 0.0], [2 * LN3, 2 * LN3, 0.0]]))
-
-
-def test_weights_carry_no_gradient():
-    old = OLD.clone().requires_grad_(True)
-    w, _ = correction_weights(old, ROLLOUT, MASK, mode="tis", level="token", cap=2.5)
-    assert not w.requires_grad
-
-
-def test_weighted_policy_loss_scales_each_tokens_gradient_by_its_weight():
-    # At ratio 1 (new == old) the per-token loss is -A * ratio, so d loss / d logprob_t = -A_t * w_t / N.
-    logprobs = OLD.clone().requires_grad_(True)
-    adv = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]])
-    w, _ = correction_weights(OLD, ROLLOUT, MASK, mode="tis", level="token", cap=2.5)
-    per_token, _ = policy_loss(logprobs, OLD, adv, MASK)
-    loss = aggregate(per_token * w, MASK, mode="token_mean", num_tokens=5, num_seqs=2)
-    loss.backward()
-    expected = -adv * torch.tensor([[2.0, 1.0, 0.5], [2.5, 2.5, 0.0]]) / 5
-    assert_close(logprobs.grad, expected)
-
-
-@pytest.mark.parametrize(
-    "kwargs, match",
-    [
-        (dict(mode="tis", level="token", cap=1.0), "cap must be"),  # ratio 1 is on-policy: a cap of 1 drops everything
-        (dict(mode="tis", level="token", cap=float("inf")), "cap must be"),
-        (dict(mode="clip", level="token", cap=2.0), "unknown mode"),
-        (dict(mode="tis", level="row", cap=2.0), "unknown level"),
-    ],
-)
-def test_bad_arguments_are_named(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        correction_weights(OLD, ROLLOUT, MASK, **kwargs)
-
-
-def test_shape_mismatch_is_an_error():
-    with pytest.raises(ValueError, match="same shape"):
-        correction_weights(OLD, ROLLOUT[:, :2], MASK, mode="tis", level="token", cap=2.0)
-
-
 # --------------------------------------------------------------------------------------------------
 # end to end: the switch in a 2-step training run of a tiny model
 # --------------------------------------------------------------------------------------------------
@@ -173,43 +73,13 @@ def test_training_with_the_correction_logs_finite_metrics(tmp_path, monkeypatch,
             assert row["actor/rollout_is_over_cap"] == 0
 
 
-# --------------------------------------------------------------------------------------------------
-# the lower bound (a two-sided rejection window) and what a rejected token does to the loss
-# --------------------------------------------------------------------------------------------------
-LOWER_CASES = [
-    # ratios: row 0 = [2, 1, 1/2], row 1 = [3, 3, pad]
-    ("mis", 2.5, 0.6, [[2.0, 1.0, 0.0], [0.0, 0.0, 0.0]], [[0, 0, 1], [1, 1, 0]],
-     "MIS with [0.6, 2.5]: ratio 1/2 is under the lower bound and rejected like the ratio-3 tokens"),
-    ("tis", 2.5, 0.6, [[2.0, 1.0, 0.0], [2.5, 2.5, 0.0]], [[0, 0, 1], [1, 1, 0]],
-     "TIS caps ratio 3 at 2.5 and rejects ratio 1/2 (under 0.6)"),
-    ("mis", 2.5, 0.5, [[2.0, 1.0, 0.5], [0.0, 0.0, 0.0]], [[0, 0, 0], [1, 1, 0]],
-     "ratio exactly 1/2 is on the lower bound, so kept (verl and IcePop keep [L, C] inclusive)"),
-    ("mis", 2.0, 0.5, [[2.0, 1.0, 0.5], [0.0, 0.0, 0.0]], [[0, 0, 0], [1, 1, 0]],
-     "IcePop's window [0.5, 2]: both ends kept, ratio 3 rejected"),
-]
-
-
-@pytest.mark.parametrize("mode, cap, lower, weights, rejected, why", LOWER_CASES,
-                         ids=[f"{c[0]}-{c[1]}-{c[2]}" for c in LOWER_CASES])
-def test_lower_bound_rejects_small_ratios(mode, cap, lower, weights, rejected, why):
-    w, r = correction_weights(OLD, ROLLOUT, MASK, mode=mode, level="token", cap=cap, lower=lower)
-    assert_close(w, torch.tensor(weights), msg=why)
-    assert_close(r, torch.tensor(rejected, dtype=torch.float32), msg=why)
-
-
-def test_lower_bound_outside_the_unit_interval_is_refused():
-    for lower in (0.0, 1.0, 1.5):
-        with pytest.raises(ValueError, match="lower must be in"):
-            correction_weights(OLD, ROLLOUT, MASK, mode="mis", level="token", cap=2.0, lower=lower)
-
-
 def _update_once(overrides, old, rollout_lp, mask, adv):
     """The aggregated policy-gradient term of one micro-batch holding the whole batch, built as
     train/step.py and train/update.py build it; returns the loss, its gradient with respect to the
     logprobs, the step metrics and the batch."""
     from mathrl.config import load_config
     from mathrl.train.batching import TrainBatch
-    from mathrl.train.step import importance_weights
+    from mathrl.train.step import correction
     from mathrl.train.update import TermInputs, pg_term
 
     cfg = load_config(None, overrides)
@@ -218,11 +88,12 @@ def _update_once(overrides, old, rollout_lp, mask, adv):
                        response_ids=torch.zeros(n, t, dtype=torch.long), response_mask=mask.clone(),
                        loss_mask=mask.clone(), old_logprobs=old, advantages=adv, ref_logprobs=torch.zeros(n, t),
                        ref_entropy=torch.zeros(n, t), correct=torch.zeros(n), rollout_logprobs=rollout_lp)
-    batch.is_weights, batch.loss_mask, metrics = importance_weights(cfg, batch.old_logprobs, batch.rollout_logprobs,
-                                                                    batch.response_mask, batch.loss_mask)
+    corrected = correction(cfg, batch.old_logprobs, batch.rollout_logprobs, batch.response_mask, batch.loss_mask)
+    batch.is_weights, batch.loss_mask, metrics = corrected.weights, corrected.loss_mask, corrected.metrics
     logprobs = (old + 0.1).clone().requires_grad_(True)  # pi_theta moved a little away from the proximal policy
-    x = TermInputs(cfg.algo, cfg.rollout.max_new_tokens, 0, batch, logprobs, torch.zeros(n, t), batch.loss_mask,
-                   float(batch.loss_mask.sum()), float(n), 0.0, 0.0, {"entropy": 0.0, "kl": 0.0}, {})
+    x = TermInputs(algo=cfg.algo, max_len=cfg.rollout.max_new_tokens, seed=0, micro=batch, logprobs=logprobs,
+                   entropy=torch.zeros(n, t), mask=batch.loss_mask, num_tokens=float(batch.loss_mask.sum()),
+                   num_seqs=float(n), pos_tokens=0.0, pos_seqs=0.0, coefs={"entropy": 0.0, "kl": 0.0})
     loss, _ = pg_term(x)
     loss.backward()
     return float(loss.detach()), logprobs.grad, metrics, batch
@@ -260,145 +131,6 @@ def test_off_policy_tis_is_token_tis_and_cannot_be_combined_with_rollout_correct
     assert load_config(None, []).correction() is None
     with pytest.raises(ConfigError, match="takes one importance weight"):
         load_config(None, ["algo.off_policy=decoupled", "algo.rollout_correction.mode=tis"])
-
-
-# --------------------------------------------------------------------------------------------------
-# rejection rules (algo.rollout_correction.masks): each by hand on OLD / ROLLOUT / MASK
-#   log ratio (old - rollout): row 0 = [ln 2, 0, -ln 2] (ratios 2, 1, 1/2), row 1 = [ln 3, ln 3, <pad>]
-#   True = kept; padding counts as kept (the loss mask takes it out)
-# --------------------------------------------------------------------------------------------------
-T_, F_ = True, False
-ROW0_KEPT_ROW1_REJECTED = [[T_, T_, T_], [F_, F_, T_]]
-
-GEO_CASES = [
-    # (lower, upper, keep, why)
-    (0.5, 2.0, ROW0_KEPT_ROW1_REJECTED,
-     "row 0: mean log ratio (ln2 + 0 - ln2) / 3 = 0, geometric mean 1, kept; row 1: (ln3 + ln3) / 2 = ln3, 3 > 2"),
-    (0.999, 1.001, ROW0_KEPT_ROW1_REJECTED,
-     "verl's preset window: row 0 is kept whole although two of its tokens have ratios 2 and 1/2 (they cancel)"),
-    (0.5, 3.0, [[T_] * 3, [T_] * 3], "row 1's geometric mean 3 is on the upper bound: kept (inclusive, as verl)"),
-    (0.5, 2.9, ROW0_KEPT_ROW1_REJECTED, "just under 3 rejects row 1; the sequence ratio 3 * 3 = 9 plays no part"),
-]
-
-
-@pytest.mark.parametrize("lower, upper, keep, why", GEO_CASES, ids=[f"{c[0]}-{c[1]}" for c in GEO_CASES])
-def test_geo_rs_keeps_responses_by_the_geometric_mean_of_their_ratios(lower, upper, keep, why):
-    assert geo_rs_keep(OLD, ROLLOUT, MASK, lower=lower, upper=upper).tolist() == keep, why
-
-
-def test_geo_rs_bounds_the_reciprocal_of_verls_k1_ratio():
-    # Row 2's ratios are all 1/2 (geometric mean 1/2). The window [0.6, 2] is on pi_old / pi_rollout:
-    # 1/2 < 0.6 rejects it. verl's seq_mean_k1 would read "0.6_2" as bounds on pi_rollout / pi_old = 2,
-    # inside [0.6, 2], and keep it: the same window here is [1/2, 1/0.6] (docs/tricks.md).
-    old = torch.tensor([[-LN2, -LN2, -LN2]])
-    assert geo_rs_keep(old, torch.zeros(1, 3), torch.ones(1, 3), lower=0.6, upper=2.0).tolist() == [[F_, F_, F_]]
-    assert geo_rs_keep(old, torch.zeros(1, 3), torch.ones(1, 3), lower=0.5, upper=1 / 0.6).tolist() == [[T_, T_, T_]]
-
-
-ICEPOP_CASES = [
-    (0.5, 2.0, ROW0_KEPT_ROW1_REJECTED, "IcePop's [0.5, 2]: ratios 2, 1, 1/2 are inside (bounds inclusive), 3 is not"),
-    (0.6, 2.5, [[T_, T_, F_], [F_, F_, T_]], "ratio 1/2 is under 0.6 and 3 over 2.5: each token on its own"),
-    (0.4, 4.0, [[T_] * 3, [T_] * 3], "every ratio is inside [0.4, 4]"),
-]
-
-
-@pytest.mark.parametrize("lower, upper, keep, why", ICEPOP_CASES, ids=[f"{c[0]}-{c[1]}" for c in ICEPOP_CASES])
-def test_icepop_rejects_each_token_whose_ratio_is_outside_the_window(lower, upper, keep, why):
-    assert icepop_keep(OLD, ROLLOUT, MASK, lower=lower, upper=upper).tolist() == keep, why
-
-
-def test_icepop_with_tis_is_the_icepop_objective():
-    # IcePop weighs a token by M(rho) = rho * 1[0.5 <= rho <= 2]: tis (cap 2) times the mask.
-    w, _ = correction_weights(OLD, ROLLOUT, MASK, mode="tis", level="token", cap=2.0)
-    keep = icepop_keep(OLD, ROLLOUT, MASK, lower=0.5, upper=2.0)
-    assert_close(w * keep, torch.tensor([[2.0, 1.0, 0.5], [0.0, 0.0, 0.0]]))
-
-
-# Per-token estimates of KL(pi_rollout || pi_old) at rho = 2, 1, 1/2 and 3:
-#   k3 = rho - 1 - ln rho:  2 - 1 - ln2 = 0.3069, 0, 1/2 - 1 + ln2 = 0.1931, 3 - 1 - ln3 = 0.9014
-#   k2 = (ln rho)^2 / 2:    0.2402, 0, 0.2402, 0.6035
-#   row means: k3 row 0 = (1 - ln2 + 0 - 1/2 + ln2) / 3 = 1/6 = 0.1667, row 1 = 2 - ln3 = 0.9014
-#              k2 row 0 = ln2^2 / 3 = 0.1602,                          row 1 = ln3^2 / 2 = 0.6035
-KL_RS_CASES = [
-    ("k3", 0.2, ROW0_KEPT_ROW1_REJECTED, "k3 means 0.1667 <= 0.2 < 0.9014"),
-    ("k3", 0.165, [[F_] * 3, [F_, F_, T_]], "row 0's k3 mean 1/6 = 0.1667 is just over 0.165"),
-    ("k2", 0.165, ROW0_KEPT_ROW1_REJECTED, "row 0's k2 mean 0.1602 is under 0.165: k2 and k3 differ away from ratio 1"),
-    ("k2", 0.16, [[F_] * 3, [F_, F_, T_]], "0.1602 > 0.16"),
-    ("k3", 1.0, [[T_] * 3, [T_] * 3], "both means are under 1"),
-]
-# the max over a row's tokens (verl seq_max_k2): row 0's k2 = [ln2^2/2, 0, ln2^2/2] = 0.2402 at most, row 1's 0.6035
-KL_MAX_CASES = [
-    (0.2, [[F_] * 3, [F_, F_, T_]], "row 0's max 0.2402 > 0.2 although its mean 0.1602 is under"),
-    (0.25, ROW0_KEPT_ROW1_REJECTED, "0.2402 <= 0.25 < 0.6035"),
-    (0.61, [[T_] * 3, [T_] * 3], "both maxima under 0.61"),
-]
-
-
-@pytest.mark.parametrize("estimator, threshold, keep, why", KL_RS_CASES, ids=[f"{c[0]}-{c[1]}" for c in KL_RS_CASES])
-def test_kl_rs_rejects_responses_whose_mean_kl_estimate_is_over_the_threshold(estimator, threshold, keep, why):
-    assert kl_rs_keep(OLD, ROLLOUT, MASK, estimator=estimator, threshold=threshold).tolist() == keep, why
-
-
-@pytest.mark.parametrize("threshold, keep, why", KL_MAX_CASES, ids=[str(c[0]) for c in KL_MAX_CASES])
-def test_k2_max_rs_rejects_a_response_by_its_largest_token(threshold, keep, why):
-    assert kl_rs_keep(OLD, ROLLOUT, MASK, estimator="k2", threshold=threshold, reduce="max").tolist() == keep, why
-    by_name = rule_keeps(OLD, ROLLOUT, MASK, ["k2_max_rs"], k2_rs_threshold=threshold)["k2_max_rs"]
-    assert by_name.tolist() == keep, why
-
-
-# OPSM on the mirrored batch: old = -OLD, so log pi_rollout - log pi_old is row 0 = [ln2, 0, -ln2]
-# (mean 0) and row 1 = [ln3, ln3] (mean ln3 = 1.0986): the trainer finds row 1 far less likely than the engine did.
-OPSM_OLD = torch.tensor([[-LN2, 0.0, LN2], [-LN3, -LN3, -99.0]])
-OPSM_CASES = [
-    # (advantages, delta, keep, why)
-    ([[-1.0] * 3, [-1.0] * 3], 0.5, ROW0_KEPT_ROW1_REJECTED, "both negative; row 1's mean 1.0986 > 0.5, row 0's 0 is not"),
-    ([[-1.0] * 3, [1.0] * 3], 0.5, [[T_] * 3, [T_] * 3], "row 1 is as far off-policy but its advantage is positive: kept"),
-    ([[-1.0] * 3, [0.0] * 3], 0.5, [[T_] * 3, [T_] * 3], "advantage 0 is not negative (TRL keeps A >= 0)"),
-    ([[-1.0] * 3, [-1.0] * 3], 1.1, [[T_] * 3, [T_] * 3], "delta 1.1 is over ln3 = 1.0986"),
-    ([[-1.0] * 3, [1.0, -1.0, -1.0]], 0.5, [[T_] * 3, [T_, F_, T_]],
-     "per-token advantages (DeepSeek-V3.2's M_{i,t}): only row 1's negative token goes (the third is padding)"),
-]
-
-
-@pytest.mark.parametrize("adv, delta, keep, why", OPSM_CASES, ids=[str(i) for i in range(len(OPSM_CASES))])
-def test_opsm_rejects_negative_responses_the_trainer_drifted_from(adv, delta, keep, why):
-    assert opsm_keep(OPSM_OLD, ROLLOUT, torch.tensor(adv), MASK, delta=delta).tolist() == keep, why
-
-
-def test_opsm_takes_one_advantage_per_response_too():
-    assert opsm_keep(OPSM_OLD, ROLLOUT, torch.tensor([-1.0, -1.0]), MASK, delta=0.5).tolist() == ROW0_KEPT_ROW1_REJECTED
-
-
-def test_chained_rules_keep_the_intersection():
-    # icepop [0.6, 4] rejects row 0's ratio-1/2 token; geo_rs [0.5, 2] rejects row 1 (geometric mean 3).
-    keeps = rule_keeps(OLD, ROLLOUT, MASK, ["icepop", "geo_rs"], icepop_bounds=(0.6, 4.0), geo_rs_bounds=(0.5, 2.0))
-    assert keeps["icepop"].tolist() == [[T_, T_, F_], [T_, T_, T_]]
-    assert keeps["geo_rs"].tolist() == ROW0_KEPT_ROW1_REJECTED
-    both = [[T_, T_, F_], [F_, F_, T_]]
-    assert chain(keeps.values(), like=MASK).tolist() == both
-    assert chain(reversed(list(keeps.values())), like=MASK).tolist() == both  # the order of the rules is irrelevant
-    assert chain([], like=MASK).all()  # no rule keeps everything
-
-
-def test_rule_list_is_checked():
-    with pytest.raises(ValueError, match="distinct"):
-        rule_keeps(OLD, ROLLOUT, MASK, ["icepop", "icepop"])
-    with pytest.raises(ValueError, match="distinct"):
-        rule_keeps(OLD, ROLLOUT, MASK, ["clip"])
-    with pytest.raises(ValueError, match="needs the advantages"):
-        rule_keeps(OLD, ROLLOUT, MASK, ["opsm"])
-    with pytest.raises(ValueError, match="0 < lower <= 1 <= upper"):
-        icepop_keep(OLD, ROLLOUT, MASK, lower=1.2, upper=2.0)  # a window without ratio 1 rejects on-policy tokens
-
-
-def test_mismatch_kl_by_hand():
-    # over the 5 sampled tokens: k1 = mean(rollout - old) = -(ln2 + 0 - ln2 + 2 ln3) / 5 = -0.4394
-    # k3 = (k3 sum of row 0 = 1/2) + 2 (2 - ln3) over 5 = (4.5 - 2 ln3) / 5 = 0.4606; padding (99 apart) never enters
-    k1, k3 = mismatch_kl(OLD, ROLLOUT, MASK)
-    assert float(k1) == pytest.approx(-2 * LN3 / 5, rel=1e-6)
-    assert float(k3) == pytest.approx((4.5 - 2 * LN3) / 5, rel=1e-6)
-    k1, k3 = mismatch_kl(OLD, OLD.clone(), MASK)
-    assert float(k1) == 0 and float(k3) == 0
 
 
 def test_masks_in_the_step_by_hand():
@@ -439,30 +171,50 @@ def test_opsm_is_applied_after_the_advantages():
 
     from mathrl.algo.estimators import Advantages
     from mathrl.config import load_config
-    from mathrl.train.step import Scored, advantage_masks, importance_weights
+    from mathrl.train.step import Scored, advantage_masks, correction
 
+    old = torch.tensor([[-LN2, 0.0, LN2], [-LN3, -LN3, -99.0]])  # row 1: mean log(pi_rollout / pi_old) = ln3 > 0.5
     cfg = load_config(None, ["algo.rollout_correction.masks=[opsm]", "algo.rollout_correction.rejected=drop"])
     # opsm is not applied with the rules that need no advantages (there are none yet) ...
-    is_weights, loss_mask, metrics = importance_weights(cfg, OPSM_OLD, ROLLOUT, MASK, MASK.clone())
-    assert is_weights is None and torch.equal(loss_mask, MASK)
-    assert "rollout_corr/k1_kl" in metrics and "rollout_corr/opsm_rejected" not in metrics
-    # ... but once they are: row 1 (negative, mean log(pi_rollout / pi_old) = ln3 > 0.5) goes, and with drop leaves the mask
-    scored = Scored(old_logprobs=OPSM_OLD, entropy=None, ref_logprobs=None, ref_entropy=None, ref_kl=None,
-                    is_weights=is_weights, loss_mask=loss_mask, metrics=metrics)
-    got = SimpleNamespace(rollout=SimpleNamespace(logprobs=ROLLOUT))
-    prep = SimpleNamespace(batch=SimpleNamespace(response_mask=MASK), checks=SimpleNamespace(loss_mask=MASK))
-    out, metrics = advantage_masks(cfg, scored, Advantages(-torch.ones(2, 3) * MASK), got, prep)
-    assert_close(out.is_weights * MASK, torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]))  # padding: never in the loss
+    before = correction(cfg, old, ROLLOUT, MASK, MASK.clone())
+    assert before.weights is None and torch.equal(before.loss_mask, MASK)
+    assert "rollout_corr/k1_kl" in before.metrics and "rollout_corr/opsm_rejected" not in before.metrics
+    # ... but once they are: row 1 (negative) goes, and with drop leaves the mask
+    scored = Scored(old_logprobs=old, entropy=None, ref_logprobs=None, ref_entropy=None, ref_kl=None,
+                    is_weights=before.weights, loss_mask=before.loss_mask, mean_entropy=None, metrics=before.metrics)
+    prep = SimpleNamespace(batch=SimpleNamespace(response_mask=MASK, rollout_logprobs=ROLLOUT),
+                           checks=SimpleNamespace(loss_mask=MASK))
+    out = advantage_masks(cfg, scored, Advantages(-torch.ones(2, 3) * MASK), prep)
+    assert_close(out.weights * MASK, torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]))  # padding: never in the loss
     assert_close(out.loss_mask, torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]))
-    assert metrics["rollout_corr/opsm_rejected"] == pytest.approx(2 / 5)
+    assert out.metrics["rollout_corr/opsm_rejected"] == pytest.approx(2 / 5)
 
 
 def test_a_default_run_has_no_correction_and_no_new_metric():
     from mathrl.config import load_config
-    from mathrl.train.step import importance_weights
+    from mathrl.train.step import correction
 
-    is_weights, loss_mask, metrics = importance_weights(load_config(None, []), OLD, ROLLOUT, MASK, MASK)
-    assert is_weights is None and loss_mask is MASK and metrics == {}
+    out = correction(load_config(None, []), OLD, ROLLOUT, MASK, MASK)
+    assert out.weights is None and out.loss_mask is MASK and out.metrics == {}
+
+
+@pytest.mark.parametrize("overrides, settings, why", [
+    (["algo.off_policy=decoupled", "algo.rollout_correction.cap=3"],
+     {"mode": "mis", "level": "token", "cap": 3.0, "lower": None, "rules": [], "drop": False},
+     "decoupled PPO is token MIS at the shared cap"),
+    (["algo.rollout_correction.mode=tis", "algo.rollout_correction.level=sequence", "algo.rollout_correction.lower=0.5",
+      "algo.rollout_correction.masks=[icepop]", "algo.rollout_correction.rejected=drop"],
+     {"mode": "tis", "level": "sequence", "cap": 2.0, "lower": 0.5, "rules": ["icepop"], "drop": True},
+     "rollout_correction's own weight, its rules and rejected=drop"),
+    ([], {"rules": [], "drop": False}, "nothing on: no mode, so no weight"),
+])
+def test_correction_settings_read_the_config(overrides, settings, why):
+    from mathrl.config import load_config
+    from mathrl.train.step import correction_settings
+
+    got = correction_settings(load_config(None, overrides))
+    assert {k: got.get(k) for k in settings} == settings, why
+    assert ("mode" in got) == ("mode" in settings), why
 
 
 def test_bypass_takes_the_rollout_logprobs_as_old_without_a_scoring_pass(monkeypatch):

@@ -92,7 +92,7 @@ def _term(cfg_overrides):
     """(loss, d loss / d logprobs, the loss mask in force) of the policy-gradient term on the batch above."""
     from mathrl.config import load_config
     from mathrl.train.batching import TrainBatch
-    from mathrl.train.step import importance_weights
+    from mathrl.train.step import correction
     from mathrl.train.update import TermInputs, pg_term
 
     cfg = load_config(None, cfg_overrides)
@@ -102,11 +102,13 @@ def _term(cfg_overrides):
                        response_ids=torch.zeros(3, 3, dtype=torch.long), response_mask=MASK.clone(),
                        loss_mask=MASK.clone(), old_logprobs=old, advantages=ADV.clone(), ref_logprobs=torch.zeros(3, 3),
                        ref_entropy=torch.zeros(3, 3), correct=torch.zeros(3), rollout_logprobs=ROLLOUT.clone())
-    batch.is_weights, batch.loss_mask, _ = importance_weights(cfg, old, ROLLOUT, MASK, MASK.clone())
+    corrected = correction(cfg, old, ROLLOUT, MASK, MASK.clone())
+    batch.is_weights, batch.loss_mask = corrected.weights, corrected.loss_mask
     # decoupled: pi_theta = pi_old + 0.1 (ratio e^0.1, inside the clip); bypass: pi_theta = the trainer's logprobs
     logprobs = (TRAINER if bypass else TRAINER + 0.1).clone().requires_grad_(True)
-    x = TermInputs(cfg.algo, cfg.rollout.max_new_tokens, 0, batch, logprobs, torch.zeros(3, 3), batch.loss_mask,
-                   float(batch.loss_mask.sum()), 3.0, 0.0, 0.0, {"entropy": 0.0, "kl": 0.0}, {})
+    x = TermInputs(algo=cfg.algo, max_len=cfg.rollout.max_new_tokens, seed=0, micro=batch, logprobs=logprobs,
+                   entropy=torch.zeros(3, 3), mask=batch.loss_mask, num_tokens=float(batch.loss_mask.sum()),
+                   num_seqs=3.0, pos_tokens=0.0, pos_seqs=0.0, coefs={"entropy": 0.0, "kl": 0.0})
     loss, _ = pg_term(x)
     loss.backward()
     return float(loss.detach()), logprobs.grad, batch.loss_mask

@@ -175,9 +175,11 @@ def test_reverse_kl_term(student):
     logprobs = (old + torch.tensor([[0.4, 0.0, 0.0], [-0.5, 0.1, 0.0]])).requires_grad_(True)  # ratios off 1
     cfg = Config()
     cfg.algo.distill.mode, cfg.algo.distill.student = "reverse_kl", student
-    x = TermInputs(cfg.algo, 8, 0, micro_batch(old, sampler, teacher, mask), logprobs, torch.zeros_like(mask), mask,
-                   5.0, 2.0, 0.0, 0.0, {"entropy": 0.0, "kl": 0.0}, {})
-    loss, logged = LOSS_TERMS.get("distill_reverse_kl").fn(x)
+    x = TermInputs(algo=cfg.algo, max_len=8, seed=0, micro=micro_batch(old, sampler, teacher, mask), logprobs=logprobs,
+                   entropy=torch.zeros_like(mask), mask=mask, num_tokens=5.0, num_seqs=2.0, pos_tokens=0.0, pos_seqs=0.0,
+                   coefs={"entropy": 0.0, "kl": 0.0})
+    term = LOSS_TERMS.get("distill_reverse_kl").fn(x)
+    loss, logged = term.loss, term.value
     s = logprobs.detach() if student == "current" else sampler
     adv = (teacher - s) * mask
     expected = (ppo_clip_formula(logprobs, old, adv) * mask).sum() / 5.0

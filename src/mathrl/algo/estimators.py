@@ -62,6 +62,7 @@ class Advantages:
     advantages: Tensor  # [N, T], 0 outside loss_mask
     returns: Tensor | None = None  # [N, T] value targets (estimators with needs_critic)
     metrics: dict[str, float] = field(default_factory=dict)
+    values: Tensor | None = None  # [N, T] the critic's values the targets came from (the step sets them; None: no critic)
 
 
 @dataclass(frozen=True)

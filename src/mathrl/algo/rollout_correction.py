@@ -9,22 +9,27 @@ Papers, switches and where verl differs: docs/tricks.md, "Rollout/trainer mismat
     loss = aggregate(policy_loss(lp, old_lp, adv, mask)[0] * w, mask, mode=..., num_tokens=..., num_seqs=...)
     keeps = rule_keeps(old_lp, rollout_lp, mask, ["geo_rs", "k3_rs"], geo_rs_bounds=(0.999, 1.001), k3_rs_threshold=0.01)
     w = w * chain(keeps.values(), like=mask)  # [B, T]; rejected tokens teach nothing
+    c = rollout_correction(old_lp, rollout_lp, mask, loss_mask, mode="tis", cap=2.0, rules=["k3_rs"], drop=True)
+    c.weights, c.loss_mask, c.metrics  # the step's correction, all of the above at once
 
-Tests: ``python -m pytest tests/train/test_rollout_correction.py -q``.
+Tests: ``python -m pytest tests/algo/test_mismatch_correction.py -q``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import Tensor
 
+from mathrl.algo.losses import masked_mean
+
 __all__ = [
-    "ADVANTAGE_RULES", "MASK_RULES", "CorrectionLevel", "CorrectionMode", "MaskRule", "bypass_weights", "chain",
-    "correction_weights",
+    "ADVANTAGE_RULES", "MASK_RULES", "CorrectionLevel", "CorrectionMode", "Corrected", "MaskRule",
+    "advantage_rejection", "bypass_weights", "chain", "correction_weights", "rollout_correction",
     "geo_rs_keep", "icepop_keep", "kl_rs_keep", "log_ratio", "mismatch_kl", "opsm_keep", "rule_keeps",
 ]
 
@@ -349,3 +354,77 @@ def mismatch_kl(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor) ->
         k1 = -(lr * m).sum() / count
         k3 = ((torch.exp(bounded) - 1.0 - bounded) * m).sum() / count
     return k1, k3
+
+
+# ----------------------------------------------------------------------------- the step's correction
+@dataclass(frozen=True)
+class Corrected:
+    """What the correction leaves of a batch: the policy-gradient term's weights, the loss mask and the
+    correction's metrics."""
+
+    weights: Tensor | None  # [B, T] importance weights times the rules' keep masks; None: no weight (1 everywhere)
+    loss_mask: Tensor  # [B, T] the loss mask given, less the rejected tokens with drop
+    metrics: dict[str, float]  # rollout_corr/k1_kl, k3_kl, <rule>_rejected; actor/rollout_is_weight, _over_cap
+
+
+def rollout_correction(old_logprobs: Tensor, rollout_logprobs: Tensor, response_mask: Tensor, loss_mask: Tensor, *,
+                       mode: CorrectionMode | None = None, level: CorrectionLevel = "token", cap: float = 2.0,
+                       lower: float | None = None, rules: Sequence[str] = (), drop: bool = False,
+                       **settings) -> Corrected:
+    """The importance weights of `mode` between the trainer's old logprobs and the sampling ones
+    (`correction_weights`; None: no weight), times the keep masks of `rules` but the ADVANTAGE_RULES, which
+    wait for the advantages (`advantage_rejection`); with `drop` the tokens they zero leave the loss mask too,
+    so the normalisers (a token tis capped keeps the weight C and stays). With a weight or a rule on, the gap
+    itself is measured over `loss_mask` (rollout_corr/k1_kl, k3_kl: `mismatch_kl`), each weight's mean and
+    cut share (actor/rollout_is_weight, _over_cap) and each rule's rejected share, of `loss_mask`'s tokens
+    and on its own (rollout_corr/<rule>_rejected). verl's `compute_rollout_correction_and_rejection_mask`.
+
+    old_logprobs, rollout_logprobs, response_mask: [B, T] as `correction_weights`; loss_mask: [B, T] the sample
+    filters' mask; mode, level, cap, lower: as `correction_weights`; rules: names of MASK_RULES; settings:
+    `rule_keeps`' keyword arguments. -> Corrected, the loss mask returned as given when nothing is on.
+    """
+    if mode is None and not rules:
+        return Corrected(weights=None, loss_mask=loss_mask, metrics={})
+    k1, k3 = mismatch_kl(old_logprobs, rollout_logprobs, loss_mask)
+    metrics = {"rollout_corr/k1_kl": float(k1), "rollout_corr/k3_kl": float(k3)}
+    weights, kept = None, loss_mask
+    if mode is not None:
+        weights, rejected = correction_weights(old_logprobs, rollout_logprobs, response_mask, mode=mode, level=level,
+                                               cap=cap, lower=lower)
+        metrics["actor/rollout_is_weight"] = float(masked_mean(weights, loss_mask))
+        metrics["actor/rollout_is_over_cap"] = float(masked_mean(rejected, loss_mask))
+        if drop:  # only the zeroed tokens leave: a token tis capped keeps the weight C and stays
+            kept = loss_mask * (1.0 - rejected * (weights == 0).to(rejected.dtype))
+    keeps = rule_keeps(old_logprobs, rollout_logprobs, response_mask, [r for r in rules if r not in ADVANTAGE_RULES],
+                       **settings)
+    out = _rejection(keeps, weights, kept, filtered=loss_mask, drop=drop)
+    return Corrected(weights=out.weights, loss_mask=out.loss_mask, metrics={**metrics, **out.metrics})
+
+
+def advantage_rejection(old_logprobs: Tensor, rollout_logprobs: Tensor, response_mask: Tensor, advantages: Tensor, *,
+                        weights: Tensor | None, loss_mask: Tensor, filtered: Tensor, rules: Sequence[str] = (),
+                        drop: bool = False, **settings) -> Corrected:
+    """The ADVANTAGE_RULES of `rules` (opsm), applied once the advantages are computed: `weights` and
+    `loss_mask` (those `rollout_correction` left, [B, T]) less the tokens they reject, and each rule's rejected
+    share of the sample filters' tokens `filtered` [B, T]. The trainer's old logprobs stand for the current
+    policy (`opsm_keep` says when that equals TRL's per-micro-batch mask), so the update stays one loss with
+    one weight per token. advantages: [B, T]; the rest as `rollout_correction`. -> Corrected."""
+    rules = [r for r in rules if r in ADVANTAGE_RULES]
+    if not rules:
+        return Corrected(weights=weights, loss_mask=loss_mask, metrics={})
+    keeps = rule_keeps(old_logprobs, rollout_logprobs, response_mask, rules, advantages=advantages, **settings)
+    return _rejection(keeps, weights, loss_mask, filtered=filtered, drop=drop)
+
+
+def _rejection(keeps: dict[str, Tensor], weights: Tensor | None, loss_mask: Tensor, *, filtered: Tensor,
+               drop: bool) -> Corrected:
+    """Each rule's share of the `filtered` tokens that it rejects (rollout_corr/<rule>_rejected, each rule on
+    its own), then the rules chained: a token is kept only if every rule keeps it. A rejected token's weight
+    becomes 0 (a zero term); with `drop` it also leaves the loss mask (verl's rejection)."""
+    if not keeps:
+        return Corrected(weights=weights, loss_mask=loss_mask, metrics={})
+    metrics = {f"rollout_corr/{rule}_rejected": float(masked_mean((~keep).to(filtered.dtype), filtered))
+               for rule, keep in keeps.items()}
+    keep = chain(keeps.values(), like=loss_mask).to(loss_mask.dtype)  # [B, T] 1 = kept by every rule
+    return Corrected(weights=keep if weights is None else weights * keep,
+                     loss_mask=loss_mask * keep if drop else loss_mask, metrics=metrics)

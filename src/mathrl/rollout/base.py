@@ -14,7 +14,7 @@ distribution it sampled from. The training loop, evaluation and `mathrl eval` de
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -22,8 +22,35 @@ import torch
 from mathrl.seeds import GENERATOR_MODULUS, derive_seed
 
 
+class RowRecord:
+    """What every record of a step's token rows shares (`RolloutBatch`, and the step's `train/batching.py:Rows`):
+    the context mask, the row count, and one row selector. A record is a dataclass of tensors with
+    response_ids [N, T], response_mask [N, T] and observation_mask [N, T] or None; every tensor has the rows
+    first, and a field may be None."""
+
+    @property
+    def context_mask(self) -> torch.Tensor:  # [N, T] 1 on every token of the response span, model or observation
+        return self.response_mask if self.observation_mask is None else self.response_mask + self.observation_mask
+
+    def __len__(self) -> int:
+        return self.response_ids.shape[0]
+
+    def tensors(self) -> dict[str, torch.Tensor | None]:
+        """Every field by name: `Next(**rows.tensors(), more=...)` extends a record."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def select(self, rows: torch.Tensor | list[int]):
+        """The rows `rows` (indices, in that order), of the record's own type."""
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        return type(self)(**{k: None if x is None else x[rows] for k, x in self.tensors().items()})
+
+    def to(self, device: torch.device | str):
+        """The same rows with every tensor on `device` (the tensors themselves when already there)."""
+        return type(self)(**{k: None if x is None else x.to(device) for k, x in self.tensors().items()})
+
+
 @dataclass
-class RolloutBatch:
+class RolloutBatch(RowRecord):
     """Sampled continuations of N prompts.
 
     prompt_ids:    [N, P] long, LEFT-padded with pad_token_id
@@ -64,15 +91,8 @@ class RolloutBatch:
         return self.response_mask.sum(-1).long()
 
     @property
-    def context_mask(self) -> torch.Tensor:  # [N, T] 1 on every token of the response span, model or observation
-        return self.response_mask if self.observation_mask is None else self.response_mask + self.observation_mask
-
-    @property
     def context_lengths(self) -> torch.Tensor:  # [N] model and observation tokens
         return self.context_mask.sum(-1).long()
-
-    def __len__(self) -> int:
-        return self.response_ids.shape[0]
 
 
 @runtime_checkable
@@ -161,8 +181,3 @@ def concat_rollouts(chunks: list[RolloutBatch], pad_id: int) -> RolloutBatch:
 
 
 EPISODE_COUNTS = ("tool_calls", "tool_errors", "tool_timeouts", "tool_capped", "turns", "tool_seconds")
-
-
-def select_rollout_rows(batch: RolloutBatch, rows: torch.Tensor | list[int]) -> RolloutBatch:
-    rows = torch.as_tensor(rows, dtype=torch.long)
-    return RolloutBatch(**{k: None if v is None else v[rows] for k, v in batch.__dict__.items()})

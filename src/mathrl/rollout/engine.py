@@ -20,11 +20,11 @@ import torch
 
 from mathrl.model.io import full_tensor
 from mathrl.model.lora import unwrap
-from mathrl.rollout.base import RolloutBatch, concat_rollouts, left_pad, row_seed, select_rollout_rows
+from mathrl.rollout.base import RolloutBatch, concat_rollouts, left_pad, row_seed
 from mathrl.rollout.lean import LeanDecoder
 from mathrl.rollout.sampling import next_token, row_uniforms
 
-__all__ = ["TorchEngine", "RolloutBatch", "concat_rollouts", "left_pad", "select_rollout_rows"]
+__all__ = ["TorchEngine", "RolloutBatch", "concat_rollouts", "left_pad"]
 
 
 @dataclass

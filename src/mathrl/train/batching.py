@@ -3,19 +3,22 @@ into micro-batches (one forward/backward each, sized by a token budget), trimmin
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 
+from mathrl.rollout.base import RowRecord
+
 
 @dataclass(kw_only=True)
-class Rows:
+class Rows(RowRecord):
     """A step's samples as every pass reads them: token ids, masks, correctness and the engine's sampling
     logprobs (`train/collect.py:prepare`; SFT's examples too). The stages after it extend it: the scoring
     pass and the advantages make it a `TrainBatch`, critic pretraining's value targets a `ValueBatch`.
 
     Prompt-side tensors are [N, P] (left-padded); every other 2-D tensor is response-side [N, T]
-    (right-padded), as are 3-D ones [N, T, K]; 1-D tensors are per row [N]. `select`, `to` and `trimmed` keep the record's type.
+    (right-padded), as are 3-D ones [N, T, K]; 1-D tensors are per row [N]. `select`, `to` and `trimmed` keep the
+    record's type; `select`, `to`, `tensors` and `context_mask` are `RolloutBatch`'s own (rollout/base.py:RowRecord).
     """
 
     prompt_ids: torch.Tensor  # [N, P] left-padded
@@ -26,25 +29,6 @@ class Rows:
     correct: torch.Tensor  # [N] float, 1 if the verifier accepted the answer
     rollout_logprobs: torch.Tensor | None = None  # [N, T] the rollout engine's sampling logprobs (None: SFT)
     observation_mask: torch.Tensor | None = None  # [N, T] 1 on tool-observation tokens: in the context, in no loss (None: single-turn)
-
-    @property
-    def context_mask(self) -> torch.Tensor:  # [N, T] what the model attends to: its own tokens and the observations
-        return self.response_mask if self.observation_mask is None else self.response_mask + self.observation_mask
-
-    def __len__(self) -> int:
-        return self.response_ids.shape[0]
-
-    def tensors(self) -> dict[str, torch.Tensor | None]:
-        """Every field by name: `Next(**rows.tensors(), more=...)` extends a record."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    def select(self, rows: torch.Tensor | list[int]):
-        rows = torch.as_tensor(rows, dtype=torch.long)
-        return type(self)(**{k: None if x is None else x[rows] for k, x in self.tensors().items()})
-
-    def to(self, device: torch.device | str):
-        """The same rows with every tensor on `device` (the tensors themselves when already there)."""
-        return type(self)(**{k: None if x is None else x.to(device) for k, x in self.tensors().items()})
 
     def trimmed(self):
         """Drop prompt columns that are padding in every row (left) and response columns likewise (right)."""

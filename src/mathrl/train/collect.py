@@ -25,7 +25,7 @@ from mathrl.reward.extract import has_final_answer
 from mathrl.reward.functions import Scores, component_metrics, failure_counts, score_rows
 from mathrl.reward.shaping import shape_rewards
 from mathrl.reward.verify import RewardResult
-from mathrl.rollout.engine import RolloutBatch, concat_rollouts, select_rollout_rows
+from mathrl.rollout.engine import RolloutBatch, concat_rollouts
 from mathrl.rollout.episodes import episode_metrics, void_turns
 from mathrl.seeds import REFILL_ROUND_STRIDE, derive_seed
 from mathrl.shards import group_rows, rank_pieces, shard_seed
@@ -73,7 +73,7 @@ class Samples:
         """The groups `keep` (indices of problems), their n rows each, in that order."""
         rows = [g * n + j for g in keep for j in range(n)]
         return Samples(problems=[self.problems[g] for g in keep], prompts_text=[self.prompts_text[g] for g in keep],
-                       rollout=select_rollout_rows(self.rollout, rows), texts=[self.texts[i] for i in rows],
+                       rollout=self.rollout.select(rows), texts=[self.texts[i] for i in rows],
                        results=[self.results[i] for i in rows], rewards=self.rewards[rows], correct=self.correct[rows],
                        scores=None if self.scores is None else self.scores.select(rows),
                        void=None if self.void is None else [self.void[i] for i in rows],

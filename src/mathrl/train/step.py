@@ -27,7 +27,7 @@ from mathrl.algo.kl import apply_kl_reward_penalty, kl_penalty
 from mathrl.algo.losses import masked_mean
 from mathrl.algo.policy_losses import top_entropy_mask
 from mathrl.algo.positions import position_means
-from mathrl.algo.rollout_correction import ADVANTAGE_RULES, chain, correction_weights, mismatch_kl, rule_keeps
+from mathrl.algo.rollout_correction import Corrected, advantage_rejection, rollout_correction
 from mathrl.registry import ADVANTAGE_ESTIMATORS
 from mathrl.reward.functions import Scores
 from mathrl.reward.reflection import reflection_stats
@@ -64,6 +64,7 @@ class Scored:
     ref_kl: float | None  # mean (old - reference) logprob over the loss mask's tokens: the KL controller's input
     is_weights: torch.Tensor | None  # [N, T] the policy-gradient term's importance weights; None: no correction
     loss_mask: torch.Tensor  # [N, T] the sample filters' mask, less the tokens the correction drops
+    mean_entropy: float | None  # the old policy's entropy over loss_mask (the entropy controller's input); None: no pass
     metrics: dict[str, float]  # actor/ref_*, the correction's and the rejection rules' (rollout_corr/*, actor/rollout_is_*)
     correction: torch.Tensor | None = None  # [N, T] is_weights before the 80/20 token mask: the importance weights alone
     teacher: TeacherScores | None = None  # the distillation teacher's (algo.distill.mode), None when it is off
@@ -86,18 +87,20 @@ def rl_step(trainer: Trainer, step: int, collected: Collected | None = None) -> 
     scored = score(trainer, got, prep)
     staleness = {}
     if got.versions is not None:  # sampled by a generator process: how old its policy was
-        staleness = staleness_metrics(step, got.versions, got.rollout.logprobs, scored.old_logprobs, scored.loss_mask)
+        staleness = staleness_metrics(step, got.versions, prep.batch.rollout_logprobs, scored.old_logprobs,
+                                      scored.loss_mask)
 
     # ---- advantages: coefficients, KL reward penalty, the estimator -------------------------------
-    coefs, mean_entropy = step_coefs(trainer, scored, rows=len(prep.batch))
-    adv, values, adv_metrics = advantages(trainer, got, prep, scored, coefs=coefs)
-    scored, mask_metrics = advantage_masks(cfg, scored, adv, got, prep)  # opsm: it reads the advantages
-    batch = train_batch(prep, scored, adv, values)
+    coefs = step_coefs(trainer, scored, rows=len(prep.batch))
+    adv = advantages(trainer, got, prep, scored, coefs=coefs)
+    masked = advantage_masks(cfg, scored, adv, prep)  # opsm: it reads the advantages
+    scored = replace(scored, is_weights=masked.weights, loss_mask=masked.loss_mask)
+    batch = train_batch(prep, scored, adv)
     if trainer.critic is not None and trainer.ranks.main:  # the critic read by position (VC-PPO's figures)
         trainer.run.append_positions(value_advantage_positions(step, batch))
 
     # ---- update: mini-batches x epochs of the policy (and the critic) -----------------------------
-    update_metrics = update(trainer, batch, step, coefs=coefs, mean_entropy=mean_entropy, rows=prep.rows)
+    update_metrics = update(trainer, batch, step, coefs=coefs, mean_entropy=scored.mean_entropy, rows=prep.rows)
 
     # ---- sync: the engine (and the generators) sample the updated policy from now on (in memory) ---
     t_train = time.time()
@@ -107,9 +110,9 @@ def rl_step(trainer: Trainer, step: int, collected: Collected | None = None) -> 
         sync["perf/weight_sync_bytes"] = sent["perf/weight_sync_bytes"]
 
     # ---- log: the stages' metrics, merged once ------------------------------------------------------
-    metrics = {**got.metrics, **prep.checks.metrics, **scored.metrics, **staleness, **adv_metrics, **mask_metrics,
+    metrics = {**got.metrics, **prep.checks.metrics, **scored.metrics, **staleness, **adv.metrics, **masked.metrics,
                **update_metrics, **sync}
-    log_step(trainer, step, got, batch, metrics, t0=t0, t_train=t_train)
+    metrics = {**metrics, **log_step(trainer, step, got, batch, metrics, t0=t0, t_train=t_train)}
     return StepResult(trained=True, groups=group_outcomes(got, cfg.rollout.n), collapse=prep.checks.collapse,
                       metrics=metrics)
 
@@ -160,7 +163,7 @@ def score(trainer: Trainer, got: Collected, prep: Prepared) -> Scored:
     if cfg.algo.rollout_correction.bypass or engine_logprobs_are_old(cfg, trainer.model):
         # bypass: the PPO ratio is taken against the engine's policy; else train.old_logprobs says these
         # float32 weights sampled, so the engine's logprobs are the trainer's own
-        old_logprobs, entropy = got.rollout.logprobs * batch.response_mask, None
+        old_logprobs, entropy = batch.rollout_logprobs * batch.response_mask, None
     else:
         old_logprobs, entropy = scoring_pass(trainer.model, batch, cfg, with_entropy=True, rows=prep.rows)
     ref_logprobs = ref_entropy = ref_kl = None
@@ -171,15 +174,15 @@ def score(trainer: Trainer, got: Collected, prep: Prepared) -> Scored:
         ref_kl = float(masked_mean(old_logprobs - ref_logprobs, loss_mask))
         metrics["actor/ref_kl"] = ref_kl
         metrics["actor/ref_entropy"] = float(masked_mean(ref_entropy, loss_mask))
-    is_weights, loss_mask, corr_metrics = importance_weights(cfg, old_logprobs, got.rollout.logprobs,
-                                                             batch.response_mask, loss_mask)
-    correction = is_weights
-    is_weights, fork_metrics = forking_tokens(cfg, entropy, loss_mask, is_weights)
+    corrected = correction(cfg, old_logprobs, batch.rollout_logprobs, batch.response_mask, loss_mask)
+    loss_mask, corr_metrics = corrected.loss_mask, corrected.metrics
+    is_weights, fork_metrics = forking_tokens(cfg, entropy, loss_mask, corrected.weights)
     teacher = score_teacher(trainer, got, prep) if cfg.needs_teacher else None
+    mean_entropy = float(masked_mean(entropy, loss_mask)) if entropy is not None else None
     return Scored(old_logprobs=old_logprobs, entropy=entropy, ref_logprobs=ref_logprobs, ref_entropy=ref_entropy,
-                  ref_kl=ref_kl, is_weights=is_weights, loss_mask=loss_mask,
+                  ref_kl=ref_kl, is_weights=is_weights, loss_mask=loss_mask, mean_entropy=mean_entropy,
                   metrics={**metrics, **corr_metrics, **fork_metrics, **(teacher.metrics if teacher else {})},
-                  correction=correction, teacher=teacher)
+                  correction=corrected.weights, teacher=teacher)
 
 
 def score_teacher(trainer: Trainer, got: Collected, prep: Prepared) -> TeacherScores:
@@ -194,73 +197,38 @@ def score_teacher(trainer: Trainer, got: Collected, prep: Prepared) -> TeacherSc
         return teacher_scores(model, prep.batch, cfg, rows=prep.rows, prompts=prompts)
 
 
-def importance_weights(cfg, old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, response_mask: torch.Tensor,
-                       loss_mask: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
-    """(is_weights, loss_mask, metrics): the policy-gradient term's weights between the trainer's old logprobs and
-    the sampling ones (Config.correction: algo.off_policy or algo.rollout_correction; None when neither
-    is on), times the keep mask of the rejection rules that compare the two (algo.rollout_correction.masks
-    but opsm, which waits for the advantages: `advantage_masks`), and the loss mask, less the rejected
-    tokens with rejected=drop (so they leave the normalisers too; a token tis capped stays). All [N, T]. With any of them on, the
-    gap itself is logged (rollout_corr/k1_kl, k3_kl over the sample filters' loss mask)."""
-    c, rc = cfg.correction(), cfg.algo.rollout_correction
-    if (c is None and not rc.masks) or rc.bypass:  # bypass: the loss weighs pi_theta against the engine (bypass_weights)
-        return None, loss_mask, {}
-    k1, k3 = mismatch_kl(old_logprobs, rollout_logprobs, loss_mask)
-    metrics = {"rollout_corr/k1_kl": float(k1), "rollout_corr/k3_kl": float(k3)}
-    is_weights, filtered = None, loss_mask
-    if c is not None:
-        is_weights, rejected = correction_weights(old_logprobs, rollout_logprobs, response_mask,
-                                                  mode=c.mode, level=c.level, cap=c.cap, lower=c.lower)
-        metrics["actor/rollout_is_weight"] = float(masked_mean(is_weights, loss_mask))
-        metrics["actor/rollout_is_over_cap"] = float(masked_mean(rejected, loss_mask))
-        if c.rejected == "drop":  # only the zeroed tokens leave: a token tis capped keeps the weight C and stays
-            loss_mask = loss_mask * (1.0 - rejected * (is_weights == 0).to(rejected.dtype))
-    keeps = rule_keeps(old_logprobs, rollout_logprobs, response_mask, [r for r in rc.masks if r not in ADVANTAGE_RULES],
-                       **rule_settings(rc))
-    is_weights, loss_mask, rejected_metrics = rejection(keeps, is_weights, loss_mask, filtered=filtered,
-                                                        drop=rc.rejected == "drop")
-    return is_weights, loss_mask, {**metrics, **rejected_metrics}
+def correction(cfg, old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, response_mask: torch.Tensor,
+               loss_mask: torch.Tensor) -> Corrected:
+    """The importance weights and the rejections of algo.off_policy / algo.rollout_correction that need no
+    advantages (algo/rollout_correction.py:rollout_correction), all [N, T]; none in bypass mode, where the
+    loss weighs pi_theta against the engine per micro-batch (`bypass_weights`)."""
+    if cfg.algo.rollout_correction.bypass:
+        return Corrected(weights=None, loss_mask=loss_mask, metrics={})
+    return rollout_correction(old_logprobs, rollout_logprobs, response_mask, loss_mask, **correction_settings(cfg))
 
 
-def advantage_masks(cfg, scored: Scored, adv: Advantages, got: Collected,
-                    prep: Prepared) -> tuple[Scored, dict[str, float]]:
-    """The rejection rules that read the advantages (opsm, DeepSeek-V3.2's off-policy sequence masking),
-    applied once they are computed: the scored weights and loss mask, less the tokens they reject, and
-    each rule's rejected share (rollout_corr/<rule>_rejected). Applied
-    here, between the advantages and the batch, it uses the trainer's old logprobs as the current policy
-    (algo/rollout_correction.py:opsm_keep says when that equals TRL's per-micro-batch mask), and the
-    update stays one loss with one weight per token."""
-    rc = cfg.algo.rollout_correction
-    rules = [r for r in rc.masks if r in ADVANTAGE_RULES]
-    if not rules:
-        return scored, {}
-    keeps = rule_keeps(scored.old_logprobs, got.rollout.logprobs, prep.batch.response_mask, rules,
-                       advantages=adv.advantages, **rule_settings(rc))
-    is_weights, loss_mask, metrics = rejection(keeps, scored.is_weights, scored.loss_mask,
-                                               filtered=prep.checks.loss_mask, drop=rc.rejected == "drop")
-    return replace(scored, is_weights=is_weights, loss_mask=loss_mask), metrics
+def correction_settings(cfg) -> dict:
+    """algo.off_policy and algo.rollout_correction as `rollout_correction` takes them: the importance weight
+    (Config.correction; none: no mode) and the rejection rules'."""
+    c = cfg.correction()
+    weight = {} if c is None else {"mode": c.mode, "level": c.level, "cap": c.cap, "lower": c.lower}
+    return {**weight, **rejection_settings(cfg.algo.rollout_correction)}
 
 
-def rule_settings(rc) -> dict:
-    """algo.rollout_correction's settings of the rejection rules, as `rule_keeps` takes them."""
-    return {"geo_rs_bounds": rc.geo_rs_bounds, "icepop_bounds": rc.icepop_bounds, "k3_rs_threshold": rc.k3_rs_threshold,
+def rejection_settings(rc) -> dict:
+    """algo.rollout_correction's rejection rules and their settings, as `advantage_rejection` takes them."""
+    return {"rules": list(rc.masks), "drop": rc.rejected == "drop", "geo_rs_bounds": rc.geo_rs_bounds,
+            "icepop_bounds": rc.icepop_bounds, "k3_rs_threshold": rc.k3_rs_threshold,
             "k2_rs_threshold": rc.k2_rs_threshold, "opsm_delta": rc.opsm_delta}
 
 
-def rejection(keeps: dict[str, torch.Tensor], is_weights: torch.Tensor | None, loss_mask: torch.Tensor, *,
-              filtered: torch.Tensor, drop: bool) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
-    """Measure each rule's share of the sample filters' loss tokens (`filtered`) that it rejects
-    (rollout_corr/<rule>_rejected, each rule on its own), then chain the rules: a token is kept only if
-    every rule keeps it. A rejected token's weight becomes 0 (a zero term); with `drop` it also leaves the
-    loss mask, so the normalisers (verl's rejection). Returns (is_weights, loss_mask), [N, T] each, and the
-    shares."""
-    if not keeps:
-        return is_weights, loss_mask, {}
-    metrics = {f"rollout_corr/{rule}_rejected": float(masked_mean((~keep).to(filtered.dtype), filtered))
-               for rule, keep in keeps.items()}
-    keep = chain(keeps.values(), like=loss_mask).to(loss_mask.dtype)  # [N, T] 1 = kept by every rule
-    is_weights = keep if is_weights is None else is_weights * keep
-    return is_weights, (loss_mask * keep if drop else loss_mask), metrics
+def advantage_masks(cfg, scored: Scored, adv: Advantages, prep: Prepared) -> Corrected:
+    """The rejection rules that read the advantages (opsm, DeepSeek-V3.2's off-policy sequence masking),
+    applied once they are computed (algo/rollout_correction.py:advantage_rejection) to the scored weights
+    and loss mask, with each rule's rejected share (rollout_corr/<rule>_rejected)."""
+    return advantage_rejection(scored.old_logprobs, prep.batch.rollout_logprobs, prep.batch.response_mask, adv.advantages,
+                               weights=scored.is_weights, loss_mask=scored.loss_mask, filtered=prep.checks.loss_mask,
+                               **rejection_settings(cfg.algo.rollout_correction))
 
 
 def forking_tokens(cfg, entropy: torch.Tensor | None, loss_mask: torch.Tensor,
@@ -278,21 +246,19 @@ def forking_tokens(cfg, entropy: torch.Tensor | None, loss_mask: torch.Tensor,
     return (keep if is_weights is None else is_weights * keep), metrics
 
 
-def step_coefs(trainer: Trainer, scored: Scored, *, rows: int) -> tuple[dict[str, float], float | None]:
-    """This step's entropy and KL coefficients from their controllers (`rows`: the batch's N), and the
-    old policy's mean entropy."""
+def step_coefs(trainer: Trainer, scored: Scored, *, rows: int) -> dict[str, float]:
+    """This step's entropy and KL coefficients from their controllers (`rows`: the batch's N)."""
     cfg = trainer.cfg
-    mean_entropy = float(masked_mean(scored.entropy, scored.loss_mask)) if scored.entropy is not None else None
-    coefs = {"entropy": trainer.controllers["entropy"].update(mean_entropy)}
+    coefs = {"entropy": trainer.controllers["entropy"].update(scored.mean_entropy)}
     coefs["kl"] = (trainer.controllers["kl"].update(scored.ref_kl, n_steps=rows)
                    if cfg.algo.kl.use != "none" else 0.0)
-    return coefs, mean_entropy
+    return coefs
 
 
 def advantages(trainer: Trainer, got: Collected, prep: Prepared, scored: Scored, *,
-               coefs: dict[str, float]) -> tuple[Advantages, torch.Tensor | None, dict[str, float]]:
-    """algo.adv.estimator's advantages (with a critic, also its value targets), the critic's values
-    [N, T] of the sampled responses (None without a critic), and the metrics of both."""
+               coefs: dict[str, float]) -> Advantages:
+    """algo.adv.estimator's advantages (with a critic, also its value targets and the critic's values [N, T]
+    of the sampled responses they came from), with the metrics of both (the KL reward penalty's too)."""
     cfg, response_mask = trainer.cfg, prep.batch.response_mask
     kl_rewards = torch.zeros_like(response_mask)  # [N, T]
     metrics: dict[str, float] = {}
@@ -316,10 +282,10 @@ def advantages(trainer: Trainer, got: Collected, prep: Prepared, scored: Scored,
     out = estimator.fn(inputs, cfg.algo)
     if cfg.needs_teacher:  # on-policy distillation: the task's advantage weighs algo.distill.reward_weight
         out = replace(out, advantages=out.advantages * cfg.algo.distill.reward_weight)
-    return out, values, {**metrics, **out.metrics}
+    return replace(out, values=values, metrics={**metrics, **out.metrics})
 
 
-def train_batch(prep: Prepared, scored: Scored, adv: Advantages, values: torch.Tensor | None) -> TrainBatch:
+def train_batch(prep: Prepared, scored: Scored, adv: Advantages) -> TrainBatch:
     """The batch the updates read: the prepared rows extended with every per-token value of the step
     (the reference's are zeros when no term needs them), the loss mask less the tokens the corrections drop."""
     zeros = torch.zeros_like(prep.batch.rollout_logprobs)  # [N, T]
@@ -328,7 +294,7 @@ def train_batch(prep: Prepared, scored: Scored, adv: Advantages, values: torch.T
         **rows, old_logprobs=scored.old_logprobs, advantages=adv.advantages,
         ref_logprobs=scored.ref_logprobs if scored.ref_logprobs is not None else zeros,
         ref_entropy=scored.ref_entropy if scored.ref_entropy is not None else zeros.clone(),
-        is_weights=scored.is_weights, old_values=values, returns=adv.returns,
+        is_weights=scored.is_weights, old_values=adv.values, returns=adv.returns,
         **({} if scored.teacher is None else {"teacher_logprobs": scored.teacher.logprobs,
                                               "teacher_topk_ids": scored.teacher.topk_ids,
                                               "teacher_topk_logprobs": scored.teacher.topk_logprobs}),
@@ -364,18 +330,19 @@ def update(trainer: Trainer, batch: TrainBatch, step: int, *, coefs: dict[str, f
     return metrics
 
 
-def log_step(trainer: Trainer, step: int, got: Collected, batch: TrainBatch, metrics: dict, *, t0: float,
-             t_train: float) -> None:
-    """Add the batch's reward/rollout/data metrics and the timings, log them, and write the sample rollouts."""
+def log_step(trainer: Trainer, step: int, got: Collected, batch: TrainBatch, metrics: dict[str, float], *, t0: float,
+             t_train: float) -> dict[str, float]:
+    """Log `metrics` with the batch's reward/rollout/data metrics and the timings, write the sample rollouts,
+    and return what it added to `metrics` (which it leaves as it was)."""
     cfg, stream, rollout = trainer.cfg, trainer.train_stream, got.rollout
-    metrics.update(batch_metrics(got, batch, n=cfg.rollout.n, prompts_too_long=stream.encoder.dropped,
-                                 reflection_words=cfg.log.reflection_words))
-    metrics["data/unencodable_chars"] = float(stream.encoder.unencodable)  # prompt chars lost by the tokenizer
+    added = batch_metrics(got, batch, n=cfg.rollout.n, prompts_too_long=stream.encoder.dropped,
+                          reflection_words=cfg.log.reflection_words)
+    added["data/unencodable_chars"] = float(stream.encoder.unencodable)  # prompt chars lost by the tokenizer
     t_rollout = t0 + got.rollout_seconds
     t_reward = t_rollout + got.reward_seconds
     if got.versions is not None:  # generated in another process, before t0: the trainer's own time starts at t0
         t_reward = t0
-    metrics.update({
+    added.update({
         "perf/rollout_seconds": got.rollout_seconds,
         "perf/reward_seconds": got.reward_seconds,
         "perf/train_seconds": t_train - t_reward,
@@ -384,11 +351,12 @@ def log_step(trainer: Trainer, step: int, got: Collected, batch: TrainBatch, met
         "perf/peak_memory_gb": peak_memory_gb(trainer.ranks),
         "perf/world_size": float(trainer.ranks.world_size),
     })
-    trainer.tracker.log(step, metrics)
+    trainer.tracker.log(step, {**metrics, **added})
     if trainer.ranks.main:
         trainer.run.append_rollouts(rollout_records(step, got.problems, got.prompts_text, got.texts, got.results,
                                                     rollout, trainer.tokenizer, cfg.rollout.n, cfg.log.rollouts_per_step,
                                                     scores=got.scores if trainer.rewarder.logs_components else None))
+    return added
 
 
 def batch_metrics(got, batch: TrainBatch, *, n: int, prompts_too_long: int,
@@ -413,7 +381,7 @@ def batch_metrics(got, batch: TrainBatch, *, n: int, prompts_too_long: int,
         "data/prompts_too_long": float(prompts_too_long),
         "rollout/all_correct_groups": float(all_correct.float().mean()),
         "rollout/all_wrong_groups": float(all_wrong.float().mean()),
-        "rollout/logprob_mismatch": float(masked_mean((rollout.logprobs - batch.old_logprobs).abs(), rollout.response_mask)),
+        "rollout/logprob_mismatch": float(masked_mean((batch.rollout_logprobs - batch.old_logprobs).abs(), batch.response_mask)),
     }
 
 

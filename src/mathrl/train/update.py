@@ -164,7 +164,7 @@ def _mean(xs: list[float]) -> float:
 
 
 # ----------------------------------------------------------------------------- loss terms
-@dataclass
+@dataclass(kw_only=True)
 class TermInputs:
     """What a loss term sees of one micro-batch: the config's algo section, the policy's logprobs and
     entropy [n, t] of its sampled tokens, the micro-batch, the mini-batch's normalisers and the step's
@@ -182,7 +182,6 @@ class TermInputs:
     pos_tokens: float  # ... of its correct samples only
     pos_seqs: float
     coefs: dict[str, float]  # this step's controlled coefficients: entropy, kl
-    sums: dict[str, float]  # token counts the update's metrics are made of
     topk_logprobs: torch.Tensor | None = None  # [n, t, K] the policy's logprobs of the teacher's top-k ids (algo.distill)
 
     def aggregate(self, token_loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -192,44 +191,52 @@ class TermInputs:
 
 
 @dataclass(frozen=True)
+class Term:
+    """What a loss term gives of one micro-batch."""
+
+    loss: torch.Tensor | None  # its weighted, signed contribution to the loss; None: it adds nothing this micro-batch
+    value: float  # the value logged as actor/<name>
+    sums: dict[str, float] = field(default_factory=dict)  # token counts added to the update's (actor/<key> / tokens)
+
+
+@dataclass(frozen=True)
 class LossTerm:
     """One term added to the policy-gradient loss, registered in mathrl.registry.LOSS_TERMS under the
-    name it is logged as (actor/<name>): `fn` returns (its weighted, signed contribution or None when it
-    adds nothing this micro-batch, the value logged); `enabled` reads the config's algo section."""
+    name it is logged as (actor/<name>): `fn` returns its `Term`; `enabled` reads the config's algo section."""
 
     enabled: Callable[[AlgoConfig], bool]
-    fn: Callable[[TermInputs], tuple[torch.Tensor | None, float]]
+    fn: Callable[[TermInputs], Term]
 
 
-def entropy_term(x: TermInputs) -> tuple[torch.Tensor | None, float]:
+def entropy_term(x: TermInputs) -> Term:
     """- entropy_coef x entropy (an entropy bonus), without the tokens ref_gain_clip masks."""
     ent = x.algo.entropy
     if x.coefs["entropy"] == 0.0:
-        return None, 0.0
+        return Term(loss=None, value=0.0)
     bonus_mask = x.mask
     if ent.ref_gain_clip.max_gain is not None or ent.ref_gain_clip.max_ratio is not None:
         bonus_mask = entropy_bonus_mask(x.entropy.detach(), x.micro.ref_entropy, x.mask,
                                         max_gain=ent.ref_gain_clip.max_gain, max_ratio=ent.ref_gain_clip.max_ratio)
     # masked tokens contribute 0 but stay in the normaliser: the bonus per kept token is unchanged
     ent_term = x.aggregate(x.entropy, bonus_mask)
-    x.sums["ent_masked"] += float((x.mask - bonus_mask).sum())
-    return -(x.coefs["entropy"] * ent_term), -ent_term.item()
+    return Term(loss=-(x.coefs["entropy"] * ent_term), value=-ent_term.item(),
+                sums={"ent_masked": float((x.mask - bonus_mask).sum())})
 
 
-def kl_loss_term(x: TermInputs) -> tuple[torch.Tensor | None, float]:
+def kl_loss_term(x: TermInputs) -> Term:
     """kl_coef x KL(policy || reference) as a loss (algo.kl.use=loss)."""
     kl_term = x.aggregate(kl_penalty(x.logprobs, x.micro.ref_logprobs, estimator=x.algo.kl.estimator), x.mask)
-    return x.coefs["kl"] * kl_term, kl_term.item()
+    return Term(loss=x.coefs["kl"] * kl_term, value=kl_term.item())
 
 
-def pos_lm_term(x: TermInputs) -> tuple[torch.Tensor | None, float]:
+def pos_lm_term(x: TermInputs) -> Term:
     """VAPO's mu x NLL of the correct responses, token-normalised over the correct samples' tokens of the
     whole mini-batch."""
     if x.pos_tokens <= 0:
-        return None, 0.0
+        return Term(loss=None, value=0.0)
     nll, pos_mask = positive_example_lm_loss(x.logprobs, x.mask, x.micro.correct)
     pos = aggregate(nll, pos_mask, mode="token_mean", num_tokens=x.pos_tokens, num_seqs=x.pos_seqs)
-    return x.algo.pos_lm.coef * pos, pos.item()
+    return Term(loss=x.algo.pos_lm.coef * pos, value=pos.item())
 
 
 # Added to the loss in this order; a new term is one function and one registration (here or outside).
@@ -240,23 +247,23 @@ LOSS_TERMS.register("pos_lm_loss", LossTerm(lambda algo: algo.pos_lm.coef > 0, p
 
 # ---- on-policy distillation (algo.distill.mode; algo/distill.py): one term per mode, beside the task's
 # policy-gradient term, whose advantage the step scales by algo.distill.reward_weight
-def reverse_kl_term(x: TermInputs) -> tuple[torch.Tensor | None, float]:
+def reverse_kl_term(x: TermInputs) -> Term:
     """algo.policy_loss on the advantage log pi_T - log pi_S (the sampler's, or the current policy's detached:
     algo.distill.student), with the micro-batch's importance weights; logged: the mean advantage's negation,
     the k1 estimate of KL(student || teacher) over the micro-batch's share of the mini-batch's tokens."""
     student = x.micro.rollout_logprobs if x.algo.distill.student == "sampler" else x.logprobs
     adv = reverse_kl_advantages(x.micro.teacher_logprobs, student, x.mask)  # [n, t]
     loss, _ = pg_term(x, advantages=adv)
-    return loss, -float(adv.sum()) / max(x.num_tokens, 1.0)
+    return Term(loss=loss, value=-float(adv.sum()) / max(x.num_tokens, 1.0))
 
 
-def topk_term(divergence: Callable[[TermInputs], torch.Tensor]) -> Callable[[TermInputs], tuple[torch.Tensor, float]]:
+def topk_term(divergence: Callable[[TermInputs], torch.Tensor]) -> Callable[[TermInputs], Term]:
     """A direct loss term: the per-token divergence between the teacher's and the policy's top-k logprobs,
     aggregated by algo.loss_agg over the mini-batch."""
 
-    def term(x: TermInputs) -> tuple[torch.Tensor, float]:
+    def term(x: TermInputs) -> Term:
         loss = x.aggregate(divergence(x), x.mask)
-        return loss, loss.item()
+        return Term(loss=loss, value=loss.item())
 
     return term
 
@@ -293,14 +300,19 @@ def update_policy(
             for micro in mini.micros:
                 micro = micro.to(device)
                 logprobs, entropy, topk = policy_forward(model, micro, cfg)
-                x = TermInputs(cfg.algo, cfg.rollout.max_new_tokens, seed, micro, logprobs, entropy, micro.loss_mask,
-                               num_tokens, num_seqs, pos_tokens, pos_seqs, coefs, sums, topk)
+                x = TermInputs(algo=cfg.algo, max_len=cfg.rollout.max_new_tokens, seed=seed, micro=micro,
+                               logprobs=logprobs, entropy=entropy, mask=micro.loss_mask, num_tokens=num_tokens,
+                               num_seqs=num_seqs, pos_tokens=pos_tokens, pos_seqs=pos_seqs, coefs=coefs,
+                               topk_logprobs=topk)
                 loss, stats = pg_term(x)
                 terms = {"pg_loss": loss.item(), **{name: 0.0 for name, _ in LOSS_TERMS.items()}}
                 for name, term in terms_on:
-                    contribution, terms[name] = term.fn(x)
-                    if contribution is not None:
-                        loss = loss + contribution
+                    out = term.fn(x)
+                    terms[name] = out.value
+                    if out.loss is not None:
+                        loss = loss + out.loss
+                    for key, value in out.sums.items():
+                        sums[key] = sums.get(key, 0.0) + value
                 backward(loss * dp_scale(), scaler)
                 for key, value in (("entropy", entropy.detach()), *stats.items()):
                     if key.startswith(SEQ_PREFIX):  # a row's value on its tokens: reduced over sequences
