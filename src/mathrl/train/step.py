@@ -212,14 +212,23 @@ def correction_settings(cfg) -> dict:
     (Config.correction; none: no mode) and the rejection rules'."""
     c = cfg.correction()
     weight = {} if c is None else {"mode": c.mode, "level": c.level, "cap": c.cap, "lower": c.lower}
-    return {**weight, **rejection_settings(cfg.algo.rollout_correction)}
+    return {**weight, **rejection_settings(cfg.algo.rollout_correction, weighted=c is not None)}
 
 
-def rejection_settings(rc) -> dict:
-    """algo.rollout_correction's rejection rules and their settings, as `advantage_rejection` takes them."""
-    return {"rules": list(rc.masks), "drop": rc.rejected == "drop", "geo_rs_bounds": rc.geo_rs_bounds,
-            "icepop_bounds": rc.icepop_bounds, "k3_rs_threshold": rc.k3_rs_threshold,
-            "k2_rs_threshold": rc.k2_rs_threshold, "opsm_delta": rc.opsm_delta}
+# the setting each rejection rule reads (algo/rollout_correction.py:rule_keeps)
+RULE_SETTINGS = {"geo_rs": "geo_rs_bounds", "icepop": "icepop_bounds", "k3_rs": "k3_rs_threshold",
+                 "k2_mean_rs": "k2_rs_threshold", "k2_max_rs": "k2_rs_threshold", "opsm": "opsm_delta"}
+
+
+def rejection_settings(rc, *, weighted: bool = False) -> dict:
+    """algo.rollout_correction's rejection rules and the settings of those listed, as `advantage_rejection`
+    takes them; `rejected` only where something can reject (a rule, or a weight): a run reads no setting
+    that has no effect on it (config/reads.py)."""
+    rules = list(rc.masks)
+    out: dict = {"rules": rules, **{RULE_SETTINGS[r]: getattr(rc, RULE_SETTINGS[r]) for r in rules}}
+    if rules or weighted:
+        out["drop"] = rc.rejected == "drop"
+    return out
 
 
 def advantage_masks(cfg, scored: Scored, adv: Advantages, prep: Prepared) -> Corrected:
