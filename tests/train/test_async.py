@@ -30,7 +30,8 @@ DRIVER = r'''
 import json, os, signal, sys
 import torch
 torch.set_num_threads(1)
-from mathrl.train import generator, loop, step
+from mathrl.train import loop, step
+from mathrl.train.generators import host as generator
 
 if __name__ == "__main__":  # spawned generators import this file again: only the run's process runs it
 
