@@ -46,3 +46,19 @@ add.parameters = {"type": "object", "properties": {"a": {"type": "integer"}, "b"
                   "required": ["a", "b"]}
 
 not_callable = 3
+
+
+class EchoPool:
+    """A tool pool (not a tool) for engine and teacher tests: it answers every call at once with
+    `[name:args]`, status ok, in no time."""
+
+    def submit(self, name, args):
+        from concurrent.futures import Future
+        from types import SimpleNamespace
+
+        f = Future()
+        f.set_result(SimpleNamespace(text=f"[{name}:{args}]", status="ok", seconds=0.0))
+        return f
+
+    def close(self):
+        pass

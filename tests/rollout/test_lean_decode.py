@@ -365,20 +365,9 @@ def test_tool_episodes_are_the_hf_engines(make_tiny_qwen2, char_tokenizer):
     # Observations are fed as forced tokens in a right-aligned window (rows feeding fewer tokens masked
     # on the left); the lean cache takes the window's columns and grows when windows outrun its room.
     # The episodes, observations and logprobs must be the HF path's, and the logprobs a scoring pass's.
-    from concurrent.futures import Future
-    from types import SimpleNamespace
-
     from mathrl.model.scoring import response_logprobs
     from mathrl.rollout.episodes import CallFormat, ToolUse
-
-    class EchoPool:
-        def submit(self, name, args):
-            f = Future()
-            f.set_result(SimpleNamespace(text=f"[{name}:{args}]", status="ok", seconds=0.0))
-            return f
-
-        def close(self):
-            pass
+    from tool_plugins import EchoPool
 
     model = make_tiny_qwen2(seed=1, tie_word_embeddings=False)
     star = char_tokenizer("*", add_special_tokens=False)["input_ids"][0]

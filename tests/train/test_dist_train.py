@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from run_helpers import EXACT, assert_same_steps, metrics
+from run_helpers import EXACT, assert_same_steps, launch_train, metrics
 
 OVERRIDES = [
     "base.steps=200", "base.max_digits=1", "data.arith.max_digits=1", "base.hidden_size=32",
@@ -128,16 +128,7 @@ def env(tmp_path_factory):
 
 
 def mathrl_train(env, run_dir: Path, *extra: str, nproc: int = 1, wait: bool = True):
-    cmd = [sys.executable, "-m", "mathrl.cli", "train", *OVERRIDES, *extra, "--run-dir", str(run_dir)]
-    if nproc > 1:
-        cmd += ["--nproc", str(nproc)]
-    log = open(run_dir.parent / f"{run_dir.name}.log", "w")
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    if not wait:
-        return proc
-    code = proc.wait(timeout=HANG_GUARD_S)
-    assert code == 0, (run_dir.parent / f"{run_dir.name}.log").read_text()[-4000:]
-    return proc
+    return launch_train(env, run_dir, OVERRIDES, *extra, nproc=nproc, wait=wait, timeout=HANG_GUARD_S)
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from run_helpers import assert_same_steps, metrics
+from run_helpers import assert_same_steps, launch_train, metrics
 
 BASE = ["base.max_digits=1", "base.hidden_size=32", "base.intermediate_size=64", "base.num_layers=2",
         "base.num_heads=2", "base.num_kv_heads=1"]
@@ -57,16 +57,7 @@ def teacher(env) -> str:
 
 
 def mathrl_train(env, run_dir: Path, *extra: str, nproc: int = 1, wait: bool = True):
-    cmd = [sys.executable, "-m", "mathrl.cli", "train", *OVERRIDES, *extra, "--run-dir", str(run_dir)]
-    if nproc > 1:
-        cmd += ["--nproc", str(nproc)]
-    log = open(run_dir.parent / f"{run_dir.name}.log", "w")
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    if not wait:
-        return proc
-    code = proc.wait(timeout=HANG_GUARD_S)
-    assert code == 0, (run_dir.parent / f"{run_dir.name}.log").read_text()[-4000:]
-    return proc
+    return launch_train(env, run_dir, OVERRIDES, *extra, nproc=nproc, wait=wait, timeout=HANG_GUARD_S)
 
 
 def starting_weights(env) -> dict[str, torch.Tensor]:

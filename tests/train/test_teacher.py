@@ -21,6 +21,7 @@ from mathrl.tasks.base import Problem
 from mathrl.tasks.prompts import PromptEncoder
 from mathrl.train.batching import Rows, TrainBatch
 from mathrl.train.teacher import check_same_vocab, teacher_prompts, teacher_question, teacher_scores
+from tool_plugins import EchoPool
 
 TEMPERATURE = 0.7
 
@@ -84,21 +85,6 @@ def test_teacher_logprobs_equal_a_plain_forward(make_tiny_qwen2, char_tokenizer,
         else:
             assert got.topk_ids is None
     assert largest < 1e-5, largest
-
-
-class EchoPool:
-    """A tool pool answering every call at once with `[name:args]`."""
-
-    def submit(self, name, args):
-        from concurrent.futures import Future
-        from types import SimpleNamespace
-
-        f = Future()
-        f.set_result(SimpleNamespace(text=f"[{name}:{args}]", status="ok", seconds=0.0))
-        return f
-
-    def close(self):
-        pass
 
 
 @pytest.mark.parametrize("tools", [False, True], ids=["single_turn", "tool_episode"])
