@@ -157,3 +157,25 @@ def test_two_steps_with_a_teacher_server(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=60)
+
+
+@pytest.mark.parametrize("answer, message, why", [
+    ({"logprobs": [[-0.5, -0.1]]}, "'is_argmax' for no rows", "a key missing"),
+    ({"logprobs": [[-0.5]], "is_argmax": [[1.0, 0.0]]}, "'logprobs' of row 0 with shape (1,)", "a row cut short"),
+    ({"logprobs": [[-0.5, float("nan")]], "is_argmax": [[1.0, 0.0]]}, "non-finite", "a NaN"),
+    ({"logprobs": [[-0.5, 3.0]], "is_argmax": [[1.0, 0.0]]}, "above 0", "a probability above 1"),
+    ({"logprobs": [["a", -0.1]], "is_argmax": [[1.0, 0.0]]}, "not numbers", "text"),
+    ({"logprobs": [[-0.5, -0.1]], "is_argmax": [[1.0, 0.0]], "topk_ids": [[[0], [99]]], "topk_logprobs": [[[-0.1], [-0.2]]]},
+     "outside the vocabulary", "an id the student's model has no row for"),
+])
+def test_a_servers_malformed_answer_is_one_line_not_a_zero(answer, message, why):
+    # the server is another process, possibly another program: what it answers is checked before any
+    # of it reaches the loss
+    teacher = RemoteTeacher("http://127.0.0.1:1")
+    teacher.vocab_size = 10
+    width = 1 if "topk_ids" in answer else None
+    with pytest.raises(TeacherServerError) as e:
+        teacher.check_answer(answer, [2], width=width)
+    assert message in str(e.value) and "\n" not in str(e.value), why
+    good = {"logprobs": [[-0.5, -0.1]], "is_argmax": [[1.0, 0.0]], "topk_ids": [[[0], [9]]], "topk_logprobs": [[[-0.1], [-0.2]]]}
+    teacher.check_answer(good, [2], width=1)  # a well-formed answer passes

@@ -76,6 +76,8 @@ class RemoteTeacher:
         got = self.score(prompts, responses, temperature=temperature, k=k or 0) if own else {}
         n, t = batch.response_mask.shape
         width = min(k, self.vocab_size) if k else 1  # the server caps k at its model's vocabulary, as response_topk
+        if own:
+            self.check_answer(got, lengths, width=width if k else None)
         lp, argmax = torch.zeros(n, t), torch.zeros(n, t)
         top_ids, top_lp = torch.zeros(n, t, width, dtype=torch.long), torch.zeros(n, t, width)
         for j, (i, length) in enumerate(zip(own, lengths)):
@@ -89,6 +91,31 @@ class RemoteTeacher:
         outputs = [tdist.all_reduce_sum_tensor(out) for out in (lp, argmax, top_ids, top_lp)]
         mask = batch.response_mask
         return [out * (mask if out.dim() == 2 else mask[..., None]).to(out.dtype) for out in outputs]
+
+    def check_answer(self, got: dict, lengths: list[int], *, width: int | None) -> None:
+        """A server's answer is untrusted input: every asked row's logprobs (finite, <= 0) and argmax flags,
+        and with `width` its top-k ids (in the vocabulary) and logprobs, one value (or `width`) per response
+        token; else TeacherServerError in one line, never a zero or a traceback in the loss."""
+        def bad(what: str) -> TeacherServerError:
+            return TeacherServerError(f"teacher.url={self.url!r}/score answered {what}: a teacher's signal is never guessed")
+
+        keys = ("logprobs", "is_argmax") + (("topk_ids", "topk_logprobs") if width else ())
+        for key in keys:
+            rows = got.get(key)
+            if not isinstance(rows, list) or len(rows) != len(lengths):
+                raise bad(f"{key!r} for {len(rows) if isinstance(rows, list) else 'no'} rows, not {len(lengths)}")
+            for j, (row, length) in enumerate(zip(rows, lengths)):
+                try:
+                    values = torch.tensor(row, dtype=torch.float64)
+                except (TypeError, ValueError):
+                    raise bad(f"{key!r} of row {j} that is not numbers") from None
+                shape = (length, width) if key.startswith("topk") else (length,)
+                if tuple(values.shape) != shape or not torch.isfinite(values).all():
+                    raise bad(f"{key!r} of row {j} with shape {tuple(values.shape)} or non-finite values, not {shape}")
+                if key.endswith("logprobs") and (values > 1e-4).any():
+                    raise bad(f"{key!r} of row {j} above 0 (not log-probabilities)")
+                if key == "topk_ids" and ((values < 0) | (values >= self.vocab_size)).any():
+                    raise bad(f"{key!r} of row {j} outside the vocabulary of {self.vocab_size}")
 
     def _request(self, path: str, payload: dict | None) -> dict:
         """The server's JSON answer; after the retries (connection errors, timeouts, 5xx) or at once (4xx, a
