@@ -6,6 +6,7 @@
     python scripts/findings overconfidence --base tiny-arith runs/x/a runs/x/a_seed1 --limit 100 --fig oc.png
     python scripts/findings entropy-tokens runs/x/a runs/x/a_seed1 --steps 0 100 200 300 --out tokens.md
     python scripts/findings positions recipes/findings/ppo.yaml --out runs/x --steps 1 50 --fig positions.png
+    python scripts/findings teach --teacher runs/t RUN ... --group LABEL ... --fig teach.png  # arms by FLOP
     python scripts/findings all [--dry-run] [--only entropy ppo] [--jobs 2]   # every findings run and analysis
 
 Each command writes the figure, a Markdown table next to it (same stem, .md; also printed) and, for
@@ -21,6 +22,9 @@ the two sampling commands, the per-run numbers as JSON (same stem, .json).
   sampled from a run's kept checkpoints, per step (`analysis.entropy_probe.top_entropy_tokens`), as Markdown.
 * `positions` (positions.py): PPO runs' critic value and advantage by response position
   (positions.jsonl), bucketed, mean ± CI over seeds, at the given steps.
+* `teach` (teach.py): distillation arms and RL against their compute: held-out pass@1 and pass@8 by
+  step, by student-sampled token and by FLOP (teacher passes included), and what each takes to reach a
+  share of the teacher's pass@1.
 * `all` (pipeline.py): the runs of every grid in recipes/findings (and finding 6's), then every
   analysis of docs/findings.md, from the registry `FINDINGS`; resumable, one progress bar.
 

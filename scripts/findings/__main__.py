@@ -67,6 +67,14 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--seed", type=int, help="sampling seed (default: the run's eval.seed)")
     e.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda")
 
+    t = sub.add_parser("teach", help="distillation arms against their compute: pass@k by step, token and FLOP (finding 19)")
+    t.add_argument("runs", nargs="+", type=Path, help="finished run directories: RL runs, with or without a teacher, and SFT runs")
+    t.add_argument("--teacher", type=Path, required=True, help="the teacher's run directory (its final/ and evals.jsonl)")
+    t.add_argument("--fig", type=Path, required=True, help="the PNG to write (the table goes next to it as .md)")
+    t.add_argument("--group", nargs="+", help="the arm of each run, in order (default: the name without _seed<N>)")
+    t.add_argument("--share", type=float, default=0.95, help="threshold: this share of the teacher's pass@1 (default 0.95)")
+    t.add_argument("--versus", metavar="ARM", help="each arm's one-sided permutation p of final pass@1 against this one")
+
     a = sub.add_parser("all", help="every findings run and analysis (scripts/findings/pipeline.py), one progress bar")
     a.add_argument("--out", type=Path, default=Path("runs/findings"), help="the runs' directory (default runs/findings)")
     a.add_argument("--fig-dir", type=Path, default=Path("docs/findings"),
@@ -148,7 +156,12 @@ def main(argv: list[str] | None = None) -> int:
             print(table, end="")
             print(f"figure written to {args.fig}, table to {args.fig.with_suffix('.md')}")
             return 0
-        if args.command == "curves":
+        if args.command == "teach":
+            from findings.teach import run_teach
+
+            table = run_teach(args.runs, teacher=args.teacher, fig_path=args.fig, labels=args.group,
+                              share=args.share, versus=args.versus)
+        elif args.command == "curves":
             from findings.curves import run_curves
 
             table = run_curves(args.sources, fig_path=args.fig, out=args.out, metrics=args.metrics, x=args.x,

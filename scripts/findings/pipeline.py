@@ -132,6 +132,52 @@ def _tool_curves(finding: str, prefix: str) -> Analysis:
         "--fig", f"{{fig}}/{finding}.png"), f"{{fig}}/{finding}.png", needs=(finding,))
 
 
+TEACH_SEEDS = 5
+TEACHER = "teach_teacher"
+TEACH_ARMS = (  # finding 19: run-name prefix, label, the RL run's overrides (None: SFT on the teacher's traces)
+    ("teach_grpo", "GRPO (reward only)", ()),
+    ("teach_sft", "SFT on the teacher's correct traces", None),
+    ("teach_opd", "OPD reverse KL", ("algo.distill.mode=reverse_kl", f"teacher.path={{out}}/{TEACHER}/final")),
+    ("teach_opd_reward", "OPD + reward", ("algo.distill.mode=reverse_kl", "algo.distill.reward_weight=1",
+                                          f"teacher.path={{out}}/{TEACHER}/final")),
+    ("teach_topk", "top-k forward KL", ("algo.distill.mode=forward_kl_topk", f"teacher.path={{out}}/{TEACHER}/final")),
+    ("teach_self", "self-distillation", ("algo.distill.mode=reverse_kl", "teacher.self=true")),
+)
+
+
+def _teach_runs() -> tuple[RunStep, ...]:
+    """Finding 19: a teacher (100 RL steps from the base, seed 100, not one of the arms' seeds), its
+    checked answers to 2000 training prompts (4 samples each, at most one kept), then per seed 0-4 each
+    arm from the base: 50 RL steps (evaluated every 5), or SFT on the traces (300 steps, evaluated every 25)."""
+    traces = "{out}/teach_traces.jsonl"
+    steps = [RunStep(TEACHER, ("{python}", "-m", "mathrl.cli", "train", RECIPE, "train.steps=100", "eval.every=50",
+                               "data.eval_size=100", "seed=100", "--run-dir", f"{{out}}/{TEACHER}"),
+                     f"{{out}}/{TEACHER}/summary.json"),
+             RunStep("teach_traces", ("{python}", "-m", "mathrl.cli", "distill-data", RECIPE, "--teacher",
+                                      f"{{out}}/{TEACHER}/final", "--out", traces, "--n", "4", "--prompts", "2000",
+                                      "--seed", "100", "--force"), traces, (TEACHER,))]
+    for prefix, _, overrides in TEACH_ARMS:
+        for s in range(TEACH_SEEDS):
+            name = f"{prefix}_seed{s}"
+            if overrides is None:
+                argv = ("{python}", "-m", "mathrl.cli", "sft", RECIPE, f"data.train={traces}", "eval.every=25",
+                        "data.eval_size=100", f"seed={s}", "--run-dir", f"{{out}}/{name}")
+                after = ("teach_traces",)
+            else:
+                argv = ("{python}", "-m", "mathrl.cli", "train", RECIPE, *overrides, "eval.every=5", "data.eval_size=100",
+                        f"seed={s}", "--run-dir", f"{{out}}/{name}")
+                after = (TEACHER,) if any(TEACHER in o for o in overrides) else ()
+            steps.append(RunStep(name, argv, f"{{out}}/{name}/summary.json", after))
+    return tuple(steps)
+
+
+def _teach_analysis() -> Analysis:
+    runs = [r for prefix, _, _ in TEACH_ARMS for r in seeds(prefix, TEACH_SEEDS, zero_suffix=True)]
+    labels = [label for _, label, _ in TEACH_ARMS for _ in range(TEACH_SEEDS)]
+    return Analysis("teach", (*FINDINGS_CMD, "teach", "--teacher", f"{{out}}/{TEACHER}", *runs, "--group", *labels,
+                              "--versus", TEACH_ARMS[0][1], "--fig", "{fig}/teach.png"), "{fig}/teach.png")
+
+
 FINDINGS: tuple[Finding, ...] = (
     Finding("entropy", "entropy", analyses=(
         curves("entropy"),
@@ -193,6 +239,7 @@ FINDINGS: tuple[Finding, ...] = (
             analyses=(curves("offpolicy_masks", "--threshold", "0.8", "--versus", "k4_none"),)),
     Finding("entropy_controls", "entropy_controls",
             analyses=(curves("entropy_controls", "--threshold", "0.85", "--versus", "long_none"),)),
+    Finding("teach", runs=_teach_runs(), analyses=(_teach_analysis(),)),
     Finding("entropy_long", "entropy_long", analyses=(
         curves("entropy_long"),
         Analysis("entropy_tokens", (*FINDINGS_CMD, "entropy-tokens", *seeds("entropy_adaptive_long", 5),

@@ -99,12 +99,13 @@ def test_only_checked_answers_are_kept_and_the_counts_add_up(teacher_dir, tmp_pa
     # A spy on the sampling (the rows pass through unchanged) gives each row's truncation flag; the
     # checker's record gives its verdict and gold. Expected rows, from those alone: per prompt, in sample
     # order, accepted and untruncated and not already kept, at most 2.
-    truncated = []
+    truncated, lengths = [], []
     real = distill.sample_rows
 
     def spy(*args, **kwargs):
         got = real(*args, **kwargs)
         truncated.extend(bool(t) for t in got.truncated)
+        lengths.extend(got.lengths)
         return got
 
     monkeypatch.setattr(distill, "sample_rows", spy)
@@ -131,6 +132,7 @@ def test_only_checked_answers_are_kept_and_the_counts_add_up(teacher_dir, tmp_pa
     assert s.truncated == sum(v and c for (_, _, v), c in zip(seen, truncated))
     assert (s.kept, s.prompts_unsolved) == (len(rows), unsolved)
     assert s.kept_share == pytest.approx(len(rows) / 48)
+    assert s.sampled_tokens == sum(lengths) > 0  # every sample's response tokens, kept or not
     assert json.loads(distill.summary_path(out).read_text())["kept"] == s.kept
 
 

@@ -100,6 +100,7 @@ class DistillSummary:
     duplicates: int = 0  # correct answers whose text equals one already kept for the prompt
     over_cap: int = 0  # correct, distinct answers beyond max_per_prompt
     truncated: int = 0  # correct answers that hit rollout.max_new_tokens (no EOS: not a whole answer to learn)
+    sampled_tokens: int = 0  # response tokens the teacher generated over all samples (the compute of the data)
     prompts_unsolved: int = 0  # prompts with no correct answer among their n
     prompts_dropped: int = 0  # data.train rows left out: prompt over the length limit
     kept_share: float = 0.0  # kept / samples
@@ -244,13 +245,14 @@ def distill_data(cfg: Config, settings: DistillSettings, *, console: Console | N
         verifier = Verifier(num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s,
                             boxed=cfg.reward.boxed, checker=cfg.reward.checker)
     try:
-        texts, correct, truncated = _sample(engine, tokenizer, verifier, problems, prompts, cfg, settings, console)
+        texts, correct, truncated, tokens = _sample(engine, tokenizer, verifier, problems, prompts, cfg, settings,
+                                                    console)
     finally:
         engine.close()
         if own:
             verifier.close()
     kept, summary = select_rows(texts, correct, truncated, n=settings.n, max_per_prompt=settings.max_per_prompt)
-    summary.prompts_dropped = dropped
+    summary.prompts_dropped, summary.sampled_tokens = dropped, tokens
     summary.settings = {"teacher": model_path, "data": cfg.data.train, "template": cfg.data.template,
                         "engine": cfg.rollout.engine, "n": settings.n, "max_per_prompt": settings.max_per_prompt,
                         "temperature": cfg.rollout.temperature, "top_p": cfg.rollout.top_p,
@@ -263,9 +265,10 @@ def distill_data(cfg: Config, settings: DistillSettings, *, console: Console | N
 
 
 def _sample(engine, tokenizer, verifier, problems, prompts, cfg: Config, settings: DistillSettings,
-            console: Console) -> tuple[list[str], list[bool], list[bool]]:
-    """Every row's text, verdict and truncation flag, rows prompt-major (n per prompt), sampled in pieces
-    whose seeds are those of one whole call (each piece starts at a multiple of the engine's seed block)."""
+            console: Console) -> tuple[list[str], list[bool], list[bool], int]:
+    """Every row's text, verdict and truncation flag, rows prompt-major (n per prompt), and the response
+    tokens sampled in all; sampled in pieces whose seeds are those of one whole call (each piece starts at
+    a multiple of the engine's seed block)."""
     from mathrl.track.console import make_progress
 
     n = settings.n
@@ -273,7 +276,7 @@ def _sample(engine, tokenizer, verifier, problems, prompts, cfg: Config, setting
     flat_problems = [p for p in problems for _ in range(n)]
     block = max(getattr(engine, "seed_block", 1), 1)
     piece = max(_PIECE_ROWS // block, 1) * block
-    texts, correct, truncated = [], [], []
+    texts, correct, truncated, tokens = [], [], [], 0
     with make_progress(console, "distill-data") as progress:
         task = progress.add_task("sample", total=len(flat_prompts), info="")
         for lo in range(0, len(flat_prompts), piece):
@@ -283,8 +286,9 @@ def _sample(engine, tokenizer, verifier, problems, prompts, cfg: Config, setting
             texts += got.texts
             correct += [r.score > 0 for r in got.results]
             truncated += [bool(t) for t in got.truncated]
+            tokens += sum(got.lengths)
             progress.update(task, advance=len(got.texts), info=f"{sum(correct)} correct")
-    return texts, correct, truncated
+    return texts, correct, truncated, tokens
 
 
 def _write(settings: DistillSettings, problems: list[Problem], responses: list[str], summary: DistillSummary) -> None:
