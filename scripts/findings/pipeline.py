@@ -146,11 +146,11 @@ TEACH_ARMS = (  # finding 19: run-name prefix, label, the RL run's overrides (No
 
 
 def _teach_runs() -> tuple[RunStep, ...]:
-    """Finding 19: a teacher (100 RL steps from the base, seed 100, not one of the arms' seeds), its
+    """Finding 19: a teacher (the default run: 50 RL steps from the base, seed 100, not one of the arms' seeds), its
     checked answers to 2000 training prompts (4 samples each, at most one kept), then per seed 0-4 each
     arm from the base: 50 RL steps (evaluated every 5), or SFT on the traces (300 steps, evaluated every 25)."""
     traces = "{out}/teach_traces.jsonl"
-    steps = [RunStep(TEACHER, ("{python}", "-m", "mathrl.cli", "train", RECIPE, "train.steps=100", "eval.every=50",
+    steps = [RunStep(TEACHER, ("{python}", "-m", "mathrl.cli", "train", RECIPE, "eval.every=10",
                                "data.eval_size=100", "seed=100", "--run-dir", f"{{out}}/{TEACHER}"),
                      f"{{out}}/{TEACHER}/summary.json"),
              RunStep("teach_traces", ("{python}", "-m", "mathrl.cli", "distill-data", RECIPE, "--teacher",

@@ -135,6 +135,12 @@ def serve_teacher(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8100, help="port to listen on [8100]")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="the weights' dtype [float32]")
     p.add_argument("--device", default="cpu", help="where the model runs: cpu, cuda, cuda:1 ... [cpu]")
+    p.add_argument("--engine", default="torch", choices=["torch", "vllm"],
+                   help="torch: the trainer's scoring pass; vllm: a vLLM engine's prompt logprobs (temperature 1 only) [torch]")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="--engine vllm on a GPU: the share of its memory vLLM takes [0.9]")
+    p.add_argument("--max-topk", type=int, default=128,
+                   help="--engine vllm: the largest top-k a trainer may ask (algo.distill.topk) [128]")
 
 
 def report(p: argparse.ArgumentParser) -> None:

@@ -167,7 +167,10 @@ def serve_teacher(ns: argparse.Namespace, console: Console) -> int:
     if not 0 <= ns.port <= 65535:
         raise UsageError(f"--port must be in 0-65535, got {ns.port}")
     _quiet_libraries()
-    serve(ns.model, host=ns.host, port=ns.port, dtype=ns.dtype, device=ns.device, console=console)
+    if ns.engine == "vllm" and not (0 < ns.gpu_memory_utilization <= 1 and ns.max_topk >= 1):
+        raise UsageError("--gpu-memory-utilization must be in (0, 1] and --max-topk >= 1")
+    serve(ns.model, host=ns.host, port=ns.port, dtype=ns.dtype, device=ns.device, console=console, engine=ns.engine,
+          gpu_memory_utilization=ns.gpu_memory_utilization, max_topk=ns.max_topk)
     return 0
 
 

@@ -367,6 +367,14 @@ class ConfigRules:
             return [f"algo.distill.mode={mode} needs exactly one teacher: teacher.path=<model dir or run's final/>, "
                     "teacher.url=<a mathrl serve-teacher address> or teacher.self=true"
                     + (f" (not {' and '.join(sources)})" if sources else "")]
+        if t.engine == "vllm":
+            if t.url is not None or t.self_update:
+                what = "teacher.url (its server scores)" if t.url is not None else "teacher.self_update (the policy scores)"
+                return [f"teacher.engine=vllm scores teacher.path's or teacher.self's frozen model, not {what}; "
+                        "remove teacher.engine"]
+            if self.rollout.temperature != 1.0:
+                return [f"teacher.engine=vllm needs rollout.temperature=1 (not {self.rollout.temperature:g}): vLLM's "
+                        "prompt logprobs are of the untempered distribution; use teacher.engine=torch"]
         if t.url is not None:
             parts = urllib.parse.urlsplit(t.url)
             if parts.scheme not in ("http", "https") or not parts.hostname:

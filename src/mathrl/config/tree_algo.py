@@ -84,6 +84,9 @@ TEACHER_SELF = When(("algo.distill.mode", "teacher.self"), lambda c: c.algo.dist
                     "teacher.self=true with algo.distill.mode set")
 TEACHER_URL = When(("algo.distill.mode", "teacher.url"), lambda c: c.algo.distill.mode != "none" and bool(c.teacher.url),
                    "teacher.url set with algo.distill.mode set")
+TEACHER_VLLM = When(("algo.distill.mode", "teacher.engine"),
+                    lambda c: c.algo.distill.mode != "none" and c.teacher.engine == "vllm",
+                    "teacher.engine=vllm with algo.distill.mode set")
 RC_ON = When(("algo.rollout_correction.mode",), lambda c: c.algo.rollout_correction.mode != "none",
              "algo.rollout_correction.mode=tis or mis")
 
@@ -313,6 +316,13 @@ class TeacherConfig:
         "a teacher server's address (`mathrl serve-teacher MODEL --port N`), e.g. http://10.0.0.2:8100: it scores the "
         "student's tokens over HTTP instead of a model in the trainer (the same tokenizer, checked at the start)",
         when=DISTILL_ON)
+    engine: Literal["torch", "vllm"] = knob("torch",
+        "where teacher.path's (or teacher.self's frozen) model scores: torch (in the trainer, the reference model's "
+        "pass) or vllm (its own vLLM engine, the student's transcript as a prompt with prompt_logprobs; "
+        "rollout.temperature 1 only: vLLM's prompt logprobs are of the untempered distribution)", when=DISTILL_ON)
+    gpu_memory_utilization: ZeroToOne = knob(0.3,
+        "teacher.engine=vllm on a GPU: the share of its memory the teacher's engine takes (weights and KV cache), "
+        "beside the trainer and the rollout engine's rollout.vllm.gpu_memory_utilization", when=TEACHER_VLLM)
     timeout_s: Positive[float] = knob(120.0, "teacher.url: seconds per request attempt", when=TEACHER_URL)
     retries: NonNeg[int] = knob(2, "teacher.url: further attempts after a failed request (connection error, timeout, 5xx); "
                                    "then the run stops: a teacher's signal is never replaced by a zero", when=TEACHER_URL)

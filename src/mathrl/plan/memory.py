@@ -40,7 +40,8 @@ def estimate_memory(
     pb = BYTES[trainer_dtype(cfg.model.dtype)]  # float16: float32 master weights and AdamW state
     cb = 2 if cfg.model.dtype == "float16" or (on_gpu and mixed_precision and cfg.model.dtype == "float32") else pb
     c, notes, other = trainer_states(cfg, a, n=n, pb=pb, cb=cb, on_gpu=on_gpu)
-    teacher_c, teacher_notes = teacher_states(cfg, teacher_arch or _teacher_architecture(cfg, a), n=n, pb=pb, cb=cb)
+    teacher_c, teacher_notes = teacher_states(cfg, teacher_arch or _teacher_architecture(cfg, a), n=n, pb=pb, cb=cb,
+                                              gpu_mem_gib=gpu_mem_gib if on_gpu else None)
     c.update(teacher_c)
     notes.update(teacher_notes)
     # Gradients exist only during an update (zero_grad(set_to_none=True) frees them after each

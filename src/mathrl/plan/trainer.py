@@ -97,13 +97,16 @@ def trainer_states(cfg: Config, a: Architecture, *, n: int, pb: int, cb: int, on
     return c, notes, (full if use_ckpt else ckpt) + head
 
 
-def teacher_states(cfg: Config, t: Architecture | None, *, n: int, pb: int, cb: int) -> tuple[dict[str, int], dict[str, str]]:
+def teacher_states(cfg: Config, t: Architecture | None, *, n: int, pb: int, cb: int,
+                   gpu_mem_gib: float | None = None) -> tuple[dict[str, int], dict[str, str]]:
     """The distillation teacher's bytes per GPU (`t`: its architecture, the policy's for teacher.self and
     teacher.url; None: no teacher). `teacher model`: frozen weights in the trainer's dtype, sharded over the
     ranks and gathered while it scores like the reference model's (none for teacher.self_update, nor for
     teacher.url: it is on its server). `teacher logits`: one micro-batch's full log-softmax
     [train.micro_batch_tokens x vocabulary] in float32, held by its scoring pass (every mode: it reads the
-    sampled token's logprob and argmax from it) and by the update of the top-k modes (the student's)."""
+    sampled token's logprob and argmax from it) and by the update of the top-k modes (the student's).
+    teacher.engine=vllm: `teacher vLLM (weights + KV cache)`, its engine's share of the GPU
+    (teacher.gpu_memory_utilization x `gpu_mem_gib`), or on a CPU (`gpu_mem_gib` None) its weights and KV cache."""
     from mathrl.model.dtypes import trainer_dtype  # here: the plan itself imports no torch
     if t is None:
         return {}, {}
@@ -111,9 +114,24 @@ def teacher_states(cfg: Config, t: Architecture | None, *, n: int, pb: int, cb: 
     notes: dict[str, str] = {}
     topk = cfg.algo.distill.mode in ("forward_kl_topk", "jsd")
     tokens = cfg.train.micro_batch_tokens
+    away = cfg.teacher.url is not None or cfg.teacher.engine == "vllm"
     if cfg.teacher.url is not None:  # on its server: only the top-k modes' update holds logits here
         c["teacher model"] = 0
         notes["teacher model"] = f"none here: it runs on its server ({cfg.teacher.url})"
+    elif cfg.teacher.engine == "vllm":
+        key, weights = "teacher vLLM (weights + KV cache)", t.params * pb
+        if gpu_mem_gib is None:
+            from mathrl.rollout.vllm_engine import CPU_DEFAULT_KV_GB
+
+            kv_gb = cfg.rollout.vllm.kv_cache_gb if cfg.rollout.vllm.kv_cache_gb is not None else CPU_DEFAULT_KV_GB
+            c[key] = weights + int(kv_gb * 2**30)
+            notes[key] = f"on the CPU: weights {t.params:,} x {pb} B + KV cache {kv_gb:g} GiB (rollout.vllm.kv_cache_gb)"
+        else:
+            util = cfg.teacher.gpu_memory_utilization
+            c[key] = int(util * gpu_mem_gib * 2**30)
+            notes[key] = (f"teacher.gpu_memory_utilization {util} x {gpu_mem_gib} GiB, its weights "
+                          f"{weights / 2**30:.1f} GiB among them, unsharded")
+    if away:
         if topk:
             c["teacher logits"] = tokens * t.vocab * 4
             notes["teacher logits"] = f"{tokens:,} tokens x {t.vocab:,} float32: the student's log-softmax in the update"

@@ -83,15 +83,17 @@ class VLLMEngine:
 
     def __init__(self, model_path: str | Path, *, eos_token_id: int, pad_token_id: int, settings, seed: int = 0,
                  dtype: str = "float32", load_format: str = "auto", max_position_embeddings: int | None = None,
-                 tools=None):
+                 tools=None, max_logprobs: int | None = None):
         """`settings` is a `config.VLLMConfig` (rollout.vllm); `dtype` the trainer's, used when
         settings.dtype is "auto" (vLLM's own "auto" would turn a float32 checkpoint into float16).
         `load_format="dummy"` starts from placeholder weights (a directory with only config.json); the
         caller must `update_weights` before generating. `max_position_embeddings` (model.max_position_embeddings)
         overrides the model's config.json, as the trainer's model gets it. `tools` (a
         `rollout.episodes.ToolUse`) makes every response an episode with tool calls; the engine closes
-        its pool."""
+        its pool. `max_logprobs`: the most logprobs per position a request may ask (vLLM's default 20; a
+        distillation teacher's top-k asks more)."""
         self.tools = tools
+        self.max_logprobs = max_logprobs
         self.max_position_embeddings = max_position_embeddings
         self.load_format = load_format
         self.eos_token_id = eos_token_id
@@ -148,6 +150,8 @@ class VLLMEngine:
         )
         if s.max_num_seqs is not None:
             kwargs["max_num_seqs"] = s.max_num_seqs
+        if self.max_logprobs is not None:
+            kwargs["max_logprobs"] = self.max_logprobs
         if self.tools is not None:
             # the closing tag of a call is a stop string, which vLLM matches in its detokenized output: it
             # needs a tokenizer, the very one the episodes decode with, in a directory that reads like a

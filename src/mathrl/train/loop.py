@@ -32,6 +32,7 @@ from mathrl.train.generators.host import next_batch, start_generator
 from mathrl.train.preempt import Preempted, StopSignal
 from mathrl.train.shared import NonFiniteError, eval_due, evals_from_log, log_evals, run_evals, summary
 from mathrl.train.step import rl_step
+from mathrl.train.teacher_rows import RowTeacher
 from mathrl.train.trainer import Trainer, build_trainer, parent_label
 
 __all__ = ["NonFiniteError", "TrainResult", "train"]
@@ -84,7 +85,14 @@ def close_held(trainer: Trainer) -> None:
     if trainer.generator is not None:
         trainer.generator.close(finished=False)
     trainer.engine.close()
+    close_teacher(trainer)
     trainer.tracker.close()
+
+
+def close_teacher(trainer: Trainer) -> None:
+    """A teacher on an engine of its own (teacher.engine=vllm) releases it; a model or a server client holds none."""
+    if isinstance(trainer.teacher_model, RowTeacher):
+        trainer.teacher_model.close()
 
 
 def _run(trainer: Trainer) -> TrainResult:
@@ -174,6 +182,7 @@ def finish(trainer: Trainer) -> TrainResult:
     """Close the engine, save the final model (and critic), write the summary."""
     cfg, t, console = trainer.cfg, trainer, trainer.console
     t.engine.close()
+    close_teacher(t)
     console.print("saving the final model")
     save_final_model(t.model, t.tokenizer, t.run.final, ranks=t.ranks)  # a plain Hugging Face directory at any world size (LoRA: merged, and final/adapter/)
     if t.critic is not None:

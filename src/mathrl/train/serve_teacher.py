@@ -8,6 +8,7 @@ loaded frozen once and scores one request at a time, through `response_topk`, th
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -67,13 +68,20 @@ def _request_problem(body, vocab_size: int) -> str | None:
 
 
 class TeacherServer:
-    """A frozen model behind /info and /score on `host`:`port` (port 0: a free one, `self.port` says which)."""
+    """A frozen teacher behind /info and /score on `host`:`port` (port 0: a free one, `self.port` says which):
+    a model scored by `score_rows`, or with `scorer` (a `VLLMTeacher`'s `score`) any function of the same
+    arguments, whose ValueError is the client's to fix (400)."""
 
-    def __init__(self, model, tokenizer, *, name: str, host: str = "127.0.0.1", port: int = 8100):
-        self.model, self.name = model.eval().requires_grad_(False), name
-        vocab = tokenizer.get_vocab()
+    def __init__(self, model, tokenizer, *, name: str, host: str = "127.0.0.1", port: int = 8100,
+                 scorer=None, vocab_size: int | None = None):
+        self.name = name
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self.info = {"model": name, "vocab_size": int(model.config.vocab_size), "tokens": len(vocab),
+        if scorer is None:
+            model = model.eval().requires_grad_(False)
+            scorer = functools.partial(score_rows, model, self.pad_id)
+        self.model, self.scorer = model, scorer
+        vocab = tokenizer.get_vocab()
+        self.info = {"model": name, "vocab_size": int(vocab_size or model.config.vocab_size), "tokens": len(vocab),
                      "fingerprint": tokenizer_fingerprint(vocab)}
         self._lock = threading.Lock()  # one forward at a time
         self.httpd = ThreadingHTTPServer((host, port), self._handler())
@@ -112,8 +120,10 @@ class TeacherServer:
                     return self._send(400, {"error": problem})
                 try:
                     with server._lock:
-                        out = score_rows(server.model, server.pad_id, body["prompts"], body["responses"],
-                                         temperature=float(body.get("temperature", 1.0)), k=int(body.get("topk", 0)))
+                        out = server.scorer(body["prompts"], body["responses"],
+                                            temperature=float(body.get("temperature", 1.0)), k=int(body.get("topk", 0)))
+                except ValueError as e:  # a request this teacher cannot serve (vLLM: a temperature other than 1)
+                    return self._send(400, {"error": str(e)[:300]})
                 except Exception as e:  # noqa: BLE001 - the client retries a 5xx and names it
                     return self._send(500, {"error": f"{type(e).__name__}: {e}"[:300]})
                 self._send(200, out)
@@ -135,8 +145,10 @@ class TeacherServer:
         return f"http://{self.host}:{self.port}"
 
 
-def serve_teacher(model_path: str, *, host: str, port: int, dtype: str, device: str, console) -> None:
-    """Load `model_path` (a model directory, hub id, run directory or tiny-arith) and serve it until Ctrl-C."""
+def serve_teacher(model_path: str, *, host: str, port: int, dtype: str, device: str, console, engine: str = "torch",
+                  gpu_memory_utilization: float = 0.9, max_topk: int = 128) -> None:
+    """Load `model_path` (a model directory, hub id, run directory or tiny-arith) and serve it until Ctrl-C: on
+    the torch pass, or (engine "vllm") on a vLLM engine's prompt logprobs (temperature 1 only)."""
     from mathrl.config import load_config
     from mathrl.model.io import load_model_and_tokenizer
     from mathrl.model.paths import resolve_model_path
@@ -146,8 +158,21 @@ def serve_teacher(model_path: str, *, host: str, port: int, dtype: str, device: 
     path = teacher_model_path(model_path)
     cfg = load_config(None, [f"model.path={json.dumps(path)}"], check_paths=False)
     path = resolve_model_path(cfg, console, pretraining_text=base_pretraining_text(cfg.base))
-    model, tokenizer = load_model_and_tokenizer(path, dtype=dtype, device=device)
-    server = TeacherServer(model, tokenizer, name=model_path, host=host, port=port)
+    if engine == "vllm":
+        from transformers import AutoConfig, AutoTokenizer
+
+        from mathrl.config import VLLMConfig
+        from mathrl.train.teacher_vllm import VLLMTeacher
+
+        tokenizer, size = AutoTokenizer.from_pretrained(path), int(AutoConfig.from_pretrained(path).vocab_size)
+        teacher = VLLMTeacher(path, settings=VLLMConfig(gpu_memory_utilization=gpu_memory_utilization), vocab_size=size,
+                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, dtype=dtype,
+                              topk=max_topk, where=f"the vLLM teacher {model_path!r}")
+        server = TeacherServer(None, tokenizer, name=model_path, host=host, port=port, scorer=teacher.score,
+                               vocab_size=size)
+    else:
+        model, tokenizer = load_model_and_tokenizer(path, dtype=dtype, device=device)
+        server = TeacherServer(model, tokenizer, name=model_path, host=host, port=port)
     console.print(f"teacher {path} ({server.info['tokens']} tokens, fingerprint {server.info['fingerprint']}) "
                   f"at {server.url} (GET /info, POST /score)")
     try:

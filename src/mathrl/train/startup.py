@@ -74,6 +74,8 @@ def teacher_line(cfg) -> list[str]:
     who = (("the current policy, without gradient" if t.self_update else "the starting model, frozen")
            + f", the answer in its prompt only ({t.context!r})") if t.self else (
         f"the server at {t.url} (teacher.url)" if t.url is not None else t.path)
+    if t.engine == "vllm":
+        who += ", on its own vLLM engine (prompt_logprobs)"
     how = {"reverse_kl": f"student logprob {d.student}", "forward_kl_topk": f"top-{d.topk}",
            "jsd": f"beta {_value(float(d.beta))}, top-{d.topk}"}[d.mode]
     return [f"teacher: {who}; distillation {d.mode} ({how}), task reward weight {_value(float(d.reward_weight))}"]

@@ -24,7 +24,8 @@ from mathrl.model.scoring import response_topk
 from mathrl.rollout.base import left_pad
 from mathrl.train.batching import Rows
 from mathrl.train.passes import per_token_pass
-from mathrl.train.teacher_remote import RemoteTeacher, connect_teacher
+from mathrl.train.teacher_remote import connect_teacher
+from mathrl.train.teacher_rows import RowTeacher
 
 DIRECT_MODES = ("forward_kl_topk", "jsd")  # the modes that read the teacher's top-k distribution
 
@@ -41,20 +42,43 @@ class TeacherScores:
 
 
 def load_teacher(cfg: Config, *, model_path: str, ref_source, overrides: dict | None, student_vocab: dict[str, int]):
-    """The frozen teacher model (a `RemoteTeacher` client for teacher.url), or None when the current policy is the teacher (teacher.self_update) or no
-    mode needs one: teacher.path's model, or (teacher.self) a copy of the starting model, the reference's
-    source. A teacher whose tokenizer is not the student's is a one-line error naming both vocabularies."""
+    """The frozen teacher model, or a `RemoteTeacher` client (teacher.url), or a `VLLMTeacher` (teacher.engine=vllm);
+    None when the current policy is the teacher (teacher.self_update) or no mode needs one: teacher.path's model,
+    or (teacher.self) a copy of the starting model, the reference's source. A teacher whose tokenizer is not the
+    student's is a one-line error naming both vocabularies."""
     t = cfg.teacher
     if not cfg.needs_teacher or t.self_update:
         return None
     if t.url is not None:  # a teacher server: no model here (train/teacher_remote.py)
         return connect_teacher(cfg, student_vocab=student_vocab, student_path=model_path)
     source = t.path if t.path is not None else ref_source
+    if t.engine == "vllm":  # its own vLLM engine (train/teacher_vllm.py): no model in the trainer
+        return vllm_teacher(cfg, source, model_path=model_path, student_vocab=student_vocab,
+                            max_position_embeddings=(overrides or {}).get("max_position_embeddings") if t.self else None)
     teacher, tokenizer = load_model_and_tokenizer(source, dtype=trainer_dtype(cfg.model.dtype),
                                                   overrides=overrides if t.self else None)
     if t.path is not None:
         check_same_vocab(t.path, tokenizer.get_vocab(), teacher.config.vocab_size, model_path, student_vocab)
     return teacher.eval().requires_grad_(False)
+
+
+def vllm_teacher(cfg: Config, source: str, *, model_path: str, student_vocab: dict[str, int],
+                 max_position_embeddings: int | None):
+    """teacher.engine=vllm: the teacher's tokenizer checked against the student's, then its engine built."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from mathrl.train.teacher_vllm import VLLMTeacher
+
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    size = int(AutoConfig.from_pretrained(source).vocab_size)
+    if cfg.teacher.path is not None:
+        check_same_vocab(cfg.teacher.path, tokenizer.get_vocab(), size, model_path, student_vocab)
+    topk = cfg.algo.distill.topk if cfg.algo.distill.mode in DIRECT_MODES else 0
+    return VLLMTeacher(source, settings=replace(cfg.rollout.vllm, gpu_memory_utilization=cfg.teacher.gpu_memory_utilization),
+                       vocab_size=size, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                       seed=cfg.seed, dtype=trainer_dtype(cfg.model.dtype), topk=topk,
+                       max_position_embeddings=max_position_embeddings,
+                       where=f"teacher.path={source!r} on vLLM (teacher.engine=vllm)")
 
 
 def check_same_vocab(teacher_path: str, teacher_vocab: dict[str, int], teacher_size: int, student_path: str,
@@ -95,7 +119,7 @@ def teacher_prompts(problems, *, n: int, encoder, tokenizer, context: str) -> tu
 def teacher_scores(model, batch: Rows, cfg: Config, *, rows: list[int] | None = None,
                    prompts: tuple[torch.Tensor, torch.Tensor] | None = None) -> TeacherScores:
     """The teacher's logprobs, argmax flags and (forward_kl_topk, jsd) top-k of `batch`'s sampled tokens, no
-    grad, at the rollout temperature (each rank scores its `rows`, `per_token_pass`; a `RemoteTeacher`, its server). `prompts`: the teacher's
+    grad, at the rollout temperature (each rank scores its `rows`, `per_token_pass`; a `RowTeacher`, its server or vLLM engine). `prompts`: the teacher's
     own prompt ids and mask (self-distillation) in place of the student's; the responses are the same tokens.
     The metrics compare it with the sampler's logprobs over the loss mask (`algo.distill.teacher_stats`)."""
     mode, temperature = cfg.algo.distill.mode, cfg.rollout.temperature
@@ -107,7 +131,7 @@ def teacher_scores(model, batch: Rows, cfg: Config, *, rows: list[int] | None = 
                                                        mb.context_mask, temperature=temperature, k=k)
         return [lp, is_argmax, top_ids, top_lp]
 
-    if isinstance(model, RemoteTeacher):
+    if isinstance(model, RowTeacher):  # a teacher server or vLLM engine: rows go as token-id lists
         logprobs, is_argmax, top_ids, top_lp = model.pass_over(seen, rows=rows, temperature=temperature,
                                                                k=k if mode in DIRECT_MODES else None)
     else:

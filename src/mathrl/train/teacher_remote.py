@@ -25,10 +25,7 @@ import time
 import urllib.error
 import urllib.request
 
-import torch
-
-import mathrl.train.dist as tdist
-from mathrl.train.batching import Rows
+from mathrl.train.teacher_rows import RowTeacher
 
 __all__ = ["RemoteTeacher", "connect_teacher", "tokenizer_fingerprint"]
 
@@ -41,12 +38,16 @@ def tokenizer_fingerprint(vocab: dict[str, int]) -> str:
     return hashlib.sha256(json.dumps(sorted(vocab.items()), ensure_ascii=False).encode("utf-8")).hexdigest()[:16]
 
 
-class RemoteTeacher:
+class RemoteTeacher(RowTeacher):
     """The client of one teacher server (teacher.url): `info()` at the start, `pass_over` at every step."""
 
     def __init__(self, url: str, *, timeout_s: float = 120.0, retries: int = 2, batch_size: int = 64):
         self.url, self.timeout_s, self.retries, self.batch_size = url.rstrip("/"), float(timeout_s), int(retries), int(batch_size)
         self.vocab_size = 0  # the server's model's (its logits' width), from info()
+        self.where = f"teacher.url={self.url!r}/score"
+
+    def refused(self, message: str) -> Exception:
+        return TeacherServerError(message)
 
     def info(self) -> dict:
         """The server's model, vocabulary size and tokenizer fingerprint (GET /info)."""
@@ -64,58 +65,6 @@ class RemoteTeacher:
             for key, value in got.items():
                 out.setdefault(key, []).extend(value)
         return out
-
-    def pass_over(self, batch: Rows, *, rows: list[int] | None, temperature: float, k: int | None) -> list[torch.Tensor]:
-        """What `per_token_pass` returns for `response_topk` on an in-process teacher: [N, T] logprobs and is_argmax
-        and [N, T, K] top-k ids and logprobs (`k` None: none asked, [N, T, 1] zeros), float32 (ids long) on CPU,
-        0 at masked positions; each rank scores its `rows`, summed over ranks (disjoint rows: exact)."""
-        own = list(range(len(batch))) if rows is None else list(rows)
-        prompts = [batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist() for i in own]
-        lengths = [int(batch.context_mask[i].nonzero().max()) + 1 if batch.context_mask[i].any() else 0 for i in own]
-        responses = [batch.response_ids[i, :n].tolist() for i, n in zip(own, lengths)]
-        got = self.score(prompts, responses, temperature=temperature, k=k or 0) if own else {}
-        n, t = batch.response_mask.shape
-        width = min(k, self.vocab_size) if k else 1  # the server caps k at its model's vocabulary, as response_topk
-        if own:
-            self.check_answer(got, lengths, width=width if k else None)
-        lp, argmax = torch.zeros(n, t), torch.zeros(n, t)
-        top_ids, top_lp = torch.zeros(n, t, width, dtype=torch.long), torch.zeros(n, t, width)
-        for j, (i, length) in enumerate(zip(own, lengths)):
-            if not length:
-                continue
-            lp[i, :length] = torch.tensor(got["logprobs"][j], dtype=torch.float32)
-            argmax[i, :length] = torch.tensor(got["is_argmax"][j], dtype=torch.float32)
-            if k:
-                top_ids[i, :length] = torch.tensor(got["topk_ids"][j], dtype=torch.long)
-                top_lp[i, :length] = torch.tensor(got["topk_logprobs"][j], dtype=torch.float32)
-        outputs = [tdist.all_reduce_sum_tensor(out) for out in (lp, argmax, top_ids, top_lp)]
-        mask = batch.response_mask
-        return [out * (mask if out.dim() == 2 else mask[..., None]).to(out.dtype) for out in outputs]
-
-    def check_answer(self, got: dict, lengths: list[int], *, width: int | None) -> None:
-        """A server's answer is untrusted input: every asked row's logprobs (finite, <= 0) and argmax flags,
-        and with `width` its top-k ids (in the vocabulary) and logprobs, one value (or `width`) per response
-        token; else TeacherServerError in one line, never a zero or a traceback in the loss."""
-        def bad(what: str) -> TeacherServerError:
-            return TeacherServerError(f"teacher.url={self.url!r}/score answered {what}: a teacher's signal is never guessed")
-
-        keys = ("logprobs", "is_argmax") + (("topk_ids", "topk_logprobs") if width else ())
-        for key in keys:
-            rows = got.get(key)
-            if not isinstance(rows, list) or len(rows) != len(lengths):
-                raise bad(f"{key!r} for {len(rows) if isinstance(rows, list) else 'no'} rows, not {len(lengths)}")
-            for j, (row, length) in enumerate(zip(rows, lengths)):
-                try:
-                    values = torch.tensor(row, dtype=torch.float64)
-                except (TypeError, ValueError):
-                    raise bad(f"{key!r} of row {j} that is not numbers") from None
-                shape = (length, width) if key.startswith("topk") else (length,)
-                if tuple(values.shape) != shape or not torch.isfinite(values).all():
-                    raise bad(f"{key!r} of row {j} with shape {tuple(values.shape)} or non-finite values, not {shape}")
-                if key.endswith("logprobs") and (values > 1e-4).any():
-                    raise bad(f"{key!r} of row {j} above 0 (not log-probabilities)")
-                if key == "topk_ids" and ((values < 0) | (values >= self.vocab_size)).any():
-                    raise bad(f"{key!r} of row {j} outside the vocabulary of {self.vocab_size}")
 
     def _request(self, path: str, payload: dict | None) -> dict:
         """The server's JSON answer; after the retries (connection errors, timeouts, 5xx) or at once (4xx, a
