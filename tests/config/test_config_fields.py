@@ -168,3 +168,16 @@ def test_the_model_files_are_read_by_the_model_room():
     assert context_length("config:qwen2.5-0.5b") == 32768
     with pytest.raises(ConfigError, match=re.escape("leave no room for a prompt in the model's 32768 positions")):
         load_config(None, ["model.path=config:qwen2.5-0.5b", "model.init=random", "rollout.max_new_tokens=40000"])
+
+
+@pytest.mark.parametrize("older, now", [(True, "token"), (False, "none")])
+def test_an_earlier_runs_value_of_a_changed_field_loads_as_what_it_meant(tmp_path, older, now):
+    # why: algo.adv.gdpo_whiten was a bool before token | sequence | none; an earlier run's config.yaml (resumed,
+    # or read by an analysis) must still load, as the choice its value meant
+    from mathrl.config.load import OLDER_VALUES
+
+    recipe = tmp_path / "config.yaml"
+    recipe.write_text(f"algo:\n  adv:\n    estimator: gdpo\n    gdpo_whiten: {str(older).lower()}\n")
+    assert load_config(recipe, check_paths=False).algo.adv.gdpo_whiten == now == OLDER_VALUES["algo.adv.gdpo_whiten"][older]
+    with pytest.raises(ConfigError, match="gdpo_whiten: 'yes' is not one of"):  # other values are checked as ever
+        load_config(None, ["algo.adv.estimator=gdpo", "algo.adv.gdpo_whiten=yes"])

@@ -69,6 +69,7 @@ ENABLE = {
     "algo.distill.mode=jsd": ["algo.distill.mode=jsd"],
     "teacher.self=true with algo.distill.mode set": ["algo.distill.mode=reverse_kl", "teacher.self=true"],
     "teacher.url set with algo.distill.mode set": ["algo.distill.mode=reverse_kl", "teacher.url=http://127.0.0.1:1"],
+    "teacher.engine=vllm with algo.distill.mode set": ["algo.distill.mode=reverse_kl", "teacher.self=true", "teacher.engine=vllm"],
 }
 # ... and one way off for the switches that are on under the defaults
 OFF = {

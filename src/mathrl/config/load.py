@@ -155,6 +155,13 @@ def _hints(cls: type) -> tuple[dict[str, Any], frozenset[str]]:
     return typing.get_type_hints(cls), frozenset(f.name for f in dataclasses.fields(cls))
 
 
+# Values an earlier mathrl wrote for a field whose type has changed since, read as what they meant, so that
+# an earlier run's config.yaml (a resumed run, an analysis of old runs) still loads.
+OLDER_VALUES: dict[str, dict[Any, Any]] = {
+    "algo.adv.gdpo_whiten": {True: "token", False: "none"},  # a bool before the token | sequence | none choice
+}
+
+
 def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     """Build the dataclass `cls` from a nested dict, starting from its defaults."""
     if not isinstance(data, dict):
@@ -168,6 +175,9 @@ def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
         if dataclasses.is_dataclass(tp):
             kwargs[key] = from_dict(tp, value if value is not None else {}, prefix + key + ".")
         else:
+            older = OLDER_VALUES.get(prefix + key, {})
+            if isinstance(value, bool) and value in older:
+                value = older[value]
             kwargs[key] = _coerce(value, tp, prefix + key)
     return cls(**kwargs)
 
