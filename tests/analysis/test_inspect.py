@@ -18,8 +18,6 @@ import torch
 from torch.testing import assert_close
 
 from mathrl.analysis.entropy_probe import next_token_distribution, probe_checkpoint, top_entropy_positions
-from mathrl.analysis.token_compare import ClassSummary, classify_token, compare, exploration_table
-from mathrl.analysis.token_html import InspectReport, render_html, write_html
 from mathrl.analysis.tokens import (
     TokenizerMismatchError,
     TokenScores,
@@ -28,6 +26,8 @@ from mathrl.analysis.tokens import (
     context_text,
     token_probs,
 )
+from mathrl.analysis.tokens.comparison import ClassSummary, classify_token, compare, exploration_table
+from mathrl.analysis.tokens.html import InspectReport, render_html, write_html
 
 PROMPT = "25+213="
 RESPONSE = "5+3+0=08,2+1+0=03,\\boxed{238} so <x> & y"

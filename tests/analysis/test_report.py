@@ -1,4 +1,4 @@
-"""Tests of `mathrl report` (src/mathrl/analysis/report.py and its parts) on two fake run directories.
+"""Tests of `mathrl report` (src/mathrl/analysis/report/) on two fake run directories.
 
 The runs are written by hand in the layout of src/mathrl/train/loop.py: metrics.jsonl with training
 and evaluation rows, evals.jsonl, summary.json and config.yaml, the two configs differing in
@@ -23,7 +23,7 @@ import yaml
 
 from mathrl.analysis.charts import format_tick, nice_ticks
 from mathrl.analysis.report import build_report
-from mathrl.analysis.report_runs import run_labels
+from mathrl.analysis.report.runs import run_labels
 from mathrl.track.sinks import flatten
 
 STEPS = 6
@@ -333,9 +333,9 @@ def test_token_map_of_a_tool_episode_keeps_its_tool_marks(tmp_path):
     # tool output marked (class "t obs", its title) inside the embedded srcdoc.
     import torch
 
-    from mathrl.analysis.token_compare import compare, exploration_table
-    from mathrl.analysis.token_html import InspectReport, render_html
     from mathrl.analysis.tokens import TokenScores
+    from mathrl.analysis.tokens.comparison import compare, exploration_table
+    from mathrl.analysis.tokens.html import InspectReport, render_html
 
     def scores(p: list[float]) -> TokenScores:
         return TokenScores(prompt="1+1=", prompt_ids=[1], token_ids=[5, 6, 7, 8], tokens=["x", "<o>", "2", "!"],

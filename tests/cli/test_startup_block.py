@@ -64,7 +64,7 @@ def test_a_real_run_prints_each_documented_line_once_and_q_leaves_them_out(tmp_p
 
 
 def test_the_python_tools_sandbox_line_joins_the_block_once():
-    from mathrl.tools import sandbox
+    from mathrl.tools.sandbox import tool as sandbox
 
     if sandbox.sandbox_problem("bwrap", python=os.path.realpath(sys.executable)) is not None:
         pytest.skip("bwrap does not work here")
@@ -82,6 +82,6 @@ def test_the_python_tools_sandbox_line_joins_the_block_once():
         logging.getLogger("mathrl").removeHandler(handler)
     lines = out.getvalue().splitlines()
     assert len(lines) == 2 and lines[1] == "engine: torch (lean decoding)"
-    # the bound, then what it covers (tools/sandbox_memory.py:memory_covers)
+    # the bound, then what it covers (tools/sandbox/memory.py:memory_covers)
     assert re.fullmatch(r"python tool sandbox: bwrap; memory per call bounded by (cgroup v1|cgroup v2|watchdog): .+", lines[0])
     assert "python tool sandbox: bwrap; memory per call bounded by" in (GUIDE.parent / "tools.md").read_text().replace("\n", " ")

@@ -125,7 +125,7 @@ def test_no_file_is_over_500_lines():
 
 
 def test_modules_import_their_siblings_by_full_path():
-    """`from mathrl.tools import sandbox_command` inside tools/ goes through the package's __init__, which
+    """`from mathrl.tools.sandbox import command` inside tools/sandbox/ goes through the package's __init__, which
     imports the module back: a circle at the file level. Siblings are named by their full path."""
     bad = []
     for path in sorted(PACKAGE.rglob("*.py")):

@@ -275,8 +275,8 @@ def test_hostile(mode, case, hook, context, start):
 def test_auto_mode_is_bwrap_or_one_line_naming_what_to_install(monkeypatch):
     # why: auto never picks a mode that does not isolate hostile code; without bubblewrap the run stops
     # at start-up with one line that says what to install
-    from mathrl.tools import sandbox as sandbox_module
-    from mathrl.tools import sandbox_command
+    from mathrl.tools.sandbox import command as sandbox_command
+    from mathrl.tools.sandbox import tool as sandbox_module
 
     if sandbox_works("bwrap"):
         assert sandbox_mode() == "bwrap"
@@ -446,7 +446,7 @@ def test_a_pool_with_warm_sandboxes_leaves_no_process_behind(mode):
 
 
 def run_runner(tmp_path, code: str, *, limits: str = "RLIMIT_CORE=0:0", audit: str = "") -> subprocess.CompletedProcess:
-    from mathrl.tools import sandbox_runner
+    from mathrl.tools.sandbox import runner as sandbox_runner
 
     (tmp_path / "code.py").write_text(code)
     return subprocess.run([sys.executable, "-I", "-S", "-B", sandbox_runner.__file__, "", str(tmp_path / "code.py"),

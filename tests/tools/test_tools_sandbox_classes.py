@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from mathrl.tools import run_python, sandbox_memory, sandbox_problem
+from mathrl.tools import run_python, sandbox_problem
+from mathrl.tools.sandbox import memory as sandbox_memory
 from sandbox_helpers import MODES, interpreter_for, run_started
 
 ROOT = os.geteuid() == 0

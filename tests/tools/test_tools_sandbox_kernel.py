@@ -21,7 +21,8 @@ import time
 
 import pytest
 
-from mathrl.tools import sandbox_memory, sandbox_problem
+from mathrl.tools import sandbox_problem
+from mathrl.tools.sandbox import memory as sandbox_memory
 from sandbox_helpers import interpreter_for, run_started
 
 VMADDR_CID_ANY, VMADDR_CID_LOCAL, VMADDR_CID_HOST = 0xFFFFFFFF, 1, 2

@@ -1,7 +1,7 @@
 """The entropy probe: where a model is uncertain in one response (its highest-entropy positions, the
 next-token distribution at one of them, per checkpoint) and which tokens carry the most entropy across
 many responses (`entropy_by_token`; `top_entropy_tokens`, per training step). Only sampled tokens count;
-tool output is left out. Scores come from `analysis/tokens.py`; docs/inspect.md is the guide.
+tool output is left out. Scores come from `analysis/tokens/scores.py`; docs/inspect.md is the guide.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mathrl.algo.entropy import entropy_from_logits
-from mathrl.analysis.tokens import TokenScores, context_before, context_text, encode, token_probs, token_texts
+from mathrl.analysis.tokens.scores import TokenScores, context_before, context_text, encode, token_probs, token_texts
 from mathrl.model.scoring import backbone_and_head
 
 __all__ = [

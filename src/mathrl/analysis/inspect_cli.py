@@ -8,8 +8,8 @@ Loads the base and RL models (and any `--checkpoints`, one at a time), scores th
 prints the summary tables and writes one self-contained HTML page. A rollouts.jsonl record of a tool
 episode (an `observation` field) has its tool output scored as context, shown apart (dim with a "tool"
 marker here, grey in the page) and left out of every statistic. `cli/arguments.py` registers the subcommand
-and calls `inspect(InspectOptions(...), console)`; the computation is in `analysis/tokens.py`,
-`analysis/token_compare.py` and `analysis/entropy_probe.py`, and the page in `analysis/token_html.py`.
+and calls `inspect(InspectOptions(...), console)`; the computation is in `analysis/tokens/scores.py`,
+`analysis/tokens/comparison.py` and `analysis/entropy_probe.py`, and the page in `analysis/tokens/html.py`.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from rich.table import Table
 from rich.text import Text
 
 from mathrl.analysis.entropy_probe import probe_checkpoint
-from mathrl.analysis.token_compare import EXPLORATION_NS, EXPLORATION_PS, TOKEN_CLASSES, compare, exploration_table
-from mathrl.analysis.token_html import InspectReport, visible, write_html
-from mathrl.analysis.tokens import check_same_tokenizer, context_segments, observation_mask, token_probs
+from mathrl.analysis.tokens.comparison import EXPLORATION_NS, EXPLORATION_PS, TOKEN_CLASSES, compare, exploration_table
+from mathrl.analysis.tokens.html import InspectReport, visible, write_html
+from mathrl.analysis.tokens.scores import check_same_tokenizer, context_segments, observation_mask, token_probs
 from mathrl.model.io import load_model_and_tokenizer
 from mathrl.run_dir import RunDir
 
@@ -177,8 +177,8 @@ def inspect(ns: InspectOptions, console: Console) -> Path:
 
 def build_report(ns: InspectOptions, console: Console) -> InspectReport:
     """Pick the response, load the models (base and RL together, then each checkpoint alone), score and
-    probe: the orchestration; every number comes from `analysis/tokens.py`,
-    `token_compare.py` and `entropy_probe.py`."""
+    probe: the orchestration; every number comes from `analysis/tokens/scores.py`,
+    `tokens/comparison.py` and `entropy_probe.py`."""
     _check_options(ns)
     src = _response_source(ns)
     cfg = _run_config(src.run_dir, console)

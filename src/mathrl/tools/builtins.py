@@ -6,7 +6,7 @@ from __future__ import annotations
 from mathrl.registry import TOOLS
 from mathrl.tools.base import Builtin
 from mathrl.tools.calculator import FUNCTIONS, calculate, calculator
-from mathrl.tools.sandbox import check_python_kwargs, python, run_python, warm_sandboxes
+from mathrl.tools.sandbox.tool import check_python_kwargs, python, run_python, warm_sandboxes
 
 BUILTIN_TOOLS: dict[str, Builtin] = {
     "python": Builtin(

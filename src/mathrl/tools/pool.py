@@ -28,7 +28,7 @@ from mathrl.config import tool_entry_problems
 from mathrl.registry import load_callable
 from mathrl.tools.base import ToolResult, ToolSpec
 from mathrl.tools.builtins import BUILTIN_TOOLS
-from mathrl.tools.sandbox import sandbox_mode, sandbox_problem
+from mathrl.tools.sandbox.tool import sandbox_mode, sandbox_problem
 from mathrl.workers import WorkerPool, WorkerStartError
 
 __all__ = ["MAX_TEXT_CHARS", "ToolPool", "check_tool_specs"]

@@ -1,7 +1,7 @@
 """What RL changed at each token of one response: token classes (formula, word, other), the per-token
 comparison of two models' scores (`compare`: moved and over-confident tokens, a summary by class) and
 the exploration odds of a peaked policy (`exploration_table`: 1 - p^n). Only sampled tokens count;
-tool output is left out. Scores come from `analysis/tokens.py`; docs/inspect.md is the guide.
+tool output is left out. Scores come from `analysis/tokens/scores.py`; docs/inspect.md is the guide.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mathrl.analysis.tokens import TokenScores
+from mathrl.analysis.tokens.scores import TokenScores
 
 __all__ = [
     "TOKEN_CLASSES",

@@ -8,7 +8,7 @@ import html
 import json
 import math
 
-from mathrl.analysis.report_runs import Run
+from mathrl.analysis.report.runs import Run
 from mathrl.run_dir import processes_note
 
 # Config fields left out of the difference table: they differ between any two runs by construction.

@@ -16,7 +16,7 @@ ms): a sample, so a process may pass the limit between two of them, each bounded
 own address-space limit (RLIMIT_AS).
 
 What neither process maps nor a file holds is out of the watchdog's sight, so the sandbox's seccomp
-filter refuses it (`sandbox_seccomp`: ``memfd_create``, ``memfd_secret``, ``shmget``). The files of
+filter refuses it (`seccomp.py`: ``memfd_create``, ``memfd_secret``, ``shmget``). The files of
 bwrap's /tmp (a tmpfs) are memory too: its size is bounded by bwrap's ``--size``, its bytes are in the
 watchdog's sum, and its inodes (the kernel memory of empty files, about 1 KiB each, which no size
 bound counts) are capped at a number of files in both cases, by the same poll: the /tmp of a process of the call's

@@ -11,7 +11,7 @@ kwarg names: ``bwrap`` (``auto``), ``unshare_unsafe`` or ``rlimit_unsafe`` (trus
 root it runs as an unprivileged uid of its own. `WarmSandboxes` starts sandboxes ahead of calls.
 It starts and kills processes, makes and removes temporary directories, uid lock files, memory cgroups.
 What the model reads, each mode, the limits, root, warm sandboxes and what each mode was tested to
-stop: docs/tools.md, "The built-in tools and the python sandbox"; the sandbox_* modules: docs/architecture.md.
+stop: docs/tools.md, "The built-in tools and the python sandbox"; this package's other modules: its __init__.py.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ import sys
 import threading
 import time
 
-import mathrl.tools.sandbox_command as sandbox_command
+import mathrl.tools.sandbox.command as sandbox_command
 from mathrl.tools.base import ToolResult
-from mathrl.tools.sandbox_command import Call
-from mathrl.tools.sandbox_memory import memory_bound, memory_covers
-from mathrl.tools.sandbox_run import ROOT_UID_BASE, Prestarted, Refused, one_line, run_in_sandbox
+from mathrl.tools.sandbox.command import Call
+from mathrl.tools.sandbox.memory import memory_bound, memory_covers
+from mathrl.tools.sandbox.run import ROOT_UID_BASE, Prestarted, Refused, one_line, run_in_sandbox
 
 __all__ = ["LIMIT_DEFAULTS", "ROOT_UID_BASE", "SANDBOX_MODES", "UNSAFE_MODES", "WarmSandboxes", "check_python_kwargs", "python",
            "run_python", "sandbox_mode", "sandbox_problem", "sandbox_works", "warm_sandboxes"]

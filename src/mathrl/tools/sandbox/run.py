@@ -1,6 +1,6 @@
 """One run of model code in the python tool's sandbox: the call's temporary directory and uid, the
-process started (`sandbox_command`), its output read with caps and deadlines, its memory watched
-(`sandbox_memory`), whatever is left of it killed, and the outcome as the model reads it.
+process started (`command.py`), its output read with caps and deadlines, its memory watched
+(`memory.py`), whatever is left of it killed, and the outcome as the model reads it.
 
     text, status = run_in_sandbox(code, call, timeout_s=5.0, stop=None)
     started = Prestarted(call); started.run(code, timeout_s=5.0, stop=None)   # started ahead of its call
@@ -21,9 +21,9 @@ import threading
 import time
 from pathlib import Path
 
-from mathrl.tools.sandbox_command import Call, command, tmpfs_bytes
-from mathrl.tools.sandbox_memory import CallMemory
-from mathrl.tools.sandbox_seccomp import seccomp_program
+from mathrl.tools.sandbox.command import Call, command, tmpfs_bytes
+from mathrl.tools.sandbox.memory import CallMemory
+from mathrl.tools.sandbox.seccomp import seccomp_program
 
 __all__ = ["ROOT_UID_BASE", "Prestarted", "Refused", "one_line", "run_in_sandbox"]
 

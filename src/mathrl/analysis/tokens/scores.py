@@ -1,12 +1,11 @@
 """Per-token scores of a response under one model: every token's probability, logprob and the entropy
 of the distribution it came from, with the tokenization helpers and text contexts around them.
 
-The scoring side of `mathrl inspect` (what RL changed between two models: `analysis/token_compare.py`;
-the entropy probe across checkpoints: `analysis/entropy_probe.py`; rendering: `analysis/token_html.py`;
+The scoring side of `mathrl inspect` (what RL changed between two models: `analysis/tokens/comparison.py`;
+the entropy probe across checkpoints: `analysis/entropy_probe.py`; rendering: `analysis/tokens/html.py`;
 command line: `analysis/inspect_cli.py`; guide: `docs/inspect.md`):
 
-    from mathrl.analysis.tokens import token_probs
-    from mathrl.analysis.token_compare import compare, exploration_table
+    from mathrl.analysis.tokens import compare, exploration_table, token_probs
     base = token_probs(base_model, tokenizer, prompt, response)      # TokenScores, T tokens
     rl = token_probs(rl_model, tokenizer, prompt, response)
     cmp = compare(base, rl, threshold=0.1)                            # per-token deltas + summary by class

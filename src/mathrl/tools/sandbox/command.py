@@ -1,5 +1,5 @@
 """How the python tool's sandbox is started, per mode: the argv and Popen options that run the runner
-(`sandbox_runner`) under bwrap, unshare or nothing, and the settings of one call (`Call`).
+(`runner.py`) under bwrap, unshare or nothing, and the settings of one call (`Call`).
 
     argv, options = command(call, work_dir=..., uid=None, stdin_code=False, seccomp_fd=None)
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 __all__ = ["MODE_ARGV", "RUNNER_SOURCE", "TMPFS_FILES", "Call", "binary", "command", "rlimits", "tmpfs_bytes"]
 
-RUNNER_SOURCE = Path(__file__).with_name("sandbox_runner.py").read_text(encoding="utf-8")
+RUNNER_SOURCE = Path(__file__).with_name("runner.py").read_text(encoding="utf-8")
 """The runner's text, passed to ``python -c`` (the sandbox does not mount the package)."""
 
 TMPFS_FILES = 4

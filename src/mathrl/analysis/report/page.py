@@ -15,7 +15,7 @@ The page works without JavaScript; a short inline script only adds hover values.
 `<svg class="chart" data-metric="...">`. docs/report.md describes the page.
 
 This module assembles the page: what to chart, the styles and script, the HTML around the pieces that
-report_runs.py (reading run directories), report_tables.py (the tables) and charts.py (the charts) make.
+runs.py (reading run directories), tables.py (the tables) and analysis/charts.py (the charts) make.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 from mathrl.analysis.charts import PALETTE, Line, line_width, svg_line_chart, write_pngs
-from mathrl.analysis.report_runs import Run, load_run, run_labels
-from mathrl.analysis.report_tables import config_table, eval_tables, runs_table, sweep_tables, token_maps
+from mathrl.analysis.report.runs import Run, load_run, run_labels
+from mathrl.analysis.report.tables import config_table, eval_tables, runs_table, sweep_tables, token_maps
 
 # ---- what to chart ----------------------------------------------------------------------------------
 # Sections of the page, in order, and the metric keys they chart (docs/metrics.md). "eval/*" expands to

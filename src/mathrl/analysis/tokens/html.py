@@ -1,13 +1,13 @@
 """Render an `InspectReport` as one self-contained HTML page (inline CSS, no scripts, no external URLs).
 
-    from mathrl.analysis.token_html import write_html
+    from mathrl.analysis.tokens.html import write_html
     write_html(report, "inspect.html")
 
 Sections: 1. the probability map (base and RL side by side, background = probability of each token);
 2. what RL changed (background = Δ log-prob; over-confident tokens outlined; the top-k moved tokens
 bold and underlined), the summary by token class, the top-k table and the exploration table;
 3. the entropy probe across checkpoints. Every token's hover title shows the token, p_base, p_rl and
-Δlogp. Definitions are in `analysis/tokens.py`, `analysis/token_compare.py`, `analysis/entropy_probe.py`
+Δlogp. Definitions are in `analysis/tokens/scores.py`, `analysis/tokens/comparison.py`, `analysis/entropy_probe.py`
 and docs/inspect.md. `InspectReport`, the record of everything `mathrl inspect` shows (on the console
 and on this page), is defined here.
 
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mathrl.analysis.entropy_probe import CheckpointProbe
-from mathrl.analysis.token_compare import TOKEN_CLASSES, Comparison, ExplorationRow
-from mathrl.analysis.tokens import context_segments
+from mathrl.analysis.tokens.comparison import TOKEN_CLASSES, Comparison, ExplorationRow
+from mathrl.analysis.tokens.scores import context_segments
 
 
 @dataclass
