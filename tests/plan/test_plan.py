@@ -458,3 +458,15 @@ def test_a_teacher_server_holds_nothing_in_the_trainer(mode, logits, why):
     plan = estimate_memory(cfg, gpus=4, gpu_mem_gib=80)
     assert plan.components["teacher model"] == 0, why
     assert plan.components.get("teacher logits") == logits, why
+
+
+@pytest.mark.parametrize("gpus, want, why", [
+    (1, int(0.3 * 80 * 2**30), "on a GPU: its engine's share, teacher.gpu_memory_utilization (0.3) x 80 GiB"),
+    (0, 1_543_714_304 * 2 + 2**30, "on a CPU: its bfloat16 weights (Qwen2.5-1.5B, above) and vLLM's 1 GiB KV cache"),
+])
+def test_a_vllm_teacher_is_its_engines_memory_not_the_trainers(gpus, want, why):
+    cfg = load_config(None, [*STUDENT, "algo.distill.mode=reverse_kl", "teacher.path=config:qwen2.5-1.5b",
+                             "teacher.engine=vllm"], check_paths=False)
+    plan = estimate_memory(cfg, gpus=gpus, gpu_mem_gib=80)
+    assert plan.components["teacher vLLM (weights + KV cache)"] == want, why
+    assert "teacher model" not in plan.components and "teacher logits" not in plan.components, why

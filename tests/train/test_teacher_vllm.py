@@ -90,6 +90,7 @@ def test_vllm_teacher_logprobs_equal_a_plain_forward(vllm_teacher, teacher_model
             torch.testing.assert_close(got.topk_logprobs[i, : len(lp)][model_tokens], top_lp[model_tokens], atol=TOL, rtol=0)
         else:
             assert got.topk_ids is None
+    print(f"largest difference from a plain forward: {largest:.2e}")
     assert largest < TOL, largest
     want = teacher_scores(teacher_model, batch, cfg)  # the torch teacher: the same numbers, the same metrics' keys
     assert float((got.logprobs - want.logprobs).abs().max()) < TOL and got.metrics.keys() == want.metrics.keys()
