@@ -109,7 +109,7 @@ def test_a_served_vllm_teacher_answers_as_the_engine_and_refuses_a_temperature(v
         got = client.score(prompts, responses, temperature=1.0, k=TOPK)
         want = vllm_teacher.score(prompts, responses, temperature=1.0, k=TOPK)
         assert got == want and len(got["topk_ids"][1]) == 3 and len(got["topk_ids"][1][0]) == TOPK
-        with pytest.raises(TeacherServerError, match="HTTP 400: teacher.engine=vllm scores at temperature 1 only"):
+        with pytest.raises(TeacherServerError, match="HTTP 400: a vLLM teacher scores at temperature 1 only"):
             client.score(prompts, responses, temperature=0.7, k=0)
     finally:
         server.stop()

@@ -4,7 +4,8 @@
     mathrl sft   [RECIPE.yaml] [key.path=value ...] [--run-dir DIR] [--no-resume]   supervised fine-tuning (sft.*)
     mathrl distill-data [RECIPE.yaml] [key.path=value ...] --teacher PATH --out FILE.jsonl [--n 4 --prompts N ...]
                                                       a teacher's checked answers as rows for mathrl sft
-    mathrl serve-teacher MODEL [--host 127.0.0.1 --port 8100]   a distillation teacher over HTTP (teacher.url)
+    mathrl serve-teacher MODEL [--host 127.0.0.1 --port 8100 --engine torch|vllm]
+                                                      a distillation teacher over HTTP (teacher.url)
     mathrl config [RECIPE.yaml] [key.path=value ...] [--yaml]   every key: type, default, allowed values, doc
     mathrl base  [base.key=value ...]                  build (or find) the tiny base model; prints its path
     mathrl eval  TARGET... [key.path=value ...] [--n 8 --seeds 0 1 2 ...]   evaluate checkpoints (docs/evaluation.md)

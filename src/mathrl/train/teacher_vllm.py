@@ -45,7 +45,8 @@ class VLLMTeacher(RowTeacher):
         from vllm import SamplingParams, TokensPrompt
 
         if temperature != 1.0:  # the config refuses it; a direct caller gets the same reason
-            raise ValueError(f"teacher.engine=vllm scores at temperature 1 only, not {temperature:g}")
+            raise ValueError(f"a vLLM teacher scores at temperature 1 only (vLLM's prompt logprobs are untempered), "
+                             f"not {temperature:g}")
         width = min(k, self.vocab_size) if k else 0
         rows = [list(p) + list(r) for p, r in zip(prompts, responses)]
         longest = max((len(r) for r in rows), default=0)
