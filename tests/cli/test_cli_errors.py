@@ -534,3 +534,14 @@ def test_other_verbs_fail_in_one_line(tmp_path, monkeypatch, capsys, model_dir, 
     fill = {"model": str(model_dir), "file": str(tmp_path / "a_file")}
     _one_line_error(capsys, main([a.format(**fill) for a in args]), expect=expect.format(**fill), status=status)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]  # nothing written
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["--engine", "vllm", "--max-topk", "0"], "--gpu-memory-utilization must be in (0, 1] and --max-topk >= 1"),
+    (["--engine", "vllm", "--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be in (0, 1]"),
+    (["--port", "70000"], "--port must be in 0-65535"),
+])
+def test_serve_teacher_refuses_bad_options_in_one_line_before_loading(capsys, args, expect):
+    # why: a vLLM engine takes seconds to minutes to start; a wrong option must not wait for it
+    code = main(["serve-teacher", "tiny-arith", *args])
+    _one_line_error(capsys, code, expect=expect, status=1)  # the CLI's usage errors
