@@ -78,7 +78,7 @@ def vllm_teacher(cfg: Config, source: str, *, model_path: str, student_vocab: di
                        vocab_size=size, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                        seed=cfg.seed, dtype=trainer_dtype(cfg.model.dtype), topk=topk,
                        max_position_embeddings=max_position_embeddings,
-                       where=f"teacher.path={source!r} on vLLM (teacher.engine=vllm)")
+                       where=f"the vLLM teacher {source!r} (teacher.engine=vllm)")
 
 
 def check_same_vocab(teacher_path: str, teacher_vocab: dict[str, int], teacher_size: int, student_path: str,
