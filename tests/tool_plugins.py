@@ -50,14 +50,18 @@ not_callable = 3
 
 class EchoPool:
     """A tool pool (not a tool) for engine and teacher tests: it answers every call at once with
-    `[name:args]`, status ok, in no time."""
+    `[name:args]`, in no time, with `status` (ok by default), and keeps the calls it got in `calls`."""
+
+    def __init__(self, status: str = "ok"):
+        self.status, self.calls = status, []
 
     def submit(self, name, args):
         from concurrent.futures import Future
         from types import SimpleNamespace
 
+        self.calls.append((name, args))
         f = Future()
-        f.set_result(SimpleNamespace(text=f"[{name}:{args}]", status="ok", seconds=0.0))
+        f.set_result(SimpleNamespace(text=f"[{name}:{args}]", status=self.status, seconds=0.0))
         return f
 
     def close(self):

@@ -32,6 +32,7 @@ from mathrl.algo.rollout_correction import correction_weights
 from mathrl.model.scoring import response_logprobs
 from mathrl.rollout.engine import TorchEngine
 from mathrl.rollout.episodes import CallFormat, ToolUse, call_format, chat_tool_call, cut_middle, episode_metrics, python_blocks, void_turns
+from tool_plugins import EchoPool
 
 
 @dataclass(frozen=True)
@@ -39,22 +40,6 @@ class Result:
     text: str
     status: str
     seconds: float
-
-
-class EchoPool:
-    """Answers every call at once with `[name:args]`; `status` sets what each call reports."""
-
-    def __init__(self, status: str = "ok"):
-        self.status, self.calls = status, []
-
-    def submit(self, name, args):
-        self.calls.append((name, args))
-        f = Future()
-        f.set_result(Result(f"[{name}:{args}]", self.status, 0.5))
-        return f
-
-    def close(self):
-        pass
 
 
 STAR = CallFormat("star", "", "*", "<", ">")  # every "*" the model samples closes a call
