@@ -540,6 +540,7 @@ def test_other_verbs_fail_in_one_line(tmp_path, monkeypatch, capsys, model_dir, 
     (["--engine", "vllm", "--max-topk", "0"], "--gpu-memory-utilization must be in (0, 1] and --max-topk >= 1"),
     (["--engine", "vllm", "--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be in (0, 1]"),
     (["--port", "70000"], "--port must be in 0-65535"),
+    (["--max-topk", "32"], "--max-topk count only with --engine vllm"),  # set where it has no effect: refused
 ])
 def test_serve_teacher_refuses_bad_options_in_one_line_before_loading(capsys, args, expect):
     # why: a vLLM engine takes seconds to minutes to start; a wrong option must not wait for it

@@ -48,14 +48,15 @@ def rows(tokenizer, *, tools: bool) -> Rows:
                 rollout_logprobs=torch.full((2, t), -1.0), observation_mask=observation if tools else None)
 
 
-def plain_forward(model, batch: Rows, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+def plain_forward(model, batch: Rows, i: int, temperature: float = TEMPERATURE) -> tuple[torch.Tensor, torch.Tensor]:
     """Row i's transcript (prompt without padding, then every response token, observations included) through the
-    model as one unpadded sequence: [L] the logprob of each response token, [L, V] the distributions predicting them."""
+    model as one unpadded sequence at `temperature`: [L] the logprob of each response token, [L, V] the
+    distributions predicting them."""
     prompt = batch.prompt_ids[i][batch.prompt_mask[i].bool()]
     length = int(batch.context_mask[i].sum())
     response = batch.response_ids[i, :length]
     with torch.no_grad():
-        logits = model(torch.cat([prompt, response])[None]).logits[0].float() / TEMPERATURE
+        logits = model(torch.cat([prompt, response])[None]).logits[0].float() / temperature
     logp = torch.log_softmax(logits[len(prompt) - 1 : len(prompt) - 1 + length], -1)  # [L, V]
     return logp.gather(-1, response[:, None])[:, 0], logp
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_teacher import rows
+from test_teacher import plain_forward, rows
 
 from mathrl.config import Config, ConfigError, VLLMConfig, load_config
 from mathrl.train.teacher import teacher_scores
@@ -59,18 +59,6 @@ def config(mode: str) -> Config:
     return cfg
 
 
-def plain_forward(model, batch, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row i's transcript (prompt without padding, every response token) as one sequence through the model at
-    temperature 1: [L] the logprob of each response token, [L, V] the distributions predicting them."""
-    prompt = batch.prompt_ids[i][batch.prompt_mask[i].bool()]
-    length = int(batch.context_mask[i].sum())
-    response = batch.response_ids[i, :length]
-    with torch.no_grad():
-        logits = model(torch.cat([prompt, response])[None]).logits[0].float()
-    logp = torch.log_softmax(logits[len(prompt) - 1 : len(prompt) - 1 + length], -1)
-    return logp.gather(-1, response[:, None])[:, 0], logp
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("tools", [False, True], ids=["single_turn", "tool_episode"])
 @pytest.mark.parametrize("mode", ["reverse_kl", "forward_kl_topk"])
@@ -79,7 +67,7 @@ def test_vllm_teacher_logprobs_equal_a_plain_forward(vllm_teacher, teacher_model
     got = teacher_scores(vllm_teacher, batch, cfg)
     largest = 0.0
     for i in range(len(batch)):
-        lp, dist = plain_forward(teacher_model, batch, i)
+        lp, dist = plain_forward(teacher_model, batch, i, temperature=1.0)
         model_tokens = batch.response_mask[i, : len(lp)].bool()
         largest = max(largest, float((got.logprobs[i, : len(lp)] - lp)[model_tokens].abs().max()))
         assert torch.all(got.logprobs[i, : len(lp)][~model_tokens] == 0)  # observations: no signal

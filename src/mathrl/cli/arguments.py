@@ -137,9 +137,9 @@ def serve_teacher(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="where the model runs: cpu, cuda, cuda:1 ... [cpu]")
     p.add_argument("--engine", default="torch", choices=["torch", "vllm"],
                    help="torch: the trainer's scoring pass; vllm: a vLLM engine's prompt logprobs (temperature 1 only) [torch]")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+    p.add_argument("--gpu-memory-utilization", type=float, default=None,
                    help="--engine vllm on a GPU: the share of its memory vLLM takes [0.9]")
-    p.add_argument("--max-topk", type=int, default=128,
+    p.add_argument("--max-topk", type=int, default=None,
                    help="--engine vllm: the largest top-k a trainer may ask (algo.distill.topk) [128]")
 
 
