@@ -66,7 +66,7 @@ def main() -> None:
         lp, _ = response_logprobs(model.eval(), out.prompt_ids, out.prompt_mask, out.response_ids, out.response_mask,
                                   temperature=1.0, with_entropy=False)
     mask = out.response_mask.bool()
-    gap = float((lp[mask] - out.logprobs[mask]).abs().max())
+    gap = float((lp[mask] - out.rollout_logprobs[mask]).abs().max())
     engine.close()
     adapters = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
     med = statistics.median

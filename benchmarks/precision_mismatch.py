@@ -73,7 +73,7 @@ def gap(trainer_model, tokenizer, prompts: list[list[int]], *, dtype: str, max_n
         trainer_lp, _ = response_logprobs(trainer_model, out.prompt_ids, out.prompt_mask, out.response_ids,
                                           out.response_mask)
     mask = out.response_mask.bool()
-    diff = (out.logprobs.float() - trainer_lp.float().to(out.logprobs.device))[mask].abs()
+    diff = (out.rollout_logprobs.float() - trainer_lp.float().to(out.rollout_logprobs.device))[mask].abs()
     return {"mean_abs_gap": float(diff.mean()), "max_abs_gap": float(diff.max()), "tokens": int(mask.sum())}
 
 

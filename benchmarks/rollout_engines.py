@@ -195,7 +195,7 @@ def main() -> None:
         def torch_call(seed, engine=engine, name=name):
             out = engine.generate(prompts, max_new_tokens=args.max_new_tokens, temperature=TEMPERATURE, seed=seed)
             samples[name, seed] = out.response_ids
-            return int(out.response_mask.sum()), float(out.logprobs.sum())
+            return int(out.response_mask.sum()), float(out.rollout_logprobs.sum())
         calls[name] = torch_call
     if "hf" in args.runners:
         calls["hf"] = lambda seed: hf_generate(model, prompts, pad=pad, eos=eos, max_new_tokens=args.max_new_tokens,
@@ -208,7 +208,7 @@ def main() -> None:
 
         def vllm_call(seed):
             out = vllm.generate(prompts, max_new_tokens=args.max_new_tokens, temperature=TEMPERATURE, seed=seed)
-            return int(out.response_mask.sum()), float(out.logprobs.sum())
+            return int(out.response_mask.sum()), float(out.rollout_logprobs.sum())
         calls["vllm"] = vllm_call
     names = [n for n in RUNNERS if n in calls]
 

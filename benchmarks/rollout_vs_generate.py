@@ -103,7 +103,7 @@ def first_eos_lengths(new_tokens: torch.Tensor, eos_id: int) -> torch.Tensor:
 def run_engine(engine: TorchEngine, prompts, *, max_new_tokens: int, seed: int) -> tuple[int, float]:
     """One engine call; returns (tokens produced, sum of their logprobs)."""
     out = engine.generate(prompts, max_new_tokens=max_new_tokens, temperature=TEMPERATURE, top_p=1.0, seed=seed)
-    return int(out.response_mask.sum()), float(out.logprobs.sum())
+    return int(out.response_mask.sum()), float(out.rollout_logprobs.sum())
 
 
 def run_hf(model, ids, mask, *, max_new_tokens: int, eos_id: int | None, pad_id: int, logprobs: bool,

@@ -69,7 +69,7 @@ def engine_batch(engine, tokenizer, *, seed: int) -> TrainBatch:
     zeros = torch.zeros((n, t))
     return TrainBatch(prompt_ids=out.prompt_ids, prompt_mask=out.prompt_mask, response_ids=out.response_ids,
                       response_mask=out.response_mask, loss_mask=out.response_mask.clone(),
-                      old_logprobs=out.logprobs * out.response_mask,
+                      old_logprobs=out.rollout_logprobs * out.response_mask,
                       advantages=torch.randn((n, 1), generator=g).expand(n, t) * out.response_mask,
                       ref_logprobs=zeros.clone(), ref_entropy=zeros.clone(), correct=torch.zeros(n))
 

@@ -37,15 +37,15 @@ def make_engine(model, batch_size: int = 512) -> TorchEngine:
 def assert_well_formed(out: RolloutBatch, *, max_new_tokens: int) -> None:
     """The RolloutBatch contract: masks are a prefix of ones, padding after the end, EOS only at the end."""
     n, t = out.response_ids.shape
-    assert out.response_mask.shape == out.logprobs.shape == (n, t) and t <= max_new_tokens
+    assert out.response_mask.shape == out.rollout_logprobs.shape == (n, t) and t <= max_new_tokens
     for i in range(n):
         length = int(out.response_mask[i].sum())
         assert length >= 1
         assert torch.equal(out.response_mask[i, :length], torch.ones(length))  # a prefix of ones ...
         assert torch.equal(out.response_mask[i, length:], torch.zeros(t - length))  # ... then zeros
         assert (out.response_ids[i, length:] == PAD).all()  # nothing sampled after the end
-        assert (out.logprobs[i, length:] == 0).all()
-        assert (out.logprobs[i, :length] <= 0).all()
+        assert (out.rollout_logprobs[i, length:] == 0).all()
+        assert (out.rollout_logprobs[i, :length] <= 0).all()
         assert (out.response_ids[i, : length - 1] != EOS).all()  # an EOS always ends the response
         ended = bool(out.response_ids[i, length - 1] == EOS)
         assert bool(out.truncated[i]) == (not ended)
@@ -101,7 +101,7 @@ def test_stops_at_eos_with_exact_lengths_and_logprobs(temperature):
         if not out.truncated[i]:
             expected[-1] = 0.0
             assert out.response_ids[i, length - 1] == EOS
-        assert_close(out.logprobs[i, :length], expected)
+        assert_close(out.rollout_logprobs[i, :length], expected)
     assert out.response_ids.shape[1] == 6  # trimmed to the longest response
 
 
@@ -132,7 +132,7 @@ def test_eos_forced_on_a_real_model(make_tiny_qwen2):
     out = make_engine(model).generate([[5, 6, 7], [8]], max_new_tokens=4, seed=0)
     assert out.response_ids.tolist() == [[EOS], [EOS]]
     assert not out.truncated.any()
-    assert_close(out.logprobs, torch.zeros(2, 1))
+    assert_close(out.rollout_logprobs, torch.zeros(2, 1))
 
 
 def test_logprobs_with_a_biased_head(make_tiny_qwen2, prompts):
@@ -146,7 +146,7 @@ def test_logprobs_with_a_biased_head(make_tiny_qwen2, prompts):
         lp, _ = response_logprobs(model, out.prompt_ids, out.prompt_mask, out.response_ids, out.response_mask,
                                   temperature=0.7)
     mask = out.response_mask.bool()
-    assert_close(lp[mask], out.logprobs[mask], rtol=1e-5, atol=1e-5)
+    assert_close(lp[mask], out.rollout_logprobs[mask], rtol=1e-5, atol=1e-5)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -160,7 +160,7 @@ def test_same_seed_same_samples_different_seed_different(tiny_model, prompts):
     torch.rand(100)  # disturb the global generator: the engine must not use it
     b = engine.generate(prompts, max_new_tokens=12, seed=7)
     c = engine.generate(prompts, max_new_tokens=12, seed=8)
-    for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "logprobs", "truncated"):
+    for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "rollout_logprobs", "truncated"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
     # 6 rows x 12 tokens from peaked-but-not-degenerate distributions: two seeds agreeing on every
     # token has negligible probability (and the outcome is deterministic given the seeds).
@@ -186,7 +186,7 @@ def test_logprobs_equal_a_fresh_forward_pass(tiny_model, prompts, temperature):
         lp, _ = response_logprobs(tiny_model, out.prompt_ids, out.prompt_mask, out.response_ids, out.response_mask,
                                   temperature=temperature)
     mask = out.response_mask.bool()
-    assert_close(lp[mask], out.logprobs[mask], rtol=1e-5, atol=1e-5)
+    assert_close(lp[mask], out.rollout_logprobs[mask], rtol=1e-5, atol=1e-5)
 
 
 def test_logprobs_equal_unpadded_per_row_scoring(tiny_model, prompts):
@@ -199,7 +199,7 @@ def test_logprobs_equal_unpadded_per_row_scoring(tiny_model, prompts):
         with torch.no_grad():
             lp, _ = response_logprobs(tiny_model, torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long),
                                       resp, torch.ones(1, length))
-        assert_close(lp[0], out.logprobs[i, :length], rtol=1e-5, atol=1e-5)
+        assert_close(lp[0], out.rollout_logprobs[i, :length], rtol=1e-5, atol=1e-5)
 
 
 def greedy_reference(model, prompt: list[int], max_new_tokens: int) -> list[int]:
@@ -252,7 +252,7 @@ def test_chunking_keeps_shapes_and_valid_masks(tiny_model, prompts):
         lp, _ = response_logprobs(tiny_model, chunked.prompt_ids, chunked.prompt_mask, chunked.response_ids,
                                   chunked.response_mask)
     mask = chunked.response_mask.bool()
-    assert_close(lp[mask], chunked.logprobs[mask], rtol=1e-5, atol=1e-5)
+    assert_close(lp[mask], chunked.rollout_logprobs[mask], rtol=1e-5, atol=1e-5)
 
 
 def test_a_chunk_does_not_depend_on_later_chunks(tiny_model, prompts):
@@ -263,7 +263,7 @@ def test_a_chunk_does_not_depend_on_later_chunks(tiny_model, prompts):
     with_more = engine.generate(prompts, max_new_tokens=8, seed=9)
     width = alone.response_ids.shape[1]
     assert torch.equal(with_more.response_ids[:3, :width], alone.response_ids)
-    assert torch.equal(with_more.logprobs[:3, :width], alone.logprobs)
+    assert torch.equal(with_more.rollout_logprobs[:3, :width], alone.rollout_logprobs)
     assert (with_more.response_mask[:3, width:] == 0).all()
 
 
@@ -306,11 +306,11 @@ def test_update_weights_copies_into_an_own_copy(make_tiny_qwen2, prompts):
     own = make_engine(copy)
     a = own.generate(prompts, max_new_tokens=8, seed=1)
     b = make_engine(trainer).generate(prompts, max_new_tokens=8, seed=1)
-    assert not torch.equal(a.logprobs, b.logprobs)  # different weights before the sync
+    assert not torch.equal(a.rollout_logprobs, b.rollout_logprobs)  # different weights before the sync
     own.update_weights(trainer.named_parameters())  # a tied model lists the embedding only
     a = own.generate(prompts, max_new_tokens=8, seed=1)
     assert torch.equal(a.response_ids, b.response_ids)
-    assert_close(a.logprobs, b.logprobs)
+    assert_close(a.rollout_logprobs, b.rollout_logprobs)
     assert copy.lm_head.weight is copy.model.embed_tokens.weight  # still tied after the copy
 
 

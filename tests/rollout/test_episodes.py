@@ -147,7 +147,7 @@ def test_observations_are_forced_masked_and_tokenized_once(make_model, char_toke
         ids = out.response_ids[i, :length].tolist()
         obs = out.observation_mask[i, :length]
         assert torch.equal(out.response_mask[i, :length] + obs, torch.ones(length))  # each token is one or the other
-        assert (out.logprobs[i, :length][obs > 0] == 0).all()
+        assert (out.rollout_logprobs[i, :length][obs > 0] == 0).all()
         j = 0
         while j < length:
             if obs[j] == 0:
@@ -177,7 +177,7 @@ def test_sampling_logprobs_equal_a_scoring_pass_over_the_whole_transcript(make_m
     assert (out.observation_mask.sum(-1) > 0).sum() >= 3
     with torch.no_grad():
         lp, _ = response_logprobs(model, out.prompt_ids, out.prompt_mask, out.response_ids, out.context_mask)
-    assert_close(lp * out.response_mask, out.logprobs, atol=1e-5, rtol=0)
+    assert_close(lp * out.response_mask, out.rollout_logprobs, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("delay", DELAYS)
@@ -198,7 +198,7 @@ def test_an_episode_without_calls_is_exactly_the_single_turn_sample(make_model, 
     plain = TorchEngine(model, eos_token_id=char_tokenizer.eos_token_id, pad_token_id=char_tokenizer.pad_token_id)
     a = plain.generate(prompts, max_new_tokens=30, seed=2)
     b = engine_with(model, char_tokenizer, fmt=never, delay=delay).generate(prompts, max_new_tokens=30, seed=2)
-    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logprobs, b.logprobs)
+    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.rollout_logprobs, b.rollout_logprobs)
     assert b.observation_mask.sum() == 0 and b.tool_calls.sum() == 0
 
 
@@ -229,9 +229,9 @@ def test_with_row_draws_a_row_that_calls_nothing_is_the_single_turn_sample_whate
         if not callers[i]:
             assert torch.equal(out.response_ids[i], plain.response_ids[i][: out.response_ids.shape[1]]), i
             if delay:
-                assert torch.equal(out.logprobs[i], plain.logprobs[i][: out.logprobs.shape[1]]), i
+                assert torch.equal(out.rollout_logprobs[i], plain.rollout_logprobs[i][: out.rollout_logprobs.shape[1]]), i
             else:
-                assert_close(out.logprobs[i], plain.logprobs[i][: out.logprobs.shape[1]], atol=1e-5, rtol=0)
+                assert_close(out.rollout_logprobs[i], plain.rollout_logprobs[i][: out.rollout_logprobs.shape[1]], atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("decode", ["hf", "lean"])
@@ -254,7 +254,7 @@ def test_row_draws_do_not_depend_on_the_batch_size(make_model, char_tokenizer, p
         width = other.response_ids.shape[1]
         assert torch.equal(other.response_ids, whole.response_ids[rows, :width])
         assert torch.equal(other.observation_mask, whole.observation_mask[rows, :width])
-        assert_close(other.logprobs, whole.logprobs[rows, :width], atol=1e-5, rtol=0)
+        assert_close(other.rollout_logprobs, whole.rollout_logprobs[rows, :width], atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("delay", DELAYS)
@@ -352,7 +352,7 @@ def test_with_a_delay_samples_do_not_depend_on_when_the_calls_end(make_model, ch
     a = engine_with(model, char_tokenizer, delay=3, decode=decode).generate(prompts, max_new_tokens=40, seed=4)
     b = engine_with(model, char_tokenizer, pool=late, delay=3, decode=decode).generate(prompts, max_new_tokens=40, seed=4)
     assert int(a.tool_calls.sum()) > 3, "the fixture should call tools"
-    for name in ("response_ids", "response_mask", "observation_mask", "logprobs", "tool_calls", "turns", "truncated"):
+    for name in ("response_ids", "response_mask", "observation_mask", "rollout_logprobs", "tool_calls", "turns", "truncated"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
     assert late.late == 0, "the engine waited for a call it did not need yet"
 
@@ -365,9 +365,9 @@ def test_a_delay_pads_the_calling_row_and_changes_nothing_but_the_schedule(make_
     two = engine_with(model, char_tokenizer, delay=2).generate(prompts, max_new_tokens=40, seed=6)
     lean = engine_with(model, char_tokenizer, delay=5, decode="lean").generate(prompts, max_new_tokens=40, seed=6)
     hf = engine_with(model, char_tokenizer, delay=5).generate(prompts, max_new_tokens=40, seed=6)
-    assert torch.equal(one.response_ids, two.response_ids) and torch.equal(one.logprobs, two.logprobs)
+    assert torch.equal(one.response_ids, two.response_ids) and torch.equal(one.rollout_logprobs, two.rollout_logprobs)
     assert torch.equal(lean.response_ids, hf.response_ids) and torch.equal(lean.observation_mask, hf.observation_mask)
-    assert_close(lean.logprobs, hf.logprobs, atol=1e-5, rtol=0)
+    assert_close(lean.rollout_logprobs, hf.rollout_logprobs, atol=1e-5, rtol=0)
 
 
 class SilentPool(EchoPool):
@@ -391,7 +391,7 @@ def test_an_empty_observation_is_no_token_and_the_row_samples_on(make_model, cha
     assert out.tool_calls.sum() > 3 and out.observation_mask.sum() == 0
     with torch.no_grad():
         lp, _ = response_logprobs(model, out.prompt_ids, out.prompt_mask, out.response_ids, out.context_mask)
-    assert_close(lp * out.response_mask, out.logprobs, atol=1e-5, rtol=0)
+    assert_close(lp * out.response_mask, out.rollout_logprobs, atol=1e-5, rtol=0)
 
 
 def test_a_negative_delay_is_refused(make_model, char_tokenizer):
@@ -416,7 +416,7 @@ def test_a_void_turn_is_a_last_turn_without_an_answer(char_tokenizer):
     batch = RolloutBatch(prompt_ids=torch.ones(3, 1, dtype=torch.long), prompt_mask=torch.ones(3, 1, dtype=torch.long),
                          response_ids=torch.tensor([pad(r[0], tok.pad_token_id) for r in rows]),
                          response_mask=torch.tensor([pad(r[1], 0) for r in rows], dtype=torch.float32),
-                         logprobs=torch.zeros(3, width), truncated=torch.zeros(3, dtype=torch.bool),
+                         rollout_logprobs=torch.zeros(3, width), truncated=torch.zeros(3, dtype=torch.bool),
                          observation_mask=torch.tensor([pad(r[2], 0) for r in rows], dtype=torch.float32))
     from mathrl.reward.extract import has_final_answer
 
@@ -531,7 +531,7 @@ def test_the_model_sees_its_sampled_ids_and_the_observations_own_ids_never_a_ret
     assert ids(tok.decode(transcript)) != transcript  # what re-tokenizing would have given instead
     with torch.no_grad():  # and the trainer scores the ids that were sampled and fed
         lp, _ = response_logprobs(model, out.prompt_ids, out.prompt_mask, out.response_ids, out.context_mask)
-    assert_close(lp * out.response_mask, out.logprobs, atol=1e-5, rtol=0)
+    assert_close(lp * out.response_mask, out.rollout_logprobs, atol=1e-5, rtol=0)
     # the call bonus reads the record (one call run), not the text, where a printed call looks like two
     text = tok.decode(transcript, skip_special_tokens=True)
     looks_like = len(re.findall(r"```python\n.*?```\n```output\n", text, re.DOTALL))
@@ -555,7 +555,7 @@ def test_observation_tokens_reach_no_loss_ratio_or_weight(make_model, char_token
     def loss_and_grad(garbage: float):
         model.zero_grad()
         lp, _ = response_logprobs(model, out.prompt_ids, out.prompt_mask, out.response_ids, out.context_mask)
-        old = out.logprobs + obs * garbage
+        old = out.rollout_logprobs + obs * garbage
         adv = torch.ones_like(mask) * 0.5 + obs * garbage
         token_loss, _ = policy_loss(lp, old.detach(), adv, mask)
         loss = aggregate(token_loss, mask, mode="token_mean", num_tokens=float(mask.sum()), num_seqs=float(len(mask)))
@@ -570,8 +570,8 @@ def test_observation_tokens_reach_no_loss_ratio_or_weight(make_model, char_token
     # the single-turn loss of the same model tokens, by hand: -mean(A * ratio) at ratio 1 is -A
     assert_close(clean, torch.tensor(-0.5), atol=1e-5, rtol=0)
     for level in ("token", "sequence"):
-        w_clean, _ = correction_weights(out.logprobs, out.logprobs, mask, mode="tis", level=level, cap=2.0)
-        w_dirty, _ = correction_weights(out.logprobs + obs * 9.0, out.logprobs - obs * 9.0, mask, mode="tis",
+        w_clean, _ = correction_weights(out.rollout_logprobs, out.rollout_logprobs, mask, mode="tis", level=level, cap=2.0)
+        w_dirty, _ = correction_weights(out.rollout_logprobs + obs * 9.0, out.rollout_logprobs - obs * 9.0, mask, mode="tis",
                                         level=level, cap=2.0)
         assert_close(w_clean * mask, w_dirty * mask)
 

@@ -29,4 +29,4 @@ def test_temperature_zero_is_greedy_with_untempered_logprobs(tiny_model, char_to
     with torch.no_grad():
         logp = torch.log_softmax(tiny_model(ids).logits[0, len(prompt) - 1 : -1].float(), dim=-1)  # [T, V]
     assert torch.equal(logp.argmax(-1), a.response_ids[0, :length])
-    torch.testing.assert_close(logp.max(-1).values, a.logprobs[0, :length], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logp.max(-1).values, a.rollout_logprobs[0, :length], atol=1e-5, rtol=1e-5)

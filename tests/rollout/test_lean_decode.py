@@ -196,7 +196,7 @@ def test_compiled_step_equals_hf(make_tiny_qwen2, char_tokenizer, caplog):
     assert_same(pairs, atol=1e-5)
     reference = TorchEngine(model, **kwargs).generate(prompts, max_new_tokens=24, seed=3)
     assert torch.equal(out.response_ids, reference.response_ids)
-    assert_close(out.logprobs, reference.logprobs, atol=1e-5, rtol=0)
+    assert_close(out.rollout_logprobs, reference.rollout_logprobs, atol=1e-5, rtol=0)
 
 
 def test_warm_up_compiles_every_shape_a_generation_reaches(make_tiny_qwen2, char_tokenizer):
@@ -288,7 +288,7 @@ def test_an_unsupported_model_keeps_the_hf_forward_with_one_log_line(char_tokeni
     assert engine.lean is None and len(caplog.records) == 1 and "sliding-window" in caplog.text
     a = engine.generate(prompts, max_new_tokens=8, seed=0)
     b = TorchEngine(model, **kwargs).generate(prompts, max_new_tokens=8, seed=0)
-    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logprobs, b.logprobs)
+    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.rollout_logprobs, b.rollout_logprobs)
 
 
 def test_supported_models_have_no_reason(make_tiny_qwen2):
@@ -313,7 +313,7 @@ def test_the_same_seed_gives_the_same_samples(make_tiny_qwen2, char_tokenizer, p
     a = lean.generate(prompts, max_new_tokens=24, seed=7)
     b = lean.generate(prompts, max_new_tokens=24, seed=7)
     c = lean.generate(prompts, max_new_tokens=24, seed=8)
-    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logprobs, b.logprobs)
+    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.rollout_logprobs, b.rollout_logprobs)
     assert not torch.equal(a.response_ids, c.response_ids)
 
 
@@ -331,7 +331,7 @@ def test_lean_engine_samples_what_the_hf_engine_samples(make_tiny_qwen2, char_to
     assert len(set(a.response_mask.sum(-1).tolist())) >= 2  # rows of several lengths
     assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.response_mask, b.response_mask)
     assert torch.equal(a.truncated, b.truncated)
-    assert_close(b.logprobs, a.logprobs, atol=1e-5, rtol=0)
+    assert_close(b.rollout_logprobs, a.rollout_logprobs, atol=1e-5, rtol=0)
 
 
 def test_lean_engine_logprobs_equal_the_scoring_pass(make_tiny_qwen2, char_tokenizer, prompts):
@@ -343,7 +343,7 @@ def test_lean_engine_logprobs_equal_the_scoring_pass(make_tiny_qwen2, char_token
     out = lean.generate(prompts, max_new_tokens=24, seed=0)
     with torch.no_grad():
         lp, _ = response_logprobs(model, out.prompt_ids, out.prompt_mask, out.response_ids, out.response_mask)
-    assert_close(lp * out.response_mask, out.logprobs, atol=1e-5, rtol=0)
+    assert_close(lp * out.response_mask, out.rollout_logprobs, atol=1e-5, rtol=0)
 
 
 def test_a_weight_changed_in_place_is_seen_by_the_next_call(make_tiny_qwen2, char_tokenizer, prompts):
@@ -356,9 +356,9 @@ def test_a_weight_changed_in_place_is_seen_by_the_next_call(make_tiny_qwen2, cha
         model.model.norm.weight.add_(0.5)
     after = lean.generate(prompts, max_new_tokens=16, seed=1)
     reference = hf.generate(prompts, max_new_tokens=16, seed=1)
-    assert not torch.equal(before.logprobs, after.logprobs)
+    assert not torch.equal(before.rollout_logprobs, after.rollout_logprobs)
     assert torch.equal(after.response_ids, reference.response_ids)
-    assert_close(after.logprobs, reference.logprobs, atol=1e-5, rtol=0)
+    assert_close(after.rollout_logprobs, reference.rollout_logprobs, atol=1e-5, rtol=0)
 
 
 def test_tool_episodes_are_the_hf_engines(make_tiny_qwen2, char_tokenizer):
@@ -386,10 +386,10 @@ def test_tool_episodes_are_the_hf_engines(make_tiny_qwen2, char_tokenizer):
     assert a.tool_calls.sum() >= 5 and (a.observation_mask.sum(-1) > 0).sum() >= 3
     assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.observation_mask, b.observation_mask)
     assert torch.equal(a.tool_calls, b.tool_calls)
-    assert_close(b.logprobs, a.logprobs, atol=1e-5, rtol=0)
+    assert_close(b.rollout_logprobs, a.rollout_logprobs, atol=1e-5, rtol=0)
     with torch.no_grad():
         lp, _ = response_logprobs(model, b.prompt_ids, b.prompt_mask, b.response_ids, b.context_mask)
-    assert_close(lp * b.response_mask, b.logprobs, atol=1e-5, rtol=0)
+    assert_close(lp * b.response_mask, b.rollout_logprobs, atol=1e-5, rtol=0)
 
 
 def test_the_default_engine_is_lean_and_hf_is_one_switch_away(make_tiny_qwen2, char_tokenizer):

@@ -73,7 +73,7 @@ def trainer_logprobs(model, out, temperature: float) -> torch.Tensor:
 
 def max_diff(model, out, temperature: float) -> float:
     mask = out.response_mask.bool()
-    return float((trainer_logprobs(model, out, temperature)[mask] - out.logprobs[mask]).abs().max())
+    return float((trainer_logprobs(model, out, temperature)[mask] - out.rollout_logprobs[mask]).abs().max())
 
 
 def random_updates(model, steps: int, seed: int) -> None:
@@ -139,7 +139,7 @@ def test_same_seed_same_samples_and_rows_independent_of_the_batch(engine, prompt
     random.random()
     b = engine.generate(prompts, max_new_tokens=12, seed=7)
     c = engine.generate(prompts, max_new_tokens=12, seed=8)
-    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logprobs, b.logprobs)
+    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.rollout_logprobs, b.rollout_logprobs)
     assert not torch.equal(a.response_ids, c.response_ids)
     alone = engine.generate(prompts[:6], max_new_tokens=12, seed=7)
     width = alone.response_ids.shape[1]
@@ -193,7 +193,7 @@ def test_bfloat16_engine_follows_a_float32_trainer(make_tiny_qwen2, model_dir, p
         out = eng.generate(prompts, max_new_tokens=12, seed=2)
         def mean_diff(o):
             mask = o.response_mask.bool()
-            return float((trainer_logprobs(trainer, o, 1.0)[mask] - o.logprobs[mask]).abs().mean())
+            return float((trainer_logprobs(trainer, o, 1.0)[mask] - o.rollout_logprobs[mask]).abs().mean())
 
         print(f"bf16 engine vs float32 trainer: mean |diff| {mean_diff(out):.4f} synced, {mean_diff(stale):.4f} stale")
         assert mean_diff(out) < 0.06

@@ -151,7 +151,7 @@ def check_episodes(out, fmt, tok, calls) -> int:
     """The RolloutBatch contract of a batch of episodes (`calls`: the pool calls it made); returns how
     often a row wrote the closing tag outside a call and went on."""
     encode = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-    assert out.observation_mask.shape == out.response_ids.shape == out.response_mask.shape == out.logprobs.shape
+    assert out.observation_mask.shape == out.response_ids.shape == out.response_mask.shape == out.rollout_logprobs.shape
     assert int(out.tool_calls.sum()) == len(calls)
     assert torch.equal(out.turns, 1 + out.tool_calls)  # no call is malformed (any code is python) or capped here
     assert out.tool_capped.sum() == 0 and out.tool_errors.sum() == 0 and out.tool_timeouts.sum() == 0
@@ -164,7 +164,7 @@ def check_episodes(out, fmt, tok, calls) -> int:
         model, obs = out.response_mask[i], out.observation_mask[i]
         assert torch.equal(model[:length] + obs[:length], torch.ones(length))  # each token is one or the other
         assert (model[length:] == 0).all() and (obs[length:] == 0).all() and all(t == PAD for t in ids[length:])
-        assert (out.logprobs[i][model == 0] == 0).all() and (out.logprobs[i][model > 0] <= 0).all()
+        assert (out.rollout_logprobs[i][model == 0] == 0).all() and (out.rollout_logprobs[i][model > 0] <= 0).all()
         assert EOS not in ids[: length - 1] and bool(out.truncated[i]) == (ids[length - 1] != EOS)
         # walk the turns: a model turn, the observation of the call it ends with, the next turn, ...
         j, observations = 0, 0
@@ -226,7 +226,7 @@ def test_sampling_logprobs_equal_a_scoring_pass_over_the_whole_transcript(engine
         lp, _ = response_logprobs(policy, out.prompt_ids, out.prompt_mask, out.response_ids, out.context_mask,
                                   temperature=temperature, with_entropy=False)
     mask = out.response_mask.bool()
-    assert float((lp[mask] - out.logprobs[mask]).abs().max()) <= TOL
+    assert float((lp[mask] - out.rollout_logprobs[mask]).abs().max()) <= TOL
 
 
 def replayed(out, steps: dict | None = None):
@@ -289,7 +289,7 @@ def test_the_torch_engine_drawing_the_same_samples_builds_the_same_episodes(epis
                  "tool_calls", "tool_errors", "tool_timeouts", "tool_capped", "turns", "tool_seconds"):
         assert torch.equal(getattr(again, name), getattr(out, name)), name
     assert sorted(pool.calls) == sorted(episodes[1])  # the same calls (the engines submit them in other orders)
-    assert_close(again.logprobs, out.logprobs, atol=TOL, rtol=0)
+    assert_close(again.rollout_logprobs, out.rollout_logprobs, atol=TOL, rtol=0)
 
 
 # ------------------------------------------------------------------------------------------- seeds
@@ -300,7 +300,7 @@ def test_the_same_seed_gives_the_same_episodes_independent_of_the_other_rows(eng
     a = engine.generate(prompts, max_new_tokens=MAX_NEW, seed=7)
     b = engine.generate(prompts, max_new_tokens=MAX_NEW, seed=7)
     c = engine.generate(prompts, max_new_tokens=MAX_NEW, seed=8)
-    for name in ("response_ids", "observation_mask", "logprobs", "tool_calls", "turns"):
+    for name in ("response_ids", "observation_mask", "rollout_logprobs", "tool_calls", "turns"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
     assert not torch.equal(a.response_ids, c.response_ids)
     alone = engine.generate(prompts[:6], max_new_tokens=MAX_NEW, seed=7)

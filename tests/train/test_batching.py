@@ -162,7 +162,7 @@ def rollout_batch(tiny_model, char_tokenizer) -> TrainBatch:
     response_mask = right(out.response_mask, 0.0)
     return train_batch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=right(out.response_ids, PAD),
                        response_mask=response_mask, loss_mask=response_mask.clone(),
-                       old_logprobs=right(out.logprobs, 0.0))
+                       old_logprobs=right(out.rollout_logprobs, 0.0))
 
 
 def logprobs_of(model, b: TrainBatch) -> torch.Tensor:

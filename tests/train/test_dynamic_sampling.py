@@ -39,7 +39,7 @@ class ScriptedEngine:
         response_ids = torch.stack([torch.tensor([10 + i % 20, 5, 6]) for i in range(len(prompts))])
         return RolloutBatch(
             prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
-            response_mask=torch.ones(len(prompts), 3), logprobs=torch.full((len(prompts), 3), -0.1),
+            response_mask=torch.ones(len(prompts), 3), rollout_logprobs=torch.full((len(prompts), 3), -0.1),
             truncated=torch.zeros(len(prompts), dtype=torch.bool),
         )
 

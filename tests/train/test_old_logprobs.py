@@ -38,7 +38,7 @@ def rollout_batch(model, tokenizer, *, temperature: float, seed: int = 0) -> tup
         advantages=torch.randn((n, 1), generator=g).expand(n, t) * out.response_mask,
         ref_logprobs=zeros.clone(), ref_entropy=zeros.clone(), correct=(torch.rand(n, generator=g) > 0.5).float(),
     )
-    return batch, out.logprobs
+    return batch, out.rollout_logprobs
 
 
 def config(temperature: float = 1.0, *extra: str):

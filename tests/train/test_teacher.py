@@ -109,7 +109,7 @@ def test_teacher_logprobs_of_the_torch_engines_samples(make_tiny_qwen2, char_tok
         assert int((out.observation_mask.sum(-1) > 0).sum()) >= 1, "the student should call a tool"
     batch = Rows(prompt_ids=out.prompt_ids, prompt_mask=out.prompt_mask, response_ids=out.response_ids,
                  response_mask=out.response_mask, loss_mask=out.response_mask, correct=torch.zeros(len(out)),
-                 rollout_logprobs=out.logprobs, observation_mask=out.observation_mask if tools else None)
+                 rollout_logprobs=out.rollout_logprobs, observation_mask=out.observation_mask if tools else None)
     cfg = Config()
     cfg.algo.distill.mode, cfg.rollout.temperature = "reverse_kl", TEMPERATURE
     got = teacher_scores(teacher, batch, cfg)

@@ -175,7 +175,7 @@ def _evaluate_checkpoint(ckpt: Checkpoint, settings: SweepSettings, *, verifier,
             texts = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
             mask = rollout.response_mask > 0  # [N, T]
             repetitive = [is_repetitive(t) for t in texts]
-            garbled = [is_garbled(t, rollout.logprobs[i][mask[i]].tolist()) for i, t in enumerate(texts)]
+            garbled = [is_garbled(t, rollout.rollout_logprobs[i][mask[i]].tolist()) for i, t in enumerate(texts)]
             for kind, flags in (("repetitive", repetitive), ("garbled", garbled)):
                 for i, flagged in enumerate(flags):
                     if flagged and len(examples[kind]) < _EXAMPLES:

@@ -79,7 +79,7 @@ def is_garbled(
     2. more than `max_nonprintable` of the characters are non-printable (`str.isprintable()` is
        False, newline, carriage return and tab excepted): control characters, unassigned or
        private-use code points, format characters.
-    3. when `token_logprobs` (the sampled tokens' logprobs, e.g. `RolloutBatch.logprobs` over the
+    3. when `token_logprobs` (the sampled tokens' logprobs, e.g. `RolloutBatch.rollout_logprobs` over the
        response mask) are given: their mean is below `min_mean_logprob` nats. At temperature 1
        this mean estimates minus the policy's entropy where it sampled; a healthy reasoning model
        sits around -0.2 to -1, a policy that has fallen apart near -log(vocabulary size). The

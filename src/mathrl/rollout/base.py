@@ -22,15 +22,57 @@ import torch
 from mathrl.seeds import GENERATOR_MODULUS, derive_seed
 
 
-class RowRecord:
-    """What every record of a step's token rows shares (`RolloutBatch`, and the step's `train/batching.py:Rows`):
-    the context mask, the row count, and one row selector. A record is a dataclass of tensors with
-    response_ids [N, T], response_mask [N, T] and observation_mask [N, T] or None; every tensor has the rows
-    first, and a field may be None."""
+@dataclass(kw_only=True)
+class RolloutBatch:
+    """Sampled continuations of N prompts: the one record of a step's token rows, from the engine to the
+    loss. The step extends it with its own fields (`train/batching.py:Rows`, then `TrainBatch`), so each
+    tensor keeps the name it got here; `select`, `to`, `tensors` and `context_mask` serve every record.
+
+    prompt_ids:    [N, P] long, LEFT-padded with pad_token_id
+    prompt_mask:   [N, P] long, 1 on real prompt tokens
+    response_ids:  [N, T] long, RIGHT-padded with pad_token_id after the end
+    response_mask: [N, T] float, 1 on sampled tokens (the EOS that ended a response included)
+    rollout_logprobs: [N, T] float, log-prob of each sampled token under the sampling distribution
+                   (temperature applied; with top_p = 1 this is exactly log_softmax(logits / T)),
+                   0 where response_mask is 0. With top_p < 1 engines differ: TorchEngine reports the
+                   distribution before the nucleus cut, VLLMEngine the one renormalised over it.
+    truncated:     [N] bool, True if the response hit max_new_tokens without an EOS
+    (Every engine fills both; they are None only on rows that no engine sampled: SFT's examples.)
+
+    Episodes with tools (rollout/episodes.py) also fill, and single-turn responses leave None:
+    observation_mask: [N, T] float, 1 on tool-observation tokens: in the context (the response span
+                   holds model and observation tokens in order) but not sampled, so response_mask is
+                   0 there, and so is every loss, normaliser, length and importance ratio
+    tool_calls, tool_errors, tool_timeouts, tool_capped, turns: [N] long per-episode counts (calls run,
+                   of them failed / timed out, calls past rollout.max_tool_calls, model turns)
+    tool_seconds:  [N] float, seconds the episode's calls took
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    rollout_logprobs: torch.Tensor | None = None
+    truncated: torch.Tensor | None = None
+    observation_mask: torch.Tensor | None = None
+    tool_calls: torch.Tensor | None = None
+    tool_errors: torch.Tensor | None = None
+    tool_timeouts: torch.Tensor | None = None
+    tool_capped: torch.Tensor | None = None
+    turns: torch.Tensor | None = None
+    tool_seconds: torch.Tensor | None = None
 
     @property
     def context_mask(self) -> torch.Tensor:  # [N, T] 1 on every token of the response span, model or observation
         return self.response_mask if self.observation_mask is None else self.response_mask + self.observation_mask
+
+    @property
+    def response_lengths(self) -> torch.Tensor:  # [N] model tokens (observation tokens are not counted)
+        return self.response_mask.sum(-1).long()
+
+    @property
+    def context_lengths(self) -> torch.Tensor:  # [N] model and observation tokens
+        return self.context_mask.sum(-1).long()
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]
@@ -47,52 +89,6 @@ class RowRecord:
     def to(self, device: torch.device | str):
         """The same rows with every tensor on `device` (the tensors themselves when already there)."""
         return type(self)(**{k: None if x is None else x.to(device) for k, x in self.tensors().items()})
-
-
-@dataclass
-class RolloutBatch(RowRecord):
-    """Sampled continuations of N prompts.
-
-    prompt_ids:    [N, P] long, LEFT-padded with pad_token_id
-    prompt_mask:   [N, P] long, 1 on real prompt tokens
-    response_ids:  [N, T] long, RIGHT-padded with pad_token_id after the end
-    response_mask: [N, T] float, 1 on sampled tokens (the EOS that ended a response included)
-    logprobs:      [N, T] float, log-prob of each sampled token under the sampling distribution
-                   (temperature applied; with top_p = 1 this is exactly log_softmax(logits / T)),
-                   0 where response_mask is 0. With top_p < 1 engines differ: TorchEngine reports the
-                   distribution before the nucleus cut, VLLMEngine the one renormalised over it.
-    truncated:     [N] bool, True if the response hit max_new_tokens without an EOS
-
-    Episodes with tools (rollout/episodes.py) also fill, and single-turn responses leave None:
-    observation_mask: [N, T] float, 1 on tool-observation tokens: in the context (the response span
-                   holds model and observation tokens in order) but not sampled, so response_mask is
-                   0 there, and so is every loss, normaliser, length and importance ratio
-    tool_calls, tool_errors, tool_timeouts, tool_capped, turns: [N] long per-episode counts (calls run,
-                   of them failed / timed out, calls past rollout.max_tool_calls, model turns)
-    tool_seconds:  [N] float, seconds the episode's calls took
-    """
-
-    prompt_ids: torch.Tensor
-    prompt_mask: torch.Tensor
-    response_ids: torch.Tensor
-    response_mask: torch.Tensor
-    logprobs: torch.Tensor
-    truncated: torch.Tensor
-    observation_mask: torch.Tensor | None = None
-    tool_calls: torch.Tensor | None = None
-    tool_errors: torch.Tensor | None = None
-    tool_timeouts: torch.Tensor | None = None
-    tool_capped: torch.Tensor | None = None
-    turns: torch.Tensor | None = None
-    tool_seconds: torch.Tensor | None = None
-
-    @property
-    def response_lengths(self) -> torch.Tensor:  # [N] model tokens (observation tokens are not counted)
-        return self.response_mask.sum(-1).long()
-
-    @property
-    def context_lengths(self) -> torch.Tensor:  # [N] model and observation tokens
-        return self.context_mask.sum(-1).long()
 
 
 @runtime_checkable
@@ -174,7 +170,7 @@ def concat_rollouts(chunks: list[RolloutBatch], pad_id: int) -> RolloutBatch:
         prompt_mask=torch.cat([pad(c.prompt_mask, p, 0, True) for c in chunks]),
         response_ids=torch.cat([pad(c.response_ids, t, pad_id, False) for c in chunks]),
         response_mask=torch.cat([pad(c.response_mask, t, 0.0, False) for c in chunks]),
-        logprobs=torch.cat([pad(c.logprobs, t, 0.0, False) for c in chunks]),
+        rollout_logprobs=torch.cat([pad(c.rollout_logprobs, t, 0.0, False) for c in chunks]),
         truncated=torch.cat([c.truncated for c in chunks]),
         **episodes,
     )

@@ -6,7 +6,7 @@ vLLM engine is compared against.
 
     engine = TorchEngine(model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     out = engine.generate([[5, 6, 7]] * 4, max_new_tokens=32, temperature=1.0, seed=0)
-    out.response_ids, out.response_mask, out.logprobs   # [4, T] each
+    out.response_ids, out.response_mask, out.rollout_logprobs   # [4, T] each
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class _Decoding:
             prompt_mask=prompt_mask.cpu(),
             response_ids=self.tokens[:, :width].cpu(),
             response_mask=self.mask[:, :width].cpu(),
-            logprobs=self.logprobs[:, :width].cpu(),
+            rollout_logprobs=self.logprobs[:, :width].cpu(),
             truncated=(~self.finished).cpu(),
             **extra,
         )
@@ -186,7 +186,7 @@ class TorchEngine:
         seeded by (seed, first_row + its index), whatever the batch size.
 
         temperature=0 is greedy decoding (evaluation only; the config refuses it for training): the
-        most likely token at every step, the seed unused, and `logprobs` those of the untempered
+        most likely token at every step, the seed unused, and `rollout_logprobs` those of the untempered
         model (temperature 1), since the greedy point mass would give 0 for every token.
         """
         if first_row % self.seed_block:

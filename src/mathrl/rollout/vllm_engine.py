@@ -280,7 +280,7 @@ class VLLMEngine:
             response_mask[i, :length] = 1.0 - observation_mask[i, :length]
             token_logprobs[i, :length] = torch.tensor(logprobs[i], dtype=torch.float32)
         return RolloutBatch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
-                            response_mask=response_mask, logprobs=token_logprobs,
+                            response_mask=response_mask, rollout_logprobs=token_logprobs,
                             truncated=torch.tensor([not f for f in finished]), observation_mask=observation_mask,
                             **episodes.stats())
 
@@ -301,7 +301,7 @@ class VLLMEngine:
             logprobs[i, :length] = torch.tensor([lp[t].logprob for t, lp in zip(ids, c.logprobs)], dtype=torch.float32)
             truncated[i] = length == 0 or ids[-1] != self.eos_token_id
         return RolloutBatch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
-                            response_mask=response_mask, logprobs=logprobs, truncated=truncated)
+                            response_mask=response_mask, rollout_logprobs=logprobs, truncated=truncated)
 
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

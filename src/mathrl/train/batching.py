@@ -1,5 +1,6 @@
-"""The step's record of its samples (`Rows`, extended by `TrainBatch` and `ValueBatch`), and its split
-into micro-batches (one forward/backward each, sized by a token budget), trimming padding as it goes."""
+"""The step's record of its samples (`Rows`: the engine's `RolloutBatch` with the loss mask, extended by
+`TrainBatch` and `ValueBatch`), and its split into micro-batches (one forward/backward each, sized by a
+token budget), trimming padding as it goes."""
 
 from __future__ import annotations
 
@@ -7,28 +8,23 @@ from dataclasses import dataclass
 
 import torch
 
-from mathrl.rollout.base import RowRecord
+from mathrl.rollout.base import RolloutBatch
 
 
 @dataclass(kw_only=True)
-class Rows(RowRecord):
-    """A step's samples as every pass reads them: token ids, masks, correctness and the engine's sampling
-    logprobs (`train/collect.py:prepare`; SFT's examples too). The stages after it extend it: the scoring
-    pass and the advantages make it a `TrainBatch`, critic pretraining's value targets a `ValueBatch`.
+class Rows(RolloutBatch):
+    """The engine's rows (`RolloutBatch`, every tensor under its name) with what the step adds before any
+    pass: the loss mask and correctness (`train/collect.py:prepare`; SFT's examples too, with no sampling
+    logprobs). The stages after it extend it: the scoring pass and the advantages make it a `TrainBatch`,
+    critic pretraining's value targets a `ValueBatch`.
 
     Prompt-side tensors are [N, P] (left-padded); every other 2-D tensor is response-side [N, T]
     (right-padded), as are 3-D ones [N, T, K]; 1-D tensors are per row [N]. `select`, `to` and `trimmed` keep the
-    record's type; `select`, `to`, `tensors` and `context_mask` are `RolloutBatch`'s own (rollout/base.py:RowRecord).
+    record's type.
     """
 
-    prompt_ids: torch.Tensor  # [N, P] left-padded
-    prompt_mask: torch.Tensor  # [N, P]
-    response_ids: torch.Tensor  # [N, T] right-padded
-    response_mask: torch.Tensor  # [N, T] float: 1 on the model's generated tokens (with observation_mask: what it attends to)
     loss_mask: torch.Tensor  # [N, T] float: 1 on tokens that count in the loss (filters may zero rows)
     correct: torch.Tensor  # [N] float, 1 if the verifier accepted the answer
-    rollout_logprobs: torch.Tensor | None = None  # [N, T] the rollout engine's sampling logprobs (None: SFT)
-    observation_mask: torch.Tensor | None = None  # [N, T] 1 on tool-observation tokens: in the context, in no loss (None: single-turn)
 
     def trimmed(self):
         """Drop prompt columns that are padding in every row (left) and response columns likewise (right)."""

@@ -290,7 +290,7 @@ def filter_samples(cfg: Config, rollout: RolloutBatch, texts: list[str], results
     The collapse detectors run on every step (collapse/*), whether or not their filter is on. `void`:
     per row, a tool episode with a void last turn (`void_turns`), for the void_turn filter.
     """
-    garbled = [is_garbled(t, rollout.logprobs[i][rollout.response_mask[i] > 0].tolist()) for i, t in enumerate(texts)]
+    garbled = [is_garbled(t, rollout.rollout_logprobs[i][rollout.response_mask[i] > 0].tolist()) for i, t in enumerate(texts)]
     repetitive = [is_repetitive(t) for t in texts]
     no_answer = [r.reason == "no_answer" for r in results]
     collapse = CollapseRates(repetitive=sum(repetitive) / len(texts), garbled=sum(garbled) / len(texts),
@@ -328,10 +328,6 @@ def prepare(cfg: Config, got: Collected, ranks: Ranks = SINGLE) -> Prepared:
     (train/critic.py) both start here."""
     rollout = got.rollout
     checks = filter_samples(cfg, rollout, got.texts, got.results, got.void)
-    batch = Rows(
-        prompt_ids=rollout.prompt_ids, prompt_mask=rollout.prompt_mask, response_ids=rollout.response_ids,
-        response_mask=rollout.response_mask, loss_mask=checks.loss_mask, correct=got.correct,
-        rollout_logprobs=rollout.logprobs, observation_mask=rollout.observation_mask,
-    )
+    batch = Rows(**rollout.tensors(), loss_mask=checks.loss_mask, correct=got.correct)
     rows = group_rows(len(got.problems), cfg.rollout.n, ranks.rank, ranks.world_size) if ranks.distributed else None
     return Prepared(checks=checks, batch=batch, rows=rows)

@@ -343,7 +343,7 @@ def log_step(trainer: Trainer, step: int, got: Collected, batch: TrainBatch, met
              t_train: float) -> dict[str, float]:
     """Log `metrics` with the batch's reward/rollout/data metrics and the timings, write the sample rollouts,
     and return what it added to `metrics` (which it leaves as it was)."""
-    cfg, stream, rollout = trainer.cfg, trainer.train_stream, got.rollout
+    cfg, stream = trainer.cfg, trainer.train_stream
     added = batch_metrics(got, batch, n=cfg.rollout.n, prompts_too_long=stream.encoder.dropped,
                           reflection_words=cfg.log.reflection_words)
     added["data/unencodable_chars"] = float(stream.encoder.unencodable)  # prompt chars lost by the tokenizer
@@ -356,14 +356,14 @@ def log_step(trainer: Trainer, step: int, got: Collected, batch: TrainBatch, met
         "perf/reward_seconds": got.reward_seconds,
         "perf/train_seconds": t_train - t_reward,
         "perf/step_seconds": time.time() - t0,
-        "perf/rollout_tokens_per_second": float(rollout.response_lengths.float().sum()) / max(t_rollout - t0, 1e-9),
+        "perf/rollout_tokens_per_second": float(batch.response_lengths.float().sum()) / max(t_rollout - t0, 1e-9),
         "perf/peak_memory_gb": peak_memory_gb(trainer.ranks),
         "perf/world_size": float(trainer.ranks.world_size),
     })
     trainer.tracker.log(step, {**metrics, **added})
     if trainer.ranks.main:
         trainer.run.append_rollouts(rollout_records(step, got.problems, got.prompts_text, got.texts, got.results,
-                                                    rollout, trainer.tokenizer, cfg.rollout.n, cfg.log.rollouts_per_step,
+                                                    batch, trainer.tokenizer, cfg.rollout.n, cfg.log.rollouts_per_step,
                                                     scores=got.scores if trainer.rewarder.logs_components else None))
     return added
 
@@ -371,8 +371,8 @@ def log_step(trainer: Trainer, step: int, got: Collected, batch: TrainBatch, met
 def batch_metrics(got, batch: TrainBatch, *, n: int, prompts_too_long: int,
                   reflection_words: Sequence[str] = ()) -> dict[str, float]:
     """reward/*, rollout/* and data/* metrics of the step's kept samples."""
-    rollout, results, correct = got.rollout, got.results, got.correct
-    lengths = rollout.response_lengths.float()
+    results, correct = got.results, got.correct
+    lengths = batch.response_lengths.float()
     all_correct, all_wrong = uniform_groups(correct, n)  # [G] each, the step's G groups of n
     reflections = reflection_stats(got.texts, reflection_words)
     return {
@@ -386,7 +386,7 @@ def batch_metrics(got, batch: TrainBatch, *, n: int, prompts_too_long: int,
         "reward/error_rate": sum(r.reason == "error" for r in results) / len(results),
         "rollout/response_length": float(lengths.mean()),
         "rollout/response_length_max": float(lengths.max()),
-        "rollout/truncated_frac": float(rollout.truncated.float().mean()),
+        "rollout/truncated_frac": float(batch.truncated.float().mean()),
         "data/prompts_too_long": float(prompts_too_long),
         "rollout/all_correct_groups": float(all_correct.float().mean()),
         "rollout/all_wrong_groups": float(all_wrong.float().mean()),
@@ -428,7 +428,7 @@ def rollout_records(step, problems, prompts_text, texts, results, rollout: Rollo
             "extracted": results[i].extracted,
             "token_ids": ids,
             "tokens": tokenizer.convert_ids_to_tokens(ids),
-            "logprobs": [round(x, 5) for x in rollout.logprobs[i, :length].tolist()],
+            "logprobs": [round(x, 5) for x in rollout.rollout_logprobs[i, :length].tolist()],
             "truncated": bool(rollout.truncated[i]),
         })
         if rollout.observation_mask is not None:  # which tokens a tool wrote (mathrl inspect shows them apart)
