@@ -146,11 +146,11 @@ def test_batch_metrics_length_spread_and_reflection():
 
     lengths = torch.tensor([3, 5, 4, 4])
     mask = (torch.arange(5)[None, :] < lengths[:, None]).float()  # [4, 5]
-    rollout = SimpleNamespace(response_lengths=lengths, truncated=torch.zeros(4, dtype=torch.bool))
-    got = SimpleNamespace(rollout=rollout, results=[SimpleNamespace(reason="correct")] * 4,
+    got = SimpleNamespace(results=[SimpleNamespace(reason="correct")] * 4,
                           correct=torch.tensor([1.0, 0.0, 1.0, 1.0]), rewards=torch.tensor([1.0, 0.0, 1.0, 1.0]),
                           problems=["p", "q"], texts=["a?b?", "c", "?d", "e"])
-    batch = SimpleNamespace(old_logprobs=torch.zeros(4, 5), rollout_logprobs=torch.zeros(4, 5), response_mask=mask)
+    batch = SimpleNamespace(old_logprobs=torch.zeros(4, 5), rollout_logprobs=torch.zeros(4, 5), response_mask=mask,
+                            response_lengths=lengths, truncated=torch.zeros(4, dtype=torch.bool))
     m = batch_metrics(got, batch, n=2, prompts_too_long=0, reflection_words=["?"])
     assert m["rollout/response_length_group_std"] == pytest.approx(0.5)
     assert m["rollout/reflection_rate"] == 0.5 and m["rollout/reflections_per_response"] == 0.75

@@ -236,7 +236,7 @@ def test_bypass_takes_the_rollout_logprobs_as_old_without_a_scoring_pass(monkeyp
                  response_ids=torch.zeros(2, 3, dtype=torch.long), response_mask=MASK.clone(), loss_mask=MASK.clone(),
                  correct=torch.zeros(2), rollout_logprobs=rollout_lp)
     trainer = SimpleNamespace(cfg=cfg, model=None)
-    got = SimpleNamespace(rollout=SimpleNamespace(rollout_logprobs=rollout_lp))
+    got = SimpleNamespace()  # the step reads the prepared rows, not the engine's record
     prep = SimpleNamespace(batch=batch, checks=SimpleNamespace(loss_mask=MASK.clone()), rows=None)
     scored = step.score(trainer, got, prep)
     assert torch.equal(scored.old_logprobs, rollout_lp * MASK)  # old == rollout on every sampled token
