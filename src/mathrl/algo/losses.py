@@ -1,9 +1,8 @@
 """Policy losses and loss aggregation, two independent switches (STYLE.md rule 4):
 
 * ``policy_loss`` returns the *per-token* PPO clipped surrogate (clip-higher, optional dual clip).
-* ``aggregate`` turns any per-token loss into a scalar (``algo.loss_agg``: the normalisation), dividing by counts
-  over the WHOLE mini-batch (all micro-batches, all data-parallel ranks): summed micro-batch losses give exactly
-  the full-batch loss, so the gradient does not depend on how the batch was split.
+* ``aggregate`` turns any per-token loss into a scalar (``algo.loss_agg``: the normalisation), dividing by counts over the
+  WHOLE mini-batch (all micro-batches, all data-parallel ranks): summed micro-batch losses are exactly the full-batch loss.
 
     num_tokens, num_seqs = global_counts(minibatch_mask)        # once per mini-batch
     for micro in micro_batches:
