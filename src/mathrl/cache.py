@@ -5,14 +5,12 @@ keyed by a hash that are built once.
         ...
     build_once(cache_root() / "base" / key, build, is_complete=lambda p: (p / "model.safetensors").exists())
 
-A lock is `flock` on a lock file: the kernel drops it when its process ends, however it ends, so a
-killed holder leaves no stale lock (at most the file, which the next holder reuses). The holder's PID
-is written into the file for the message of whoever finds it taken. On release the holder deletes the
-file; a process that opened it just before checks after locking that the file it holds is still the
-one at the path, and starts over otherwise.
+A lock is `flock` on a lock file: the kernel drops it when its process ends, however it ends, and the
+holder's PID in the file names it to whoever finds it taken. `build_once` locks `<entry>.lock` beside the
+entry: the first process builds into a temporary directory and renames it into place; the others print one
+line, wait, and use the finished entry. How the lock file is reused and deleted: docs/guide.md, "Never lose
+a run" (the caches).
 
-`build_once` makes `<entry>.lock` beside the entry: the first process builds into a temporary
-directory and renames it into place; the others print one line, wait, and use the finished entry.
 Imports nothing of mathrl: every layer may use it.
 """
 

@@ -1,30 +1,18 @@
 """The run directory: the one place that knows its layout, for `train` (writes) and `report`, `eval`,
-`inspect` (read).
+`inspect` (read). What each file holds: docs/guide.md, "The run directory".
 
-    <run_dir>/
-      config.yaml          the resolved config (config.previous.yaml: the one a resumed run replaced)
-      metrics.jsonl        one JSON object per step (track.sinks.JsonlSink; names in docs/metrics.md)
-      evals.jsonl          every evaluation: {"step", "set", EvalResult fields, "samples": first 5}
-      rollouts.jsonl       a sample of each step's rollouts with per-token ids and logprobs (a step that kept
-                           no group: the samples dynamic sampling dropped, marked "dropped": true)
-      positions.jsonl      PPO with a critic: each step's mean value and advantage by response position
-      checkpoints/         step_<N>/ resumable checkpoints (train/checkpoint.py)
-      final/               the trained model, a plain Hugging Face directory (critic/ for PPO)
-      parent.json          the checkpoint a `train.init_from` run continued
-      config_history.jsonl each config change a resumed or extended run took on: {"step" (the first step it
-                           applied to), "changes" {key: [old, new]}, "extended" (a finished run's longer train.steps)}
-      summary.json         base vs final held-out scores and wall time, summed over the processes that ran
-                           it ("processes": each one's first and last step and seconds; written last)
-      eval/                `mathrl eval <run_dir>`'s default output: results.json, results.md
+    <run_dir>/config.yaml, config.previous.yaml, config_history.jsonl, parent.json   the config and its changes
+              metrics.jsonl, evals.jsonl, rollouts.jsonl, positions.jsonl             per step (docs/metrics.md)
+              checkpoints/step_<N>/ (train/checkpoint.py), final/, summary.json, eval/
 
     run = RunDir("runs/x")
     run.metrics(), run.evals(), run.summary(), run.rollouts(step=3)
 
 One process writes a run directory: `open_run_dir` takes an exclusive lock on `<run_dir>/.lock` (rank 0
 under torchrun) and keeps it for the life of the process, or until the run ends; a second writer stops
-before it writes anything, naming the holder's PID. The kernel drops the lock of a process that dies,
-however it dies. Readers (`report`, `eval`, `inspect`) take no lock: they read a run being written.
-Default names (`new_run_dir`) are the local time, with `-2`, `-3`, ... for runs started in the same second.
+before it writes anything, naming the holder's PID. Readers (`report`, `eval`, `inspect`) take no lock:
+they read a run being written. Default names (`new_run_dir`) are the local time, with `-2`, `-3`, ... for
+runs started in the same second.
 """
 
 from __future__ import annotations

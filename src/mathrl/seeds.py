@@ -7,15 +7,11 @@ never depends on what else was drawn before it (nor on how many processes drew i
     derive_seed(cfg.seed, step + (round - 1) * REFILL_ROUND_STRIDE)  # rollouts of a refill round
     derive_seed(seed, row, modulus=GENERATOR_MODULUS)             # one engine row or block
 
-The constants are primes far apart, so that the streams of different uses do not meet for any
-realistic step, round, row or shard count. Changing any of them changes every run's samples.
-
-The process-wide generators (Python's, NumPy's, torch's) are saved and put back as a whole by
-`rng_state` / `set_rng_state`: a checkpoint keeps them, and code that lets a library reseed them
-(vLLM's start) restores them after it.
-
-This module imports nothing of mathrl, and NumPy and torch only when the RNG states are asked for:
-every layer may use it.
+The constants are primes far apart, so that the streams of different uses do not meet for any realistic
+step, round, row or shard count; changing any of them changes every run's samples. `rng_state` /
+`set_rng_state` save and put back the process-wide generators (Python's, NumPy's, torch's) as a whole: a
+checkpoint keeps them, and code that lets a library reseed them (vLLM's start) restores them after it.
+Imports nothing of mathrl, and NumPy and torch only when the RNG states are asked for: every layer may use it.
 """
 
 from __future__ import annotations

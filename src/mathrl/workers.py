@@ -7,19 +7,12 @@ only be stopped by ending its process.
     reply = pool.call(message, timeout_s)    # from any thread: one worker for each call in flight
     pool.close()                             # no worker process is left when it returns
 
-Each worker runs `serve`: it calls ``start()`` once (imports, warm-up; not part of any call's timeout),
-says ``("ready", info)``, then answers every message with ``handle(message)``. A `Reply` is ``ok`` with
-that answer, ``timeout`` (the worker ran past the call's timeout and was killed), ``crashed`` (its
-process ended: ``os._exit``, a segfault), ``closed`` (the pool closed while the call waited) or
-``unsent`` (the message could not be sent). A killed or dead worker is replaced by a fresh one; the
-pool goes on. A worker that cannot even start raises `WorkerStartError` (a broken environment, not a
-bad message).
-
-Each worker has a private pipe (rather than a queue shared by all), so killing one can never leave a
-lock held or half a message in a channel that the others use. Workers are spawned by default: the
-parent usually has torch loaded with its thread pools, and forking a multi-threaded process can
-deadlock the child. Spawned children re-import the main script, so a script that starts a pool needs
-the ``if __name__ == "__main__":`` guard. Imports nothing of mathrl: every layer may use it.
+Each worker runs `serve`: it calls ``start()`` once (not part of any call's timeout), says ``("ready", info)``,
+then answers every message with ``handle(message)``. A `Reply` is ``ok``, ``timeout``, ``crashed``, ``closed`` or
+``unsent``; a killed or dead worker is replaced and the pool goes on; a worker that cannot even start raises
+`WorkerStartError`. Workers are spawned, each with a private pipe (what each reply means, and why:
+docs/architecture.md, "Worker processes"), so a script that starts a pool needs the
+``if __name__ == "__main__":`` guard. Imports nothing of mathrl: every layer may use it.
 """
 
 from __future__ import annotations

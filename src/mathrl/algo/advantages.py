@@ -1,21 +1,15 @@
-"""Advantage estimators for critic-free RL on verifiable rewards.
+"""Advantage estimators for critic-free RL on verifiable rewards, picked by ``algo.adv.estimator``.
 
-Every function is a pure tensor function: it never modifies its inputs and keeps no state.
-Shapes use N = number of sampled responses in the rollout batch, B = sequences, T = response
-positions. The loop picks an estimator with ``algo.adv.estimator``:
+Pure tensor functions: they never modify their inputs and keep no state. Shapes use N = sampled
+responses in the rollout batch, B = sequences, T = response positions. Estimator -> function
+(each one's paper and switch: docs/tricks.md):
 
-    grpo          group_advantages(rewards, group_ids, std_normalize=..., std_scope=...)
-    rloo          rloo_advantages(rewards, group_ids)
-    reinforce_pp  reinforce_pp_advantages(rewards, response_mask, kl_rewards=..., loss_mask=...)
-                  = whiten_advantages(discounted_returns(token_rewards, mask), loss_mask)
-    reinforce_pp_baseline  reinforce_pp_baseline_advantages(rewards, group_ids, loss_mask)
-    grpo_passk    passk_advantages(rewards, group_ids, std_normalize=..., std_scope=...)
-    opo           opo_advantages(rewards, group_ids, lengths)
-    gpg           gpg_advantages(rewards, group_ids, alpha=...)
-    maxrl         maxrl_advantages(rewards, group_ids)
-    gdpo          gdpo_advantages(components, group_ids, weights=..., shaping=...), then whitened
+    grpo: group_advantages             rloo: rloo_advantages             grpo_passk: passk_advantages
+    reinforce_pp: reinforce_pp_advantages = whiten_advantages(discounted_returns(token_rewards, mask), loss_mask)
+    reinforce_pp_baseline: reinforce_pp_baseline_advantages               opo: opo_advantages
+    gpg: gpg_advantages                maxrl: maxrl_advantages           gdpo: gdpo_advantages, then whitened
 
-then broadcasts sequence-level advantages to tokens with ``expand_to_tokens``.
+then ``expand_to_tokens`` broadcasts sequence-level advantages to tokens.
 
 Run the tests with ``python -m pytest tests/algo/test_advantages.py tests/algo/test_advantages_more.py -q``.
 """

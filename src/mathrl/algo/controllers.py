@@ -1,16 +1,12 @@
-"""Coefficient controllers for the KL penalty and the entropy bonus.
+"""Coefficient controllers for the KL penalty and the entropy bonus, one small interface for all::
 
-Every controller has the same small interface, so the loop treats them alike::
-
-    coef = controller.update(measured, n_steps=batch_size)   # once per RL step, returns the
-    loss = pg_loss - coef * entropy_term                      # coefficient to use next
+    coef = controller.update(measured, n_steps=batch_size)   # once per RL step: the next coefficient
+    loss = pg_loss - coef * entropy_term
     ckpt["entropy_ctl"] = controller.state_dict()             # checkpointable
 
 ``state_dict()`` holds only the mutable state (the coefficient and, for Skywork, the active flag);
 hyper-parameters come from the config, so a run resumed with the same config continues exactly.
-
-Sign convention for entropy controllers: a positive coefficient is a *bonus*, the loss is
-``loss - coef * entropy``, and raising the coefficient pushes entropy up.
+Entropy sign: a positive coefficient is a *bonus* (``loss - coef * entropy``); raising it pushes entropy up.
 
 ``algo.entropy.mode``: ``none`` (no term), ``fixed`` (``FixedCoef(algo.entropy.coef)``),
 ``adaptive`` (``AdaptiveEntropyController``), ``skywork`` (``SkyworkEntropyController``).

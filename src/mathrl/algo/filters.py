@@ -1,5 +1,4 @@
-"""Which groups and which tokens of a rollout batch reach the loss: DAPO dynamic sampling, an
-accuracy-band prompt filter, and DAPO overlong filtering.
+"""Which groups and which tokens of a rollout batch reach the loss: DAPO dynamic sampling, an accuracy-band prompt filter, and DAPO overlong filtering.
 
 Every function is pure: it never modifies its inputs and keeps no state. Shapes use N = sampled
 responses in the rollout batch, G = groups (prompts), T = response positions. In the loop:

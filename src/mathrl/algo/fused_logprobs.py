@@ -1,23 +1,14 @@
 """log pi(target) and entropy over the whole vocabulary, chunk by chunk, with a hand-written backward.
 
-`algo.entropy.logprobs_and_entropy` calls this; it is the hot spot of every scoring pass and update
-(a [positions, V] softmax with V ~ 32k-152k). Compared with running the chunk function under
-`torch.utils.checkpoint` and letting autograd differentiate it:
-
-* the backward recomputes one chunk's logits (as checkpointing does) but then writes the gradient
-  with respect to them in closed form, in place, instead of replaying the forward's graph and
-  backpropagating through max-shift, logsumexp, exp, gather and the entropy sum (each a full
-  [chunk, V] pass, plus a [chunk, V] zero-filled scatter for the gather);
-* the forward keeps nothing of size V: only each position's logsumexp and entropy.
-
-With z = logits / temperature, p = softmax(z), log p = z - logsumexp(z) and H = -sum p log p:
-
-    d log p_target / dz = onehot(target) - p
-    d H / dz            = -p * (log p + H)
-
-so for upstream gradients a (logprob) and b (entropy) per position:
+`algo.entropy.logprobs_and_entropy` calls this: the hot spot of every scoring pass and update. The
+backward recomputes one chunk's logits and writes their gradient in closed form, in place; the forward
+keeps nothing of size V, only each position's logsumexp and entropy. With z = logits / temperature,
+p = softmax(z) and H = -sum p log p, for upstream gradients a (logprob) and b (entropy) per position:
 
     dL/dz = a * onehot(target) - p * (a + b * (log p + H))
+
+Derivation, and what it saves against a checkpointed chunk function: docs/performance.md,
+"Kept: logprobs and entropy with a closed-form backward".
 
     python -m pytest tests/algo/test_entropy_kl.py -q     # values and gradients against autograd (float64)
 """

@@ -1,26 +1,18 @@
-"""Policy losses and loss aggregation.
-
-Two independent switches live here (STYLE.md rule 4: clipping and aggregation are separate):
+"""Policy losses and loss aggregation, two independent switches (STYLE.md rule 4):
 
 * ``policy_loss`` returns the *per-token* PPO clipped surrogate (clip-higher, optional dual clip).
-* ``aggregate`` turns any per-token loss into a scalar, with ``algo.loss_agg`` choosing the
-  normalisation. Its normalisers are counts over the WHOLE mini-batch (all micro-batches, all
-  data-parallel ranks), so summing per-micro-batch losses gives exactly the full-batch loss and the
-  gradient does not depend on how the batch was split.
-
-How the training loop uses them, for one mini-batch split into micro-batches on each rank::
+* ``aggregate`` turns any per-token loss into a scalar (``algo.loss_agg``: the normalisation), dividing by counts over the
+  WHOLE mini-batch (all micro-batches, all data-parallel ranks): summed micro-batch losses are exactly the full-batch loss.
 
     num_tokens, num_seqs = global_counts(minibatch_mask)        # once per mini-batch
     for micro in micro_batches:
         per_token, stats = policy_loss(lp, micro.old_lp, micro.adv, micro.mask)
-        loss = aggregate(per_token, micro.mask, mode=cfg.algo.loss_agg,
-                         num_tokens=num_tokens, num_seqs=num_seqs, max_len=cfg.rollout.max_new_tokens)
+        loss = aggregate(per_token, micro.mask, mode=cfg.algo.loss_agg, num_tokens=num_tokens,
+                         num_seqs=num_seqs, max_len=cfg.rollout.max_new_tokens)
         (loss * dp_scale()).backward()                           # DDP/FSDP average the grads
-    optimizer.step()
 
-Masks are [B, T] float or bool tensors; any nonzero entry counts as one token (masks are not
-weights). Run the tests with ``python -m pytest tests/algo/test_losses.py
-tests/algo/test_aggregation_invariance.py -q``.
+Masks are [B, T] float or bool; any nonzero entry counts as one token (masks are not weights). Tests:
+``python -m pytest tests/algo/test_losses.py tests/algo/test_aggregation_invariance.py -q``.
 """
 
 from __future__ import annotations

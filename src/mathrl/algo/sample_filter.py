@@ -9,11 +9,9 @@ The detectors are passed in, so this module depends on none of them (the shared 
                         drop=set(cfg.data.sample_filter.drop))
     res.keep_rows   # [N] bool; res.counts -> {"repetitive": 3, "garbled": 0, "no_answer": 5}
 
-What the loop does with dropped rows is its choice: zero their loss mask (group sizes, and so the
-group baselines, stay as sampled), or remove them before advantages (the baseline is then taken
-over the remaining samples only). Metrics: ``filter/dropped_repetitive``, ``filter/dropped_garbled``,
-``filter/dropped_no_answer``.
-
+What the loop does with dropped rows is its choice: zero their loss mask (group sizes, and so the group baselines,
+stay as sampled), or remove them before advantages (the baseline is then taken over the remaining samples only).
+Metrics: ``filter/dropped_repetitive``, ``filter/dropped_garbled``, ``filter/dropped_no_answer``.
 Run the tests with ``python -m pytest tests/algo/test_sample_filter.py -q``.
 """
 

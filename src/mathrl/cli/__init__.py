@@ -1,27 +1,13 @@
 """The `mathrl` command: parses arguments and calls one library function per verb.
 
     mathrl train [RECIPE.yaml] [key.path=value ...] [--run-dir DIR] [--no-resume]
-    mathrl sft   [RECIPE.yaml] [key.path=value ...] [--run-dir DIR] [--no-resume]   supervised fine-tuning (sft.*)
-    mathrl distill-data [RECIPE.yaml] [key.path=value ...] --teacher PATH --out FILE.jsonl [--n 4 --prompts N ...]
-                                                      a teacher's checked answers as rows for mathrl sft
-    mathrl serve-teacher MODEL [--host 127.0.0.1 --port 8100 --engine torch|vllm]
-                                                      a distillation teacher over HTTP (teacher.url)
-    mathrl config [RECIPE.yaml] [key.path=value ...] [--yaml]   every key: type, default, allowed values, doc
-    mathrl base  [base.key=value ...]                  build (or find) the tiny base model; prints its path
-    mathrl eval  TARGET... [key.path=value ...] [--n 8 --seeds 0 1 2 ...]   evaluate checkpoints (docs/evaluation.md)
-    mathrl inspect --base PATH --model PATH (--run DIR --step S --index I | --prompt T --response T)
-                                                      token-level views of what RL changed (docs/inspect.md)
-    mathrl report RUN_DIR... [--out report.html]      one HTML page comparing runs (docs/report.md)
-    mathrl export RUN_DIR OUT [--checkpoint N] [--license L]   the model and its card (README.md), ready to share
-    mathrl push  RUN_DIR --repo ID [--private] [--checkpoint N]   the same folder, uploaded to the Hugging Face Hub
-    mathrl plan  RECIPE.yaml [key.path=value ...] --gpus N --gpu-mem 80 [--trainer-gpus M]
-                                                      memory per device, generators included; exit 1 if it does not fit
+    mathrl VERB ...   VERB: sft, distill-data, serve-teacher, config, base, eval, inspect, report, export, push,
+                      plan (each one's arguments: docs/guide.md, "The command line", or `mathrl VERB -h`)
 
 key.path=value overrides may stand anywhere after the verb, before or after options. Errors a user
 can fix (config, data, paths, models) are printed as one line each on stderr, with no traceback
 (MATHRL_DEBUG=1 shows it). Exit status: 0 done, 1 error, 2 bad command line or config, 130 Ctrl-C,
-143 SIGTERM (a preemption: at once before a run's first step, after it saved its last completed step
-from then on; train/preempt.py).
+143 SIGTERM (a preemption: train/preempt.py).
 
 A new verb is one `VERBS` entry: a function in cli/arguments.py that adds its arguments to its
 sub-parser, and a handler in cli/commands.py, `(ns, console) -> int`, that calls the library. This

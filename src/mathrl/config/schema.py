@@ -2,23 +2,16 @@
 reference that `mathrl config` prints.
 
 A field's domain (the values it allows: a range, a length, a rule for strings) is part of its type
-annotation in the config tree (mathrl/config/tree.py); its default and its help text are the field's
-own, given by `knob` (a section's by `section`):
-
-    lr: Positive[float] = knob(1e-4, "AdamW learning rate")
-    max_grad_norm: Annotated[float, positive("gradients are clipped to this norm; ...")] = knob(1.0, "...")
+annotation in the config tree (mathrl/config/tree.py); its default and help are given by `knob` (a
+section's by `section`): `lr: Positive[float] = knob(1e-4, "AdamW learning rate")`.
 
 `check_domains` reads the domains from the annotations (`typing.Annotated` metadata) and `Config.validate`
-runs it before anything is built or loaded; each message names the key, the value and what is allowed:
+runs it before anything is built or loaded; each message names the key, the value and what is allowed
+(`train.max_grad_norm=-1.0: must be > 0 (gradients are clipped to this norm; ...)`). The help is the
+field's metadata (`dataclasses.field(metadata={"help": ...})`, as Hugging Face's argument dataclasses
+write it); nothing is read from the source, so the docs are there wherever the package is installed.
 
-    train.max_grad_norm=-1.0: must be > 0 (gradients are clipped to this norm; a negative limit flips their sign)
-
-The help is the field's metadata (`dataclasses.field(metadata={"help": ...})`, as Hugging Face's
-argument dataclasses write it); a section without help of its own is documented by its docstring.
-Nothing is read from the source, so the docs are there wherever the package is installed.
-
-    from mathrl.config import Config
-    from mathrl.config.schema import reference
+    from mathrl.config import Config; from mathrl.config.schema import reference
     for entry in reference(Config): print(entry.key, entry.type, entry.default, entry.domain, entry.doc)
 """
 

@@ -1,19 +1,17 @@
 """The config tree: every field declared once, with its type, domain, default and help side by side.
 
     steps: Count = knob(50, "RL steps (one rollout batch each)")
-    lr: Positive[float] = knob(1e-4, "AdamW learning rate")
     mode: Literal["none", "tis", "mis"] = knob("none",
         "tis: weight min(ratio, cap) (Yao et al. 2025); mis: drop ratio > cap (Liu, Li et al. 2025)")
     kl: KLConfig = section(KLConfig, "KL to the reference model")
 
-The type is what a recipe or override must give (`Literal` choices, int/float/bool/str, optional,
-lists); the domain (`typing.Annotated` metadata: `Count` is `Annotated[int, at_least(1)]`, see
-mathrl/config/schema.py) is what the value must be, checked before anything loads; the help (the
-field's metadata, given by `knob` or `section`; a long one wrapped over several lines) is the doc
-`mathrl config` prints, and a section without help is documented by its docstring. A list default is
-copied for each config. The defaults ARE the embedded default experiment (`recipes/arith_grpo.yaml`
-lists their main knobs). Derived sizes are properties of `Config`; `validate` and the rules that tie fields
-together are methods it inherits from rules.py (`ConfigRules`).
+The type is what a recipe or override must give (`Literal` choices, int/float/bool/str, optional, lists);
+the domain (`typing.Annotated` metadata: `Count` is `Annotated[int, at_least(1)]`, see config/schema.py)
+is what the value must be, checked before anything loads; the help (given by `knob` or `section`; a long
+one wrapped over several lines) is what `mathrl config` prints, and a section without help is documented
+by its docstring. A list default is copied for each config. The defaults ARE the embedded default
+experiment (`recipes/arith_grpo.yaml` lists their main knobs). Derived sizes are properties of `Config`;
+`validate` and the rules that tie fields together are methods it inherits from rules.py (`ConfigRules`).
 """
 
 from __future__ import annotations

@@ -1,23 +1,14 @@
 """Real architectures with random weights, built from configs shipped in the package (no download).
 
 `model.path=config:<name> model.init=random` trains, benchmarks or smoke-tests a model of real size
-(Qwen2.5-0.5B ... Qwen2.5-Math-7B) on a machine that has no network and no checkpoint. The
-architecture numbers in `configs/<name>.json` are those of the public `config.json` of each model
-(hidden size, layers, heads, kv heads, intermediate size, vocabulary, rope theta, max positions, tied
-embeddings); `config:<path>.json` builds any other Hugging Face causal-LM config file.
-
-The tokenizer: a real one cannot be downloaded here, so a random-init model gets the local
-character tokenizer of the tiny base model (`model.tiny.build_char_tokenizer`: one token per
-printable character) padded with placeholder tokens `<id>` up to the architecture's vocabulary size.
-The embedding and output matrices, the logits and every softmax therefore have the real size, so
-compute and memory are those of the real model; prompts are encoded one character per token, and
-sampled placeholder ids decode to visible `<12345>` text. Its EOS and pad ids (1 and 0) replace the
-real model's in the config so the rollout engine stops on them. This is for benchmarks and smoke
-tests: the model knows nothing, and rewards stay at zero.
-
-Weights are drawn with the architecture's own initialiser under a fixed seed inside a private RNG
-scope, so building twice gives the same model (the reference model equals the starting policy) and
-the caller's random state is untouched.
+(Qwen2.5-0.5B ... Qwen2.5-Math-7B) with no network and no checkpoint: `configs/<name>.json` holds the
+architecture numbers of each model's public `config.json`; `config:<path>.json` builds any other
+Hugging Face causal-LM config file. The tokenizer is the tiny base model's character tokenizer
+(`model.tiny.build_char_tokenizer`) padded with placeholder tokens `<id>` to the real vocabulary, so
+compute and memory are the real model's; it knows nothing, and rewards stay at zero. Weights are drawn
+with the architecture's own initialiser under a fixed seed in a private RNG scope: building twice gives
+the same model, and the caller's random state is untouched. Details: docs/guide.md, "Real sizes without
+downloads".
 
     from mathrl.model.init import build_random_model, architecture_names
     model, tokenizer = build_random_model("qwen2.5-0.5b", dtype="bfloat16", device="cuda")

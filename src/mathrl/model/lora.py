@@ -1,4 +1,4 @@
-"""LoRA adapters with peft: only the low-rank matrices train, the base weights stay frozen.
+"""LoRA adapters with peft: only the low-rank matrices train, the base weights stay frozen (docs/lora.md).
 
     model = add_adapters(base_model, cfg.model.lora)     # a peft PeftModel; model.lora.r > 0
     with model.disable_adapter():                         # the base model: the KL reference, no copy
@@ -7,18 +7,11 @@
     engine.update_weights(stream_plain_weights(model))   # the same, one tensor at a time (sharded too)
 
 A targeted linear layer computes `W x + (alpha / r) * B A x` (Hu et al. 2021, eq. 3; peft's `lora.Linear`
-with `fan_in_fan_out=False`). An engine that holds plain weights (vLLM) receives the merged weights
-`W + (alpha / r) * B A` under the base model's parameter names after every update, so it samples from
-the trainer's distribution; the merge is computed from a state dict, so it works on the gathered full
-tensors of an FSDP2-sharded model too (tests/model/test_lora.py checks it against peft's `merge_and_unload`).
-
-`stream_plain_weights` yields the same tensors one at a time: each sharded tensor is gathered when the
-consumer pulls it, merged with its adapter, and released before the next, so an engine that loads as it
-reads (vLLM's `update_weights`, one engine per torchrun rank) needs one module's full tensors at a time
-instead of the whole model on every rank (tests/model/test_lora_stream.py).
-
-On disk an adapter is peft's own format (`adapter_config.json`, `adapter_model.safetensors`): what
-`PeftModel.from_pretrained` and `AutoPeftModelForCausalLM` read.
+with `fan_in_fan_out=False`). An engine that holds plain weights (vLLM) gets the merged weights under the
+base model's names after every update, computed from a state dict, so an FSDP2-sharded model works too
+(tests/model/test_lora.py). `stream_plain_weights` gathers, merges and releases one tensor at a time as
+the consumer pulls it (tests/model/test_lora_stream.py). On disk an adapter is peft's own format
+(`adapter_config.json`, `adapter_model.safetensors`), what `PeftModel.from_pretrained` reads.
 """
 
 from __future__ import annotations

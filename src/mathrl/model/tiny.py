@@ -1,21 +1,12 @@
 """The tiny base model: a ~1M-parameter Qwen2 with a character tokenizer, pretrained on arithmetic.
 
-`mathrl train` with no arguments starts from this model so that a complete RL experiment runs on a CPU
-in minutes with nothing downloaded. It is an ordinary Hugging Face model directory (config.json,
-model.safetensors, tokenizer.json) that `AutoModelForCausalLM.from_pretrained` and
-`AutoTokenizer.from_pretrained` load, cached under the user cache directory ($MATHRL_CACHE) and keyed
-by a hash of its recipe, so changing any field of `BaseModelConfig` builds a new one. Several processes
-may ask for the same model at once: one builds it, the others wait for it (`mathrl.cache.build_once`).
-
-The pretraining text comes from a `pretraining_text(count, rng)` callable that the caller passes in
-(`tasks/arithmetic.py:base_pretraining_text(cfg.base)`): a list of (prompt, solution) text pairs; the
-model learns the solution and EOS. The arithmetic text contains deliberate slips (`slip_prob`, see
-`ArithmeticTask.worked_solution`):
-sampled at temperature 1 the model makes them too, so it is only partly competent — the starting
-point an RL run needs to show that reward sharpens a policy. With `check_prob` > 0 some columns are
-followed by a self-check that repairs a slip, so the model also knows an optional, longer and more
-reliable way to answer (recipes/arith_check_grpo.yaml). With `decimal_share` > 0 that share of the
-problems has one-decimal-place operands (`2.5+13.7`, boxed `16.2`; recipes/findings/integer_hack.yaml).
+`mathrl train` with no arguments starts from it, so a complete RL experiment runs on a CPU in minutes
+with nothing downloaded. It is an ordinary Hugging Face model directory, cached under $MATHRL_CACHE and
+keyed by a hash of its recipe (`BaseModelConfig`); concurrent processes build it once
+(`mathrl.cache.build_once`). Its pretraining text comes from a `pretraining_text(count, rng)` callable
+that the caller passes in (`tasks/arithmetic.py:base_pretraining_text(cfg.base)`): (prompt, solution)
+text pairs; the model learns the solution and EOS. What the slips (`slip_prob`), the self-checks
+(`check_prob`) and the decimals (`decimal_share`) of that text teach it: docs/guide.md, "The tiny base model".
 
     mathrl base            # build (or find) the cached base model and print its path
 """

@@ -1,24 +1,17 @@
 """Is an extracted answer equivalent to the reference? Structure first, then values.
 
-    >>> answers_equal("4, 10, -2", "10, 4, -2").equal       # a bare list is a set of solutions
-    True
     >>> answers_equal("(4, 10, -2)", "(10, 4, -2)").equal   # a tuple compares in order
     False
+    >>> answers_equal("2, 3", "(2, 3)").equal               # an answer may drop a tuple's parentheses
+    True
 
-The reference's form decides how lists compare (the answer does not get to choose):
-
-* ``(a, b)``, ``[a, b)``, ``\\left( ... \\right]``: a tuple or interval, compared in order, brackets
-  included; an answer may drop the parentheses of a tuple (``2, 3`` for ``(2, 3)``), not the
-  brackets of an interval. An interval answer may be written as an inequality (``-2 \\le x \\le 7``).
-* ``\\{a, b\\}``, a bare ``a, b`` and ``a \\pm b``: the set of all solutions, compared as a multiset
-  (same elements, same count, any order). In MATH every bare comma list is "all solutions, separated
-  by commas", so ordered answers must be written as tuples in the reference.
-* anything else is one value: an answer with several values (a list, ``\\pm``) is wrong.
-
-Values compare exactly: plain decimals with ``Decimal``, mixed numbers as fractions, and everything
-else with math-verify (LaTeX -> SymPy), with a decimal answer turned into the exact fraction it
-writes so that a rounded ``0.333`` never equals ``\\frac{1}{3}``. Unions, matrices and relations
-between expressions go to math-verify whole.
+The reference's form decides how lists compare (the answer does not get to choose): a tuple or interval
+in order, brackets included (an interval answer may be an inequality, ``-2 \\le x \\le 7``); a set the
+reference says is one (``\\{a, b\\}``, ``a \\pm b``) as a multiset; anything else is one value. Values compare
+exactly: plain decimals with ``Decimal``, mixed numbers as fractions, everything else with math-verify
+(LaTeX -> SymPy), a decimal answer turned into the exact fraction it writes so that a rounded ``0.333``
+never equals ``\\frac{1}{3}``. Unions, matrices and relations between expressions go to math-verify whole.
+Every rule with its evidence: docs/evaluation.md, "What counts as equal (the answer checker)".
 """
 
 from __future__ import annotations

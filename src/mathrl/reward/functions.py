@@ -1,17 +1,12 @@
-"""Reward functions as config (`reward.functions`): the components of the sequence reward, their
-built-ins (`math`, `format`, `choice`), and the `Rewarder` that scores a batch with all of them.
-
-The contract (docs/rewards.md), one batched signature for the built-ins and the user's functions:
+"""Reward functions as config (`reward.functions`): the sequence reward's components, the built-ins (`math`, `format`, `choice`)
+and the `Rewarder` that scores a batch with them all. The contract (docs/rewards.md), one batched signature for all:
 
     def my_reward(prompts: list[str], responses: list[str], fields: list[dict], tokens: list[list[int]],
                   **kwargs) -> list[float | dict[str, float]]:
         ...  # one value per sample: a float, or named floats with a "score" (the others are logged)
 
-`prompts` are the prompt texts the policy saw, `responses` the decoded responses, `fields` each
-row's fields (``answer``: the gold answer, ``id``, ``question`` and any other field of the data
-row), `tokens` the response token ids; `kwargs` are the entry's `kwargs`. Functions run in the
-verifier's worker processes (`verify.Verifier.call`) with a timeout per call of `batch_size`
-samples, so a hang, a crash or an exception scores those samples 0 and is counted
+Functions run in the verifier's worker processes (`verify.Verifier.call`) with a timeout per call of
+`batch_size` samples, so a hang, a crash or an exception scores those samples 0 and is counted
 (``reward/<name>/timeouts``, ``reward/<name>/errors``); a `url` entry POSTs them to a server instead
 (`remote.RemoteReward`). The sequence reward is the weighted sum of the components.
 

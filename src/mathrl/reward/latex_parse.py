@@ -1,29 +1,18 @@
 """Two-stage parsing for math-verify's LaTeX parser (latex2sympy2): SLL prediction first, full LL only
 when SLL reports an error. The same trees, several times faster.
 
-latex2sympy2's ANTLR grammar is ambiguous at an opening bracket (a tuple, an interval, a bracketed
-expression), so ANTLR's default prediction (LL) keeps falling back to full-context analysis there,
-which its DFA cache does not keep: a parse of ``(15,-29)`` takes 30-90 ms on a slow core, every time,
-against 1-6 ms with SLL prediction. ANTLR guarantees that an SLL parse that succeeds is the tree LL
-would build (``PredictionMode.SLL``: "the parser will either return a correct parse tree (i.e. the
-same parse tree that would be returned with the LL prediction mode), or it will report a syntax
-error"). So the first stage parses with SLL and bails out at the first error; the second stage parses
-again from scratch exactly as latex2sympy2 does (LL, its error listener), so that every result and
-every error is LL's. This is the strategy of Parr, "The Definitive ANTLR 4 Reference", section 13.7.
+ANTLR guarantees that an SLL parse that succeeds is the tree LL would build, so the first stage parses
+with SLL and bails out at the first error; the second parses again from scratch exactly as latex2sympy2
+does (LL, its error listener), so every result and every error is LL's. Why, the guarantee's source and
+the times: docs/evaluation.md, "What counts as equal (the answer checker)".
 
     >>> install_two_stage_parsing()   # idempotent; `equivalence` calls it before its first parse
     True
 
-The patch replaces latex2sympy2's private ``_Latex2Sympy.create_parser`` and sets the ANTLR parser's
-private ``_interp.predictionMode`` and ``_errHandler``; pyproject.toml pins the versions it is tested
-with. Before it is installed, one probe parse goes the two-stage way and is compared with LL's tree.
-Where the private API is not what it expects (another version of either package), the probe fails and
-latex2sympy2 keeps its own LL parsing: every answer is still checked the same way, only slower, and
-one RuntimeWarning per process says so. `fast_parse_active()` says which way this process parses
-(the Verifier's workers report it: `Verifier.latex_fast_parse`).
-
-`tests/reward/test_latex_parse.py` checks that both ways give the same expressions and the same errors, that
-the fast way really predicts with SLL, and that a changed private API falls back.
+The patch replaces latex2sympy2's private ``_Latex2Sympy.create_parser`` and sets the ANTLR parser's private
+``_interp.predictionMode`` and ``_errHandler`` (pyproject.toml pins the versions it is tested with). A probe
+parse checks it before it is installed; where the private API differs, latex2sympy2 keeps its own LL parsing
+(slower, same verdicts) and one RuntimeWarning per process says so. `fast_parse_active()` says which way.
 """
 
 from __future__ import annotations

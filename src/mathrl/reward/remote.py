@@ -1,26 +1,15 @@
 """A reward server: the trainer POSTs batches of samples as JSON and reads one score per sample back.
 
-The server is the user's (a judge model, a sandbox, a unit-test runner); this is a plain HTTP client
-(`urllib.request` from the standard library) with a timeout per request and retries.
+The server is the user's (a judge model, a sandbox, a unit-test runner); this is a plain HTTP client (`urllib.request`)
+with a timeout per request and retries. The schema field by field and the retries' waits: docs/rewards.md, "A reward server".
 
-Request (``POST <url>``, ``Content-Type: application/json``), one batch of up to ``batch_size`` samples::
+    POST <url>  {"prompts": [...], "responses": [...], "fields": [{"answer": "42", ...}], "tokens": [[12, 7]], "kwargs": {}}
+            ->  {"scores": [1.0, 0.0, {"score": 0.5, "style": 0.2}, ...]}   # one per sample, in order
 
-    {"prompts":   ["<prompt text>", ...],          # the prompt the policy saw (template applied)
-     "responses": ["<response text>", ...],        # the decoded response
-     "fields":    [{"answer": "42", ...}, ...],    # the row's fields: the gold answer and any others
-     "tokens":    [[12, 7, ...], ...],             # the response's token ids
-     "kwargs":    {...}}                           # the entry's kwargs, as configured
-
-Response (status 200, a JSON object)::
-
-    {"scores": [1.0, 0.0, {"score": 0.5, "style": 0.2}, ...]}   # one per sample, in order
-
-Each score is a number, or an object of named numbers with a ``score`` (the others are logged as
-``reward/<name>/<key>``). A connection error, a timeout or a 5xx status is retried ``retries``
-times; a 4xx status, a body that is not this schema, or the last failed attempt scores every sample
-of the batch 0 and counts it (``reward/<name>/errors``, or ``reward/<name>/timeouts`` when the last
-attempt timed out). A reward server never stops the run once it has started; an unreachable one
-stops it at the start (`check_reachable`).
+A connection error, a timeout or a 5xx status is retried ``retries`` times; a 4xx status, a body that is
+not this schema, or the last failed attempt scores every sample of the batch 0 and counts it
+(``reward/<name>/errors``, or ``reward/<name>/timeouts`` when the last attempt timed out). A reward server
+never stops the run once it has started; an unreachable one stops it at the start (`check_reachable`).
 
     server = RemoteReward("http://127.0.0.1:8000/score", timeout_s=30, batch_size=64, retries=2)
     outcome = server.score(prompts, responses, fields, tokens)   # RemoteOutcome: values and failures

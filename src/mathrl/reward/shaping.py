@@ -1,27 +1,18 @@
 """Length-dependent reward terms, added to the correctness reward before advantages.
 
-Every function is a pure tensor function over [N] response lengths (in tokens) and returns an [N]
-float term; `shape_rewards` sums the enabled terms of `SHAPING_TERMS`, in its order, into the
-sequence reward:
+Every function is a pure tensor function over [N] response lengths (in tokens) and returns an [N] float
+term; `shape_rewards` sums the enabled terms of `SHAPING_TERMS`, in registration order, into the sequence
+reward, and logs each one's batch mean as reward/<name>:
 
     r = correctness (the reward components' total), plus reward.incorrect on wrong answers
     r = r + soft_overlong_punishment(lengths, max_len=L, cache_len=C)    # reward.overlong.soft_punishment
     r = r + kimi_length_penalty(lengths, correct, group_ids, coef=c)     # reward.kimi_length_coef
     r = r + length_bonus(lengths, coef=c, max_len=L)                     # reward.length_bonus_coef
-    r = r + length_schedule_reward(lengths, correct, step=s,
-                                   schedule=sched, coef=c)               # reward.length_schedule
+    r = r + length_schedule_reward(lengths, correct, step=s, schedule=sched, coef=c)   # reward.length_schedule
 
-A new term is a pure function and one `SHAPING_TERMS.register(name, ShapingTerm(enabled(cfg.reward), fn))`
-(the registry of mathrl.registry, so a term from outside the package needs no patching), with its
-config field and test; terms are added in registration order and each one's batch mean is logged as
-reward/<name>.
-
-Only the first two come from papers. ``length_bonus`` and ``length_schedule_reward`` exist to
-reproduce a negative result: a practitioners' field report found that rewarding length directly,
-or steering it towards a scheduled target length, was useless. They are ablation switches, off by
-default, not recommendations.
-
-Run the tests with ``python -m pytest tests/reward/test_shaping.py -q``.
+Only the first two come from papers; ``length_bonus`` and ``length_schedule_reward`` are ablation switches,
+off by default, that reproduce a negative result (docs/tricks.md). A new term: docs/architecture.md, "Where
+to add". Run the tests with ``python -m pytest tests/reward/test_shaping.py -q``.
 """
 
 from __future__ import annotations

@@ -1,25 +1,18 @@
 """Score a completion against a reference answer: 1.0 if its final boxed answer is equivalent, else 0.0.
-
 Two layers, both of which never raise on model text:
-
-* ``verify_one(completion, reference, boxed=...)`` checks one pair in the calling process: the box
-  policy (`extract.final_answers`) picks the answer, `equivalence.answers_equal` compares it (exact
-  decimals, lists by the reference's form, then math-verify: LaTeX -> SymPy).
-* ``Verifier`` runs ``verify_one`` in persistent worker processes with a wall-clock timeout per item,
-  because SymPy can hang or blow up on adversarial expressions (``10^{10^{10}}``, deep nesting) and
-  math-verify's own SIGALRM timeout only works in a main thread and cannot interrupt C code.
-  ``Verifier.call`` runs reward functions (``reward.functions``, see `reward.functions`) in the same
-  workers, one batch per call, with the same kind of timeout (`call_reward_function`).
-
-Usage::
+* ``verify_one(completion, reference, boxed=...)`` checks one pair in the calling process: the box policy
+  (`extract.final_answers`) picks the answer, `equivalence.answers_equal` compares it.
+* ``Verifier`` runs ``verify_one`` in persistent worker processes with a wall-clock timeout per item, because
+  SymPy can hang or blow up on adversarial expressions (``10^{10^{10}}``, deep nesting) and math-verify's own
+  SIGALRM timeout only works in a main thread and cannot interrupt C code. ``Verifier.call`` runs reward
+  functions (`reward.functions`) in the same workers, one batch per call, with the same kind of timeout.
 
     with Verifier(num_workers=4, timeout_s=5.0, boxed="all") as verifier:
         results = verifier.score(completions, references)   # list[RewardResult], input order
-    rewards = [r.score for r in results]
 
-Reasons (``RewardResult.reason``): ``correct``, ``wrong``, ``no_answer`` (no box, an unterminated final
-box or an empty box), ``timeout`` (the worker was killed after ``timeout_s``), ``error`` (an exception,
-a crashed worker, or a reference that is empty or cannot be parsed).
+``RewardResult.reason``: ``correct``, ``wrong``, ``no_answer`` (no box, an unterminated final box or an empty
+box), ``timeout`` (the worker was killed after ``timeout_s``), ``error`` (an exception, a crashed worker, or a
+reference that is empty or cannot be parsed).
 """
 
 from __future__ import annotations

@@ -1,26 +1,18 @@
 """Episodes with tools: model turns and tool observations as token ids, with a model/observation mask.
 
-A rollout with tools is a sequence of model turns and tool observations. The engine samples model
-tokens; when a turn ends with the format's closing tag of a call (`CallFormat.call_close`), the call
-is parsed from that turn's text, run in the tool pool, and its observation (the tool's output between
-the format's observation tags) is tokenized once and appended as forced tokens; the tool's text is
-tokenized as plain text (`ToolUse.encode_text`), so a special token it prints stays characters. The
-transcript is never re-tokenized and no chat template is re-applied: every model token stays the id that was sampled.
+The engine samples model tokens; when a turn ends with the format's closing tag of a call (`CallFormat.call_close`),
+the call is parsed from that turn's text, run in the tool pool, and its observation (the tool's output between the
+format's observation tags) is tokenized once and appended as forced tokens, the tool's text as plain text
+(`ToolUse.encode_text`). Nothing is re-tokenized and no chat template is re-applied: every model token stays the id sampled.
 
-    tools = ToolUse(fmt=TOOL_FORMATS.get("python_blocks")(), pool=pool, tokenizer=tok, max_turns=4,
-                    max_tool_calls=3, observation_max_tokens=64)
+    tools = ToolUse(fmt=TOOL_FORMATS.get("python_blocks")(), pool=pool, tokenizer=tok, max_turns=4, max_tool_calls=3, observation_max_tokens=64)
     episodes = tools.start(rows=8)            # per-call state of 8 rows
     if episodes.feed(row, token_id):          # a model token; True: the row's turn closed a call
         obs = episodes.observations([row])[0] # waits for the call; the observation's token ids
 
-Two call formats are registered (`mathrl.registry.TOOL_FORMATS`, config `rollout.tool_format`):
-- python_blocks: the model writes ```` ```python\\n<code>```\\n ```` (Qwen2.5-Math's tool-integrated
-  prompts, ToRL); the code goes to the tool named `python`, and the observation is
-  ```` ```output\\n<output>\\n```\\n ````.
-- chat_tool_call: the model writes ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``
-  (the Hermes / Qwen2.5 chat templates' format); the observation closes the assistant turn and
-  returns the result as the next user turn's ``<tool_response>``, in ChatML, ending with a fresh
-  ``<|im_start|>assistant\\n``. Models with another template set `rollout.tool_tags`.
+Two call formats are registered (`mathrl.registry.TOOL_FORMATS`, config `rollout.tool_format`): python_blocks
+(Qwen2.5-Math's tool-integrated prompts, ToRL) and chat_tool_call (the Hermes / Qwen2.5 chat templates' format);
+models with another template set `rollout.tool_tags`. Each format's tags: docs/tools.md, "Configuration".
 """
 
 from __future__ import annotations

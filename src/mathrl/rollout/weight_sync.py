@@ -8,18 +8,11 @@ never through disk.
     flats = receive_buckets(group, buckets, timeout_s=1800)           # each generator (rank >= 1): host memory
     engine.update_weights(unpack(buckets, specs, flats))
 
-The group is its own `ProcessGroupGloo` / `ProcessGroupNCCL` over a `TCPStore`, not the default
-process group: a trainer launched by torchrun keeps its default group for its own ranks, and a
-one-process trainer keeps `torch.distributed` uninitialised, so every collective helper of
-train/dist.py still sees only the trainer's ranks. A bucket holds tensors of one dtype flattened end to
-end (a tensor larger than the bucket size gets a bucket of its own): one collective per bucket instead
-of one per tensor.
-
-Memory: the trainer keeps the versions a checkpoint or a later step needs in host memory (pinned on a CUDA
-machine). Between distinct GPUs (NCCL) both sides pass each bucket through one staging buffer on their GPU
-(`StagedSender`, `receive_buckets(staging=...)`), so no whole version ever sits on a GPU. One GPU shared by
-the trainer and a generator: gloo through host memory (NCCL refuses two ranks on one device; CUDA IPC would
-skip one host copy but ties both processes to one device's lifetime, and a sync is one copy each way).
+The group is its own `ProcessGroupGloo` / `ProcessGroupNCCL` over a `TCPStore`, not the default process
+group, so train/dist.py's collective helpers still see only the trainer's ranks. A bucket holds tensors of
+one dtype flattened end to end: one collective per bucket. With NCCL each side passes buckets through one
+staging buffer on its GPU (`StagedSender`, `receive_buckets(staging=...)`); one GPU shared by the trainer
+and a generator uses gloo through host memory. Why, and the memory: docs/async.md, "How it runs" (Weights).
 """
 
 from __future__ import annotations

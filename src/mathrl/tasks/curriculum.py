@@ -7,16 +7,11 @@ during training.
     cur.update([p.id for p in batch for _ in range(n)], correct.tolist())   # after each reward
     ckpt["curriculum"] = cur.state_dict() # JSON-serialisable; cur.load_state_dict(...) to resume
 
-"field" is Kimi k1.5's curriculum sampling (Kimi Team 2025, §2.3.4: start from easy problems,
-move to hard ones, using difficulty labels). "online" estimates difficulty from the model's own
-rollouts instead, with running per-problem counts and a Beta prior (the success rates Kimi tracks
-for its prioritised sampling, §2.3.4); the order is recomputed from the current counts at every
-``order()`` call, so it follows the model as it learns.
-
-How the loop walks the order (one pass, re-ordering every k steps, ...) is its choice; this class
-only ranks.
-
-Run the tests with ``python -m pytest tests/tasks/test_curriculum.py -q``.
+"field" is Kimi k1.5's curriculum sampling (Kimi Team 2025, §2.3.4: start from easy problems, move to hard
+ones, using difficulty labels). "online" estimates difficulty from the model's own rollouts instead, with
+running per-problem counts and a Beta prior (the success rates Kimi tracks for its prioritised sampling,
+§2.3.4); the order is recomputed from the current counts at every ``order()`` call, so it follows the model.
+How the loop walks the order is its choice; this class only ranks. Tests: ``tests/tasks/test_curriculum.py``.
 """
 
 from __future__ import annotations

@@ -1,18 +1,14 @@
-"""Load math problems from JSON Lines or Parquet files, or Hugging Face datasets, whose field names
-differ by source.
+"""Load math problems from JSON Lines or Parquet files, or Hugging Face datasets, whose field names differ by source.
 
-A source is a path ending in .jsonl or .parquet, or "hf:<name>[:<config>][@<split>]" for a dataset
-that `datasets.load_dataset` can open: a Hub name (needs network or a cached copy) or a local folder
-of data files. A `FieldMap` says which field holds the question and how to get the gold answer out of
-a row; `PRESETS` holds one for each file in shared/data/math (see its README.md), keyed by file stem,
-and `HF_PRESETS` one for well-known Hub datasets. Usage:
+A source is a path ending in .jsonl or .parquet, or "hf:<name>[:<config>][@<split>]" for a dataset that
+`datasets.load_dataset` can open: a Hub name (needs network or a cached copy) or a local folder of data
+files. A `FieldMap` says which field holds the question and how to get the gold answer out of a row;
+`PRESETS` holds one for each file in shared/data/math (see its README.md), keyed by file stem, and
+`HF_PRESETS` one for well-known Hub datasets:
 
-    from mathrl.tasks.loading import load_problems
     result = load_problems("shared/data/math/math_train.jsonl", on_error="skip")
-    result.problems[0].answer, result.skipped, result.skipped_reasons
-    # -> '0', 4, {"field 'answer' is null": 2, "field 'answer' is empty": 2}
-    load_problems("hf:HuggingFaceH4/MATH-500@test")      # preset field map, split "test"
-    load_problems("hf:openai/gsm8k:main@train")          # config "main"
+    result.skipped, result.skipped_reasons   # -> 4, {"field 'answer' is null": 2, "field 'answer' is empty": 2}
+    load_problems("hf:HuggingFaceH4/MATH-500@test"), load_problems("hf:openai/gsm8k:main@train")  # preset, config "main"
 
 Bad rows raise `DataError` naming source, row and problem ("math_train.jsonl:887: field 'answer' is
 null"; for Parquet and Hugging Face sources the row is the 1-based row number) instead of reaching

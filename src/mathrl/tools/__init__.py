@@ -7,18 +7,12 @@ and the user's own functions, run in parallel with a timeout per call.
         futures = [pool.submit("calc", e) for e in ("1/3", "2**100")]
         schemas = pool.schemas()                            # for tokenizer.apply_chat_template(tools=...)
 
-Model output and model-written code are hostile input: a tool never raises into the caller. Every
-failure is a `ToolResult` whose `text` is one line the model reads (``error: ...``, ``timeout: ...``)
-and whose `status` says which (``ok`` | ``error`` | ``timeout``), for the metrics.
-
-A tool function's contract (built-ins and the user's alike)::
-
-    def my_tool(args: str | dict, **kwargs) -> str:
-        ...   # args: a code block's body, or a JSON tool call's arguments; kwargs: the spec's kwargs
-
-Modules: `calculator` (exact arithmetic, no eval), `sandbox` (model-written python in a subprocess
-under bubblewrap, or for trusted code the unsafe unshare and rlimit modes; `sandbox_mode()` says which), `pool` (`ToolPool`,
-`check_tool_specs`), `base` (the records), `builtins` (the built-in tools). docs/tools.md says what each sandbox mode guarantees.
+Model output and model-written code are hostile input: a tool never raises into the caller. Every failure is a
+`ToolResult` whose `text` is one line the model reads (``error: ...``, ``timeout: ...``) and whose `status` says which
+(``ok`` | ``error`` | ``timeout``), for the metrics. A tool function, built-in or the user's, is ``my_tool(args: str |
+dict, **kwargs) -> str`` (args: a code block's body, or a JSON tool call's arguments; kwargs: the spec's kwargs).
+Modules: `calculator` (exact arithmetic, no eval), `sandbox` (model-written python in a subprocess under bubblewrap, or for trusted
+code the unsafe unshare and rlimit modes: docs/tools.md), `pool` (`ToolPool`, `check_tool_specs`), `base` (records), `builtins`.
 """
 
 from __future__ import annotations

@@ -1,20 +1,16 @@
 """The `calculator` tool: exact arithmetic on one expression written by the model.
 
-    calculator("345678*987654")          -> "341410232812"
+    calculator("345678*987654")          -> "341410259412"
     calculator("7/2")                    -> "3.5"
-    calculator("1/3 + 1/6")              -> "0.5"
     calculator("1/3")                    -> "1/3 ≈ 0.333333333333"
     calculator({"expression": "2**-2"})  -> "0.25"
     calculator("print(2**10)")           -> "1024"   (the python-style block a model often writes)
 
-Why a recursive-descent parser and not `ast` + `eval`: the input is hostile, and the grammar we want
-is a dozen rules. Walking Python's AST would need an allow-list over a grammar built for something
-else (and every new Python version adds node types); the parser below accepts exactly the grammar
-written in `_Parser`'s docstring, never runs `eval`, `exec` or `compile`, and reports the first thing
-it does not accept by name (``error: unsupported syntax 'import'``).
-
-The input is at most `MAX_INPUT_CHARS` characters and `MAX_DEPTH` nested parentheses or calls deep.
-Values, their bounds and how they are printed: tools/exact.py.
+A recursive-descent parser, not `ast` + `eval`: the input is hostile, and the grammar is a dozen rules
+(written in `_Parser`'s docstring). It never runs `eval`, `exec` or `compile`, and reports the first thing
+it does not accept by name (``error: unsupported syntax 'import'``); why not Python's AST: docs/tools.md,
+"calculator". The input is at most `MAX_INPUT_CHARS` characters and `MAX_DEPTH` nested parentheses or
+calls deep. Values, their bounds and how they are printed: tools/exact.py.
 
 Never raises: every failure is a one-line ``error: ...`` (`calculate` returns a `ToolResult`).
 """

@@ -5,10 +5,8 @@ Values are exact: numbers are `fractions.Fraction` (decimal literals too: ``0.1 
 and a power with a fractional exponent whose result is irrational give a float, marked ``≈``.
 
 How a result is printed (`format_value`):
-
 * an integer: its digits (``1333332``);
-* a fraction whose decimal expansion ends within `MAX_EXACT_DECIMALS` places: that decimal (``3.5``,
-  ``0.125``): exact, and what ``print(7/2)`` shows in Python;
+* a fraction whose decimal expansion ends within `MAX_EXACT_DECIMALS` places: that decimal (``3.5``, ``0.125``): exact, as ``print(7/2)``;
 * any other fraction: reduced, then its value to 12 significant digits (``1/3 ≈ 0.333333333333``);
 * a float: ``≈`` and 12 significant digits (``≈ 1.41421356237``).
 

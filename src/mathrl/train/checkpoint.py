@@ -1,30 +1,17 @@
 """Checkpoints that hold everything needed to continue a run exactly, written atomically, with the
 modes of the process umask (`cache.umask_modes`: 0o644 files under umask 022).
 
-A checkpoint is a directory `checkpoints/step_<N>/`:
-    config.json, model.safetensors, tokenizer files   the model, Hugging Face format (safetensors); a
-                         LoRA run (model.lora.r > 0) holds its adapter instead, in peft's format
-                         (adapter_config.json, adapter_model.safetensors), and the optimizer state of
-                         the adapter's parameters only
-    trainer_state.pt     optimizer + scheduler state, RNG states (torch.load(weights_only=True) safe)
-    trainer_state.json   step, controller and data-stream state, config, format version
-    critic/              the PPO critic, when there is one (algo.adv.estimator: gae); its optimizer and
-                         scheduler state are in trainer_state.pt
-    generator_versions.safetensors  with fixed-lag generation (rollout.max_staleness k >= 1): the older
-                         policy versions the next k steps sample from (train/generators/host.py)
-Written by several ranks (torchrun, FSDP2-sharded models), the optimizer states are instead sharded
-Distributed Checkpoint directories, each rank writing its own shard:
-    optimizer/           torch.distributed.checkpoint of the policy's AdamW state (Hugging Face names)
-    critic_optimizer/    the same for the critic
-and the model files are the gathered full weights, so every checkpoint is still a Hugging Face
-directory. Either kind resumes at any world size: DCP reshards on load, and a one-process optimizer
-state is spread over the ranks by parameter name.
+    checkpoints/step_<N>/  config.json, model.safetensors, tokenizer files (a LoRA run: its peft adapter),
+                           trainer_state.pt (optimizer, scheduler, RNG states), trainer_state.json (step,
+                           controllers, data stream, config), critic/ (PPO), generator_versions.safetensors
+                           (rollout.max_staleness >= 1); several ranks: optimizer/, critic_optimizer/ (DCP)
 
-It is written into `step_<N>.tmp-*` first, every file fsynced, then renamed in one `os.replace`, and
-the parent directory fsynced: a checkpoint that was cut off (killed process, full disk) never carries
-the final name, so `latest_checkpoint` can never pick it. Older checkpoints are pruned only after the
-new one is complete: the last `keep_last` stay whole, and of the others every `keep_every`-th step
-keeps its weights (`prune_checkpoints`).
+What each file holds: docs/guide.md, "The run directory". A checkpoint resumes at any world size. It is
+written into `step_<N>.tmp-*` first, every file fsynced, then renamed in one `os.replace`, and the parent
+directory fsynced: a checkpoint that was cut off (killed process, full disk) never carries the final name,
+so `latest_checkpoint` can never pick it. Older checkpoints are pruned only after the new one is complete:
+the last `keep_last` stay whole, and of the others every `keep_every`-th step keeps its weights
+(`prune_checkpoints`).
 """
 
 from __future__ import annotations

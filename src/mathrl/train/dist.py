@@ -6,24 +6,12 @@ One process (no torchrun, WORLD_SIZE unset or 1) uses none of this: `init_distri
 1 and every helper below is the identity. Under torchrun every rank joins one process group (gloo on
 CPU, NCCL on CUDA) with a collective timeout (train.dist.timeout_s): a rank that dies or stops answering
 makes the others fail with an error naming the timeout instead of waiting for ever, and torchrun then
-stops the job.
-
-Sharding: `shard_model` applies FSDP2's `fully_shard` to every decoder layer and then to the root
-module (so the embeddings and the head are one more shard group), with bf16 parameters and fp32
-gradient reduction on CUDA (train.dist.mixed_precision) and optional CPU offload (train.dist.cpu_offload).
-The master weights and optimizer state stay fp32 and sharded. Which rows of a rollout, a batch or an
-evaluation each rank takes (and with which seeds) is shards.py's rule.
-
-Ending: `close_distributed` is the last step of a rank's teardown (the order is in train/loop.py's
-docstring): a barrier, then `destroy_process_group`. A torchrun rank then ends its process with
-`exit_rank`, without Python's interpreter shutdown, because gloo's worker threads outlive
-`destroy_process_group`: ProcessGroupGloo has no shutdown of its own, and FSDP2's device meshes and
-DTensor's caches keep the group alive. A worker that drops the last C++ reference of a tensor that has
-a Python object takes the GIL to release it (torch's PyObject preservation); if it asks while the
-interpreter shuts down, CPython ends the thread with pthread_exit, the unwinding meets a noexcept
-destructor, and the process aborts ("terminate called without an active exception", SIGABRT) after
-all its work was done. The barrier lets the workers finish while every rank waits with the GIL
-released; exiting without the interpreter's shutdown closes the window that remains.
+stops the job. `shard_model` applies FSDP2's `fully_shard` to every decoder layer and then to the root
+module, with bf16 parameters and fp32 gradient reduction on CUDA (train.dist.mixed_precision) and optional
+CPU offload (train.dist.cpu_offload); master weights and optimizer state stay fp32 and sharded. Which rows
+each rank takes (and with which seeds) is shards.py's rule. `close_distributed` (a barrier, then
+`destroy_process_group`) ends a rank's teardown; `exit_rank` then ends a torchrun rank's process without
+the interpreter's shutdown (why: docs/architecture.md, "The run's teardown").
 """
 
 from __future__ import annotations

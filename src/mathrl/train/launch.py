@@ -3,19 +3,15 @@
     mathrl train --nproc 2 train.steps=20 --run-dir runs/dp2
     # is: torchrun --standalone --nproc_per_node 2 -m mathrl.train train.steps=20 --run-dir runs/dp2
 
-Threads: torchrun gives every rank the caller's OMP_NUM_THREADS unchanged (torch's thread count per
-rank). When it is unset, `launch_env` sets it to the rank's share of the cores this process may use
-(cores / N, at least 1), instead of torchrun's 1 and the banner torchrun prints about it. A shell that
-sets OMP_NUM_THREADS to the machine's core count runs N ranks x that many threads on those cores;
-`launch` warns when the ranks' threads exceed the cores (set OMP_NUM_THREADS=cores/N, e.g. 1 for 2
-ranks on 2 cores).
+Threads: torchrun gives every rank the caller's OMP_NUM_THREADS unchanged. When it is unset, `launch_env`
+sets it to the rank's share of the cores this process may use (cores / N, at least 1), instead of
+torchrun's 1 and its banner; `launch` warns when the ranks' threads exceed the cores.
 
 SIGTERM to `mathrl train --nproc N` is passed on to torchrun, which passes it to every rank: the ranks
 agree to stop after the step in progress and save it (train/preempt.py), rank 0 prints the resume line,
-and the job exits 143 like a single process. torchrun itself ends with a traceback of the signal it got
-(SignalException): that traceback is left out of the output, its other lines are kept. torchrun kills
-ranks that are still running 30 s after it passed the SIGTERM on: a step longer than that is lost, and
-the rerun resumes from the checkpoint before it.
+and the job exits 143 like a single process. torchrun's traceback of the signal (SignalException) is left
+out of the output, its other lines are kept. What else torchrun does with threads and signals:
+docs/guide.md, "Many processes, many machines".
 """
 
 from __future__ import annotations

@@ -10,10 +10,9 @@ map), each with its response in the field `sft.response_field`; the prompt is re
 data.template, so the model learns to answer the very prompts RL will sample from. The loss is the
 negative log-likelihood of the response tokens (EOS included) only, token-mean over the whole
 mini-batch: every micro-batch is normalised by the mini-batch's token count (`algo.losses.aggregate`
-with `global_counts`), so the gradient does not depend on train.micro_batch_tokens.
-
-The run directory, checkpoints, exact resume and trackers are train's (run_dir.py,
-train/checkpoint.py, track/); metrics are `sft/*` (docs/metrics.md) plus `eval/<set>/*`.
+with `global_counts`), so the gradient does not depend on train.micro_batch_tokens. The run directory,
+checkpoints, exact resume and trackers are train's (run_dir.py, train/checkpoint.py, track/); metrics are
+`sft/*` (docs/metrics.md) plus `eval/<set>/*`.
 """
 
 from __future__ import annotations

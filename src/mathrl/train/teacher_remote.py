@@ -1,8 +1,7 @@
 """A distillation teacher on another machine (teacher.url): the trainer POSTs the student's token ids and reads the
 teacher's logprobs back from `mathrl serve-teacher` (train/serve_teacher.py). A plain HTTP client (`urllib.request`),
 with a timeout per request and retries, in the style of the remote reward (reward/remote.py); unlike a reward, a
-teacher's signal cannot be replaced by a zero, so a server that stays down after the retries stops the run with
-one line.
+teacher's signal cannot be replaced by a zero, so a server that stays down after the retries stops the run with one line.
 
     GET  <url>/info   -> {"model": "...", "vocab_size": 151936, "tokens": 151669, "fingerprint": "3f2a..."}
     POST <url>/score  {"prompts": [[ids], ...], "responses": [[ids], ...], "temperature": 1.0, "topk": 0}

@@ -1,21 +1,18 @@
-"""`mathrl report`: one self-contained HTML page that compares training runs.
+"""`mathrl report`: one self-contained HTML page that compares training runs (docs/report.md).
 
     mathrl report runs/clip_sym runs/clip_higher --out clip.html --title "clip-higher ablation"
 
 Reads the run directories that `mathrl train` writes (layout in src/mathrl/run_dir.py) and writes
 
-    clip.html           the runs' eval tables (base vs final pass@1, pass@k, maj@n), the config fields
-                        that differ between them, one chart per metric with one line per run (inline
-                        SVG, analysis/charts.py: no JS library, no external URL), and any inspect*.html
-                        token maps found in the run directories (a tool episode's tool output is grey in them, as
-                        `mathrl inspect` draws it)
+    clip.html           the runs' eval tables, the config fields that differ between them, one chart per
+                        metric with one line per run (inline SVG, analysis/charts.py: no JS library, no
+                        external URL), and any inspect*.html token maps found in the run directories
     clip_plots/*.png    the same charts as PNGs (matplotlib), for slides and papers
 
 The page works without JavaScript; a short inline script only adds hover values. Each chart is an
-`<svg class="chart" data-metric="...">`. docs/report.md describes the page.
-
-This module assembles the page: what to chart, the styles and script, the HTML around the pieces that
-runs.py (reading run directories), tables.py (the tables) and analysis/charts.py (the charts) make.
+`<svg class="chart" data-metric="...">`. This module assembles the page: what to chart (`SECTIONS`), the
+styles and script, the HTML around the pieces that runs.py (reading run directories), tables.py (the
+tables) and analysis/charts.py (the charts) make.
 """
 
 from __future__ import annotations

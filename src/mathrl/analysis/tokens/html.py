@@ -3,17 +3,16 @@
     from mathrl.analysis.tokens.html import write_html
     write_html(report, "inspect.html")
 
-Sections: 1. the probability map (base and RL side by side, background = probability of each token);
-2. what RL changed (background = Δ log-prob; over-confident tokens outlined; the top-k moved tokens
-bold and underlined), the summary by token class, the top-k table and the exploration table;
-3. the entropy probe across checkpoints. Every token's hover title shows the token, p_base, p_rl and
-Δlogp. Definitions are in `analysis/tokens/scores.py`, `analysis/tokens/comparison.py`, `analysis/entropy_probe.py`
-and docs/inspect.md. `InspectReport`, the record of everything `mathrl inspect` shows (on the console
-and on this page), is defined here.
+Sections: 1. the probability map (base and RL side by side); 2. what RL changed (Δ log-prob, the
+over-confident and top-k moved tokens), the summary by token class, the top-k table and the exploration
+table; 3. the entropy probe across checkpoints. What each view shows: docs/inspect.md; the definitions:
+`analysis/tokens/scores.py`, `analysis/tokens/comparison.py`, `analysis/entropy_probe.py`.
+`InspectReport`, the record of everything `mathrl inspect` shows (on the console and on this page), is
+defined here.
 
-Tool output (a response with an observation mask) is drawn apart in every view: class "t obs", grey
-with a dashed border, titled "tool output (not sampled, in no loss)", and counted in no table. The CSS
-for it is added only to pages that have some, so a page without tools is what it always was.
+Tool output (a response with an observation mask) is drawn apart in every view (class "t obs", grey
+with a dashed border) and counted in no table. The CSS for it is added only to pages that have some,
+so a page without tools is what it always was.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
-"""Per-token scores of a response under one model: every token's probability, logprob and the entropy
-of the distribution it came from, with the tokenization helpers and text contexts around them.
+"""Per-token scores of a response under one model (each token's probability, logprob and the entropy of its
+distribution), with the tokenization helpers and text contexts around them.
 
-The scoring side of `mathrl inspect` (what RL changed between two models: `analysis/tokens/comparison.py`;
-the entropy probe across checkpoints: `analysis/entropy_probe.py`; rendering: `analysis/tokens/html.py`;
-command line: `analysis/inspect_cli.py`; guide: `docs/inspect.md`):
+The scoring side of `mathrl inspect` (docs/inspect.md), beside `analysis/tokens/comparison.py` (what RL changed),
+`analysis/entropy_probe.py`, `analysis/tokens/html.py` (rendering) and `analysis/inspect_cli.py` (command line):
 
     from mathrl.analysis.tokens import compare, exploration_table, token_probs
     base = token_probs(base_model, tokenizer, prompt, response)      # TokenScores, T tokens
@@ -11,18 +10,9 @@ command line: `analysis/inspect_cli.py`; guide: `docs/inspect.md`):
     cmp = compare(base, rl, threshold=0.1)                            # per-token deltas + summary by class
     exploration_table((0.9, 0.99, 0.999), (1, 4, 8, 16, 64))         # 1 - p^n
 
-Layout: the prompt and the response are tokenized separately and their ids concatenated, exactly as
-training lays out `[prompt | response]` (a response given as ids, e.g. the `token_ids` of a
-rollouts.jsonl record, is used as is). Every probability is at temperature 1: the model's own
-distribution, not the sampler's. Everything runs under `torch.no_grad()`.
-
-Tool episodes: a response may hold tool observations (the `observation` field of a rollouts.jsonl
-record, 1 = written by a tool). They are scored like every token, since they are context the model's
-later turns read and must stay in place, but they are not the model's choices: `token_probs(...,
-observation=...)` records them, and every statistic built on the scores (moved, over-confident, the
-class summary, the exploration counts, the entropy probe) counts only the sampled tokens.
-
-Run the tests with ``python -m pytest tests/analysis/test_inspect.py -q``.
+Prompt and response are tokenized separately and joined as training lays out `[prompt | response]` (response ids,
+e.g. a rollouts.jsonl record's `token_ids`, are used as is); probabilities are at temperature 1, under `torch.no_grad()`.
+Tool observations (`token_probs(..., observation=...)`) are scored in place; every statistic counts only sampled tokens.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@
     python({"code": "print(2**10)"}, sandbox="bwrap")  -> "1024"    (the tool contract: str in, str out)
     sandbox_mode()                                 -> "bwrap"   (what sandbox="auto" uses on this machine)
 
-This package is the tool's public face; its modules, by concern:
+This package is the tool's public face; its modules, by concern (what each mode holds: docs/tools.md,
+"The built-in tools and the python sandbox"):
 
     tool.py      the tool: its options and limits, the modes and which works here, sandboxes started ahead
     command.py   how each mode starts the runner (bwrap's mounts and namespaces, unshare, plain); a call's settings
@@ -12,8 +13,6 @@ This package is the tool's public face; its modules, by concern:
     runner.py    the first code the sandboxed interpreter runs (its text, passed to ``python -c``)
     memory.py    a call's memory bounded across its processes: a memory cgroup, else a PSS watchdog
     seccomp.py   bwrap's seccomp filter: no keyrings, namespaces or mounts for model code
-
-What each mode holds: docs/tools.md, "The built-in tools and the python sandbox".
 """
 
 from mathrl.tools.sandbox.tool import (

@@ -7,22 +7,12 @@ watchdog on the total proportional set size (PSS) of the call's processes and th
     memory.close()                                # removes the cgroup (once the call's processes are gone)
     memory_bound()                                # "cgroup v1", "cgroup v2" or "watchdog": what this machine gives
 
-The cgroup is a child of this process's own memory cgroup (v1's ``memory`` hierarchy, or v2 where the
-``memory`` controller is enabled for children), with the limit on memory (and swap) set; the kernel
-stops an allocation past it, and its out-of-memory count tells the call it happened. Files the code
-writes to a tmpfs are charged to it too. Without one, the watchdog sums the PSS of the sandbox's
-process tree (``/proc/<pid>/task/*/children``) every time the call's wait wakes (at most every 50
-ms): a sample, so a process may pass the limit between two of them, each bounded meanwhile by its
-own address-space limit (RLIMIT_AS).
-
-What neither process maps nor a file holds is out of the watchdog's sight, so the sandbox's seccomp
-filter refuses it (`seccomp.py`: ``memfd_create``, ``memfd_secret``, ``shmget``). The files of
-bwrap's /tmp (a tmpfs) are memory too: its size is bounded by bwrap's ``--size``, its bytes are in the
-watchdog's sum, and its inodes (the kernel memory of empty files, about 1 KiB each, which no size
-bound counts) are capped at a number of files in both cases, by the same poll: the /tmp of a process of the call's
-tree that lives in another mount namespace, read through ``/proc/<pid>/root`` once it is the
-sandbox's tmpfs (its size is the one bwrap was given: before its mounts, a new namespace shows the
-host's).
+The cgroup is a child of this process's own memory cgroup, with the limit on memory (and swap) set; its
+out-of-memory count tells the call it happened. The watchdog sums the PSS of the sandbox's process tree
+(``/proc/<pid>/task/*/children``) each time the call's wait wakes (at most every 50 ms). Memory no process
+maps is refused by the sandbox's seccomp filter (`seccomp.py`), and the inodes of bwrap's /tmp are capped
+at a number of files by the same poll. What each bound covers, and how the /tmp is read from another mount
+namespace: docs/tools.md, "Memory per call".
 """
 
 from __future__ import annotations
