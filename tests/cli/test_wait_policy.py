@@ -14,6 +14,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 SPIN = re.compile(r"GOMP_SPINCOUNT = '(\d+)'")
 
 
@@ -32,12 +34,14 @@ def test_the_test_suite_itself_runs_passive():
     assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"  # tests/conftest.py, before torch: it shares its machine
 
 
+@pytest.mark.slow
 def test_the_command_line_loads_libgomp_passive():
     # `mathrl`, `python -m mathrl.cli` and torchrun's `-m mathrl.train` all import the package (its
     # __init__) before any of its modules imports torch
     assert spin_counts("import mathrl.cli, torch") == [10000]
 
 
+@pytest.mark.slow
 def test_a_spawned_child_of_a_mathrl_process_is_passive_too():
     # generator, reward and tool workers are spawned: a fresh interpreter that inherits the environment
     code = ("import importlib, multiprocessing as mp\n"
@@ -49,6 +53,7 @@ def test_a_spawned_child_of_a_mathrl_process_is_passive_too():
     assert spin_counts(code) == [10000]
 
 
+@pytest.mark.slow
 def test_a_policy_the_user_set_is_kept_and_torch_before_mathrl_gets_libgomps_default():
     assert spin_counts("import mathrl, torch", OMP_WAIT_POLICY="ACTIVE") == [30000000000]
     assert spin_counts("import mathrl, torch", OMP_WAIT_POLICY="PASSIVE") == [0]

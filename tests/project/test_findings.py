@@ -234,6 +234,7 @@ def test_runs_of_two_cpu_types_give_one_table_per_type(grid, tmp_path: Path) -> 
     assert "###" not in run_curves([grid[0]], fig_path=fig, out=out, metrics=[PASS1], window=1, last=1)
 
 
+@pytest.mark.slow
 def test_command_line_on_run_directories(grid, tmp_path: Path) -> None:
     fig = tmp_path / "cli.png"
     runs = [str(grid[1] / n) for n in ("a", "a_seed1", "b")]

@@ -40,6 +40,7 @@ def test_every_findings_grid_is_in_the_registry() -> None:
     assert len(names) == len(set(names))  # one log file per analysis
 
 
+@pytest.mark.slow
 def test_dry_run_lists_every_run_and_analysis(tmp_path: Path) -> None:
     done = findings("all", "--dry-run", "--out", str(tmp_path / "runs"), "--fig-dir", str(tmp_path / "figs"),
                     cache=tmp_path / "cache")

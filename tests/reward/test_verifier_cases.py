@@ -73,12 +73,14 @@ def test_agreement_with_the_labels(scored) -> None:
     assert agreement >= MIN_AGREEMENT, f"agreement {agreement:.3f} < {MIN_AGREEMENT}; misses: {misses}"
 
 
+@pytest.mark.slow
 def test_no_false_positive_on_must_reject_pairs(scored) -> None:
     # A "correct" here pays a hedge or garbage: every such verdict is a reward hack.
     hacks = [(c["id"], c["gold"], r.extracted, r.detail) for c, r in scored if c["must_reject"] and r.score == 1.0]
     assert hacks == []
 
 
+@pytest.mark.slow
 def test_no_false_positive_anywhere(scored) -> None:
     false_positives = [(c["id"], c["gold"], r.extracted, r.detail) for c, r in scored
                        if r.score == 1.0 and not c["expected"]]
