@@ -167,16 +167,15 @@ def serve_teacher(ns: argparse.Namespace, console: Console) -> int:
     if not 0 <= ns.port <= 65535:
         raise UsageError(f"--port must be in 0-65535, got {ns.port}")
     _quiet_libraries()
-    vllm_only = [name for name, value in (("--gpu-memory-utilization", ns.gpu_memory_utilization),
-                                          ("--max-topk", ns.max_topk)) if value is not None]
-    if ns.engine != "vllm" and vllm_only:
-        raise UsageError(f"{' and '.join(vllm_only)} count only with --engine vllm; add it or leave them out")
-    util = 0.9 if ns.gpu_memory_utilization is None else ns.gpu_memory_utilization
-    topk = 128 if ns.max_topk is None else ns.max_topk
-    if not (0 < util <= 1 and topk >= 1):
+    vllm_options = {k: v for k, v in (("gpu_memory_utilization", ns.gpu_memory_utilization), ("max_topk", ns.max_topk))
+                    if v is not None}  # unset: serve_teacher's defaults
+    if ns.engine != "vllm" and vllm_options:
+        flags = " and ".join("--" + k.replace("_", "-") for k in vllm_options)
+        raise UsageError(f"{flags} count only with --engine vllm; add it or leave them out")
+    if not (0 < vllm_options.get("gpu_memory_utilization", 1) <= 1 and vllm_options.get("max_topk", 1) >= 1):
         raise UsageError("--gpu-memory-utilization must be in (0, 1] and --max-topk >= 1")
     serve(ns.model, host=ns.host, port=ns.port, dtype=ns.dtype, device=ns.device, console=console, engine=ns.engine,
-          gpu_memory_utilization=util, max_topk=topk)
+          **vllm_options)
     return 0
 
 
