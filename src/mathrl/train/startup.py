@@ -1,6 +1,6 @@
 """What a run decided, said once at start-up: the rollout engine, the threads and OpenMP's wait policy,
-the policy loss with its hyperparameters and the loss terms with their coefficients in force, and the
-distillation teacher where one is set. Logged on
+the policy loss with its hyperparameters and the loss terms with their coefficients in force, the
+tools and their limits where the model may call any, and the distillation teacher where one is set. Logged on
 the "mathrl.train.startup" logger; the command line prints mathrl's info lines as one block
 (`track/console.py:StartupLog`, silenced by `-q`), together with the lines other modules log (the
 python tool's sandbox and memory bound).
@@ -66,6 +66,17 @@ def loss_lines(cfg, controllers: dict) -> list[str]:
     return lines
 
 
+def tools_line(cfg) -> list[str]:
+    """The tools the model may call (name and function), the call format and the episode's limits ([] without tools)."""
+    r = cfg.rollout
+    if not r.tools:
+        return []
+    tools = ", ".join(t.name if t.fn == t.name else f"{t.name} ({t.fn})" for t in r.tools)
+    fed = f", fed {r.tool_delay_steps} decode steps after the call" if r.engine == "torch" else ""
+    return [f"tools: {tools}; format {r.tool_format}; at most {r.max_tool_calls} calls in {r.max_turns} turns; "
+            f"observations of at most {r.observation_max_tokens} tokens{fed}"]
+
+
 def teacher_line(cfg) -> list[str]:
     """The distillation teacher and mode in force ([] when algo.distill.mode is none)."""
     if not cfg.needs_teacher:
@@ -85,7 +96,7 @@ def log_decisions(trainer) -> None:
     """Log the run's decisions (the module docstring), then let the command line print the block."""
     cfg = trainer.cfg
     for line in [engine_line(cfg, trainer.engine), threads_line(), *loss_lines(cfg, trainer.controllers),
-                 *teacher_line(cfg)]:
+                 *tools_line(cfg), *teacher_line(cfg)]:
         log.info(line)
     if trainer.ranks.main:
         end_startup()
