@@ -256,9 +256,11 @@ def test_gdpo_estimator_whitens_over_the_batch_tokens():
 
 @pytest.mark.parametrize("whiten, value, why", [
     ("token", math.sqrt(2) / math.sqrt(12 / 5),
-     "verl (test_core_algos GDPO case): +-sqrt(2) on 6 tokens, unbiased var 2*6/5 = 12/5: +-0.9129"),
+     "verl's compute_gdpo_outcome_advantage (masked_whiten over the tokens): +-sqrt(2) on 6 tokens, unbiased var "
+     "2*6/5 = 12/5: +-0.9129"),
     ("sequence", math.sqrt(2) / 2,
-     "TRL test_grpo_trainer / NeMo-RL test_grpo GDPO case: +-sqrt(2) over 2 responses, unbiased std 2: +-0.7071"),
+     "NeMo-RL test_grpo.py test_gdpo_advantage_estimator_multiple_rewards (TRL's normalize_then_sum whitens per "
+     "response too): +-sqrt(2) over 2 responses, unbiased std 2: +-0.7071"),
     ("none", math.sqrt(2), "the decoupled sum: 0 + 1/sqrt(2) + 1/sqrt(2)"),
 ])
 def test_gdpo_whitens_per_token_as_verl_or_per_sequence_as_trl(whiten, value, why):

@@ -181,3 +181,14 @@ def test_an_earlier_runs_value_of_a_changed_field_loads_as_what_it_meant(tmp_pat
     assert load_config(recipe, check_paths=False).algo.adv.gdpo_whiten == now == OLDER_VALUES["algo.adv.gdpo_whiten"][older]
     with pytest.raises(ConfigError, match="gdpo_whiten: 'yes' is not one of"):  # other values are checked as ever
         load_config(None, ["algo.adv.estimator=gdpo", "algo.adv.gdpo_whiten=yes"])
+
+
+def test_an_earlier_runs_rule_name_loads_as_the_rule_it_named(tmp_path):
+    # why: k2_rs became k2_mean_rs when k2_max_rs joined it; an earlier run's config.yaml names k2_rs and must
+    # load as the mean rule (not be refused with a hint at k3_rs), the other rules of the list untouched
+    recipe = tmp_path / "config.yaml"
+    recipe.write_text("algo:\n  rollout_correction:\n    masks: [geo_rs, k2_rs]\n    k2_rs_threshold: 0.02\n")
+    assert load_config(recipe, check_paths=False).algo.rollout_correction.masks == ["geo_rs", "k2_mean_rs"]
+    assert load_config(None, ["algo.rollout_correction.masks=[k2_rs]"]).algo.rollout_correction.masks == ["k2_mean_rs"]
+    with pytest.raises(ConfigError, match="'k2_rx' is not one of"):  # other names are checked as ever
+        load_config(None, ["algo.rollout_correction.masks=[k2_rx]"])

@@ -159,7 +159,15 @@ def _hints(cls: type) -> tuple[dict[str, Any], frozenset[str]]:
 # an earlier run's config.yaml (a resumed run, an analysis of old runs) still loads.
 OLDER_VALUES: dict[str, dict[Any, Any]] = {
     "algo.adv.gdpo_whiten": {True: "token", False: "none"},  # a bool before the token | sequence | none choice
+    "algo.rollout_correction.masks": {"k2_rs": "k2_mean_rs"},  # the mean form's name before k2_max_rs joined it
 }
+
+
+def _older_value(value: Any, older: dict[Any, Any]) -> Any:
+    """`value` (or each item of a list) as what an earlier mathrl meant by it; bools and strings only (1 == True)."""
+    if isinstance(value, list):
+        return [_older_value(v, older) for v in value]
+    return older[value] if isinstance(value, (bool, str)) and value in older else value
 
 
 def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
@@ -175,10 +183,7 @@ def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
         if dataclasses.is_dataclass(tp):
             kwargs[key] = from_dict(tp, value if value is not None else {}, prefix + key + ".")
         else:
-            older = OLDER_VALUES.get(prefix + key, {})
-            if isinstance(value, bool) and value in older:
-                value = older[value]
-            kwargs[key] = _coerce(value, tp, prefix + key)
+            kwargs[key] = _coerce(_older_value(value, OLDER_VALUES.get(prefix + key, {})), tp, prefix + key)
     return cls(**kwargs)
 
 
