@@ -1,5 +1,6 @@
 """`mathrl export RUN OUT` and `mathrl push RUN --repo ID`: the shared folder (the model files, never
-the resume-only state), its model card, and an offline push's one-line error. No model is trained: the
+the resume-only state), its model card, a push's two calls to the hub (recorded in place of the network),
+and an offline push's one-line error. No model is trained: the
 run directory is written by hand, as train writes it.
 
 Run: python -m pytest tests/analysis/test_model_card.py -q
@@ -118,3 +119,34 @@ def test_push_offline_is_one_line_and_never_reaches_the_hub(tmp_path, monkeypatc
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"mathrl: error: HF_HUB_OFFLINE is set: nothing was uploaded; unset it where the hub is reachable, "
                    f"or write the folder with `mathrl export {run} OUT` and upload OUT from elsewhere"]
+
+
+def test_push_creates_the_repository_and_uploads_the_exported_folder(tmp_path, monkeypatch, capsys):
+    # The hub's two calls recorded in place of the network: the repository (private as asked, created if
+    # missing), then one upload of the folder export writes, the card and the model in it, the resume-only
+    # state and the critic left out; the command prints the repository's URL.
+    import huggingface_hub
+
+    calls = []
+
+    def create_repo(self, repo_id, **kwargs):
+        calls.append(("create_repo", repo_id, kwargs))
+        return f"https://huggingface.co/{repo_id}"
+
+    def upload_folder(self, *, folder_path, **kwargs):
+        files = sorted(p.name for p in Path(folder_path).iterdir())
+        card = (Path(folder_path) / "README.md").read_text()
+        calls.append(("upload_folder", files, kwargs, "license: apache-2.0" in card))
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
+    run = make_run(tmp_path / "run")
+    assert main(["push", str(run), "--repo", "me/model", "--private", "--license", "apache-2.0"]) == 0
+    assert calls[0] == ("create_repo", "me/model", {"private": True, "exist_ok": True, "repo_type": "model"})
+    name, files, kwargs, licensed = calls[1]
+    assert (name, files, licensed) == ("upload_folder", ["README.md", "config.json", "mathrl_config.yaml",
+                                                         "model.safetensors"], True)
+    assert kwargs["repo_id"] == "me/model" and kwargs["repo_type"] == "model"
+    assert kwargs["commit_message"].startswith("mathrl ") and kwargs["commit_message"].endswith(": run")
+    assert "https://huggingface.co/me/model" in capsys.readouterr().out
