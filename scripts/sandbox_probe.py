@@ -57,8 +57,10 @@ class Outcomes:
         why = ""
         if report.skipped:
             why = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        elif report.failed:
-            why = report.longreprtext.strip().splitlines()[-1] if report.longreprtext else "failed"
+        elif report.failed:  # the failing check: pytest's "assert ..." line, not the end of its diff
+            crash = getattr(report.longrepr, "reprcrash", None)
+            lines = (crash.message if crash is not None else report.longreprtext).strip().splitlines()
+            why = next((line.strip() for line in lines if line.lstrip().startswith("assert ")), lines[0] if lines else "failed")
         self.results[self.where[report.nodeid]].append((report.outcome, why))
 
 

@@ -5,7 +5,8 @@ next round continuing each row from its exact token ids); the torch engine force
 its decode loop. The two must build the same episodes from the same samples:
 - the RolloutBatch contract: model and observation tokens partition the response span, each
   observation follows the closing tag of the call it answers and is the format's tags around the
-  tool's text, tokenized once; a turn ends at its first call;
+  tool's text, tokenized once; a turn ends at its first call; a tool that prints the EOS string
+  ends no episode (its text is plain text);
 - the sampling logprobs of the model tokens equal the trainer's scoring pass over the whole
   transcript (observations in the context), at T=1 and T=0.7;
 - the torch engine, drawing the vLLM episodes' model tokens instead of its own random ones (the two
@@ -58,15 +59,16 @@ class Result:
 
 
 class LengthPool:
-    """Answers every call at once with `=<length of its code>`; records the calls and whether it was closed."""
+    """Answers every call at once with `=<length of its code>` and `printed` after it; records the calls
+    and whether it was closed."""
 
-    def __init__(self):
-        self.calls, self.closed = [], False
+    def __init__(self, printed: str = ""):
+        self.calls, self.closed, self.printed = [], False, printed
 
     def submit(self, name, args):
         self.calls.append((name, args))
         f = Future()
-        f.set_result(Result(f"={len(args)}", "ok", 0.25))
+        f.set_result(Result(f"={len(args)}{self.printed}", "ok", 0.25))
         return f
 
     def close(self):
@@ -147,10 +149,12 @@ def episodes(engine, prompts, vllm_pool):
     return out, vllm_pool.calls[before:]
 
 
-def check_episodes(out, fmt, tok, calls) -> int:
-    """The RolloutBatch contract of a batch of episodes (`calls`: the pool calls it made); returns how
-    often a row wrote the closing tag outside a call and went on."""
+def check_episodes(out, fmt, tok, calls, printed: str = "") -> int:
+    """The RolloutBatch contract of a batch of episodes (`calls`: the pool calls it made, `printed`: what
+    the pool printed after each answer); returns how often a row wrote the closing tag outside a call
+    and went on."""
     encode = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    plain = lambda text: tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]  # noqa: E731
     assert out.observation_mask.shape == out.response_ids.shape == out.response_mask.shape == out.rollout_logprobs.shape
     assert int(out.tool_calls.sum()) == len(calls)
     assert torch.equal(out.turns, 1 + out.tool_calls)  # no call is malformed (any code is python) or capped here
@@ -187,7 +191,7 @@ def check_episodes(out, fmt, tok, calls) -> int:
             end = j
             while end < length and obs[end] == 1:
                 end += 1
-            expected = encode(fmt.observation_open) + encode(f"={len(call[1])}") + encode(fmt.observation_close)
+            expected = encode(fmt.observation_open) + plain(f"={len(call[1])}{printed}") + encode(fmt.observation_close)
             assert ids[j:end] == expected[: MAX_NEW - j], (i, tok.decode(ids[j:end]))  # cut only by the span's end
             observations, j = observations + 1, end
         # a call closed in the last column is run but not answered
@@ -208,6 +212,18 @@ def test_episodes_keep_the_rollout_contract_as_the_torch_engine_does(episodes, f
                             ).generate(prompts, max_new_tokens=MAX_NEW, seed=3)
     check_episodes(torch_out, fmt, char_tokenizer, pool.calls)
     assert torch_out.tool_calls.sum() >= 8
+
+
+def test_a_tool_that_prints_the_eos_string_ends_no_episode(engine, fmt, char_tokenizer, prompts, monkeypatch):
+    # vLLM's rounds append the observations that `Episodes` encodes, as the torch engine does: the tool's
+    # text is plain text, so an "<eos>" it prints is its five characters' ids, never EOS, and the row
+    # samples on after it (check_episodes: no EOS before a row's last token; each observation is the
+    # tags around the text's plain ids)
+    pool = LengthPool(printed=char_tokenizer.eos_token)
+    monkeypatch.setattr(engine.tools, "pool", pool)
+    out = engine.generate(prompts[:6], max_new_tokens=MAX_NEW, temperature=1.0, seed=3)
+    assert pool.calls, "the raised logits should make the model call tools"
+    check_episodes(out, fmt, char_tokenizer, pool.calls, printed=char_tokenizer.eos_token)
 
 
 # ------------------------------------------------------------------------------------------- logprobs

@@ -2,9 +2,9 @@
 mode with a seccomp filter), cold and warm, each checked from outside the sandbox:
 
 - sockets of a family the network namespace does not isolate (vsock shares the host's port space);
-- memory that no process maps (a memfd written through its fd, a System V segment detached) and the
-  kernel memory of many empty files, with the watchdog forced (no memory cgroup), where the sum of
-  the processes' PSS cannot see them;
+- memory that no process maps (a memfd written through its fd, a System V segment detached, a
+  memfd_secret unmapped) and the kernel memory of many empty files, with the watchdog forced (no
+  memory cgroup), where the sum of the processes' PSS cannot see them;
 - file-system watches on the read-only interpreter prefix, which would show the host's reads.
 
 Run: python -m pytest tests/tools/test_tools_sandbox_kernel.py -q
@@ -155,8 +155,25 @@ time.sleep(1)
 print('still held')
 """
 
+MEMFD_SECRET = """import ctypes, mmap, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+fds = []
+for _ in range(50):  # 6 MiB each, filled through a mapping that is then unmapped: the fd holds it
+    fd = libc.syscall(447, 0)  # memfd_secret, the same number on x86_64 and aarch64
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), 'memfd_secret refused')
+    os.ftruncate(fd, 6 << 20)
+    with mmap.mmap(fd, 6 << 20) as m:  # within RLIMIT_MEMLOCK while mapped
+        m.write(b'x' * (6 << 20))
+    fds.append(fd)
+print('held', 6 * len(fds), 'MiB unmapped', flush=True)
+time.sleep(1)
+print('still held')
+"""
 
-@pytest.mark.parametrize("case, code", [("memfd", MEMFD), ("sysv detached", SYSV)])
+
+@pytest.mark.parametrize("case, code", [("memfd", MEMFD), ("sysv detached", SYSV), ("memfd_secret", MEMFD_SECRET)],
+                         ids=["memfd", "sysv detached", "memfd_secret"])
 def test_memory_that_no_process_maps_is_refused_under_the_watchdog(bwrap, start, watchdog, case, code):
     # 300 MiB under memory_mb 256 that no process maps: the PSS the watchdog sums never sees it, so
     # the seccomp filter refuses to create it (a cgroup would charge it; here there is none)
@@ -196,34 +213,67 @@ def test_the_files_of_a_call_within_its_bounds_are_fine(bwrap, start, watchdog):
     assert (result.status, result.text) == ("ok", "wrote 3"), result
 
 
+TMP_BYTES = """import time
+for i in range(3):
+    with open(f'/tmp/f{i}', 'wb') as f:
+        for _ in range(15):
+            f.write(b'x' * (1 << 20))
+print('wrote 45 MiB', flush=True)
+time.sleep(1)
+print('held')
+"""
+
+
+def test_the_bytes_of_a_calls_tmp_count_under_the_watchdog(bwrap, start, watchdog):
+    # 45 MiB of files under memory_mb 40: each file within max_file_mb, all within /tmp's size, and
+    # the process itself small; only the bytes of its /tmp, added to the PSS, pass the limit
+    result = start(TMP_BYTES, timeout_s=30, memory_mb=40, **bwrap)
+    assert result.status == "error", result
+    assert result.text.endswith("error: the program's processes together used more than 40 MiB of memory; "
+                                "it was stopped"), result.text
+    assert "held" not in result.text, result.text
+
+
 WATCH = r"""import ctypes, os, select, time
 libc = ctypes.CDLL(None, use_errno=True)
+libc.fanotify_mark.argtypes = [ctypes.c_int, ctypes.c_uint, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p]
 folder = os.path.dirname(os.__file__).encode()
-print('fanotify', libc.syscall({fanotify}, 0, 0))
-fd = libc.inotify_init1(0)
-print('inotify', fd, flush=True)
-if fd >= 0:
-    libc.inotify_add_watch(fd, folder, 0x1 | 0x20)  # IN_ACCESS | IN_OPEN
-    end = time.time() + 3
-    while time.time() < end:
-        if select.select([fd], [], [], 0.1)[0]:
-            print(os.read(fd, 65536))
+fan = libc.syscall({fanotify}, 0xC00, 0)  # FAN_CLASS_NOTIF | FAN_REPORT_DFID_NAME: allowed unprivileged
+print('fanotify', fan)
+if fan >= 0:  # FAN_MARK_ADD, FAN_OPEN | FAN_EVENT_ON_CHILD, AT_FDCWD
+    print('fanotify mark', libc.fanotify_mark(fan, 0x1, 0x20 | 0x08000000, -100, folder))
+watches = [fan] if fan >= 0 else []
+inits = [('inotify_init1', lambda: libc.inotify_init1(0))]
+if {inotify_init} >= 0:  # the older call, where the architecture has it
+    inits.append(('inotify_init', lambda: libc.syscall({inotify_init})))
+for name, init in inits:
+    fd = init()
+    print(name, fd, flush=True)
+    if fd >= 0:
+        libc.inotify_add_watch(fd, folder, 0x1 | 0x20)  # IN_ACCESS | IN_OPEN
+        watches.append(fd)
+end = time.time() + 3
+while watches and time.time() < end:
+    for w in select.select(watches, [], [], 0.1)[0]:
+        print(os.read(w, 65536))
 """
 
 
 def test_no_watch_shows_the_hosts_reads_of_the_interpreter(bwrap, start):
     # the interpreter's prefix is the host's, read-only: an inotify watch on it sees every open by
-    # another call or a host process; the host reads this.py (which no call imports) meanwhile
+    # another call or a host process, and so does an fanotify watch with the flags an unprivileged
+    # process may use (fanotify_init(0, 0) needs CAP_SYS_ADMIN: the kernel refuses it anyway); the
+    # host reads this.py (which no call imports) meanwhile
     import platform
 
-    fanotify = {"x86_64": 300, "aarch64": 262}.get(platform.machine())
-    if fanotify is None:
+    numbers = {"x86_64": (300, 253), "aarch64": (262, -1)}.get(platform.machine())  # fanotify_init, inotify_init
+    if numbers is None:
         pytest.skip(f"no system-call number table for {platform.machine()}")
     stdlib = os.path.dirname(os.__file__) if bwrap["python"] == sys.executable else None
     if stdlib is None:
         pytest.skip("the sandbox's interpreter is not this process's: its standard library is elsewhere")
     out = {}
-    call = threading.Thread(target=lambda: out.setdefault("r", start(WATCH.format(fanotify=fanotify), timeout_s=30, **bwrap)))
+    call = threading.Thread(target=lambda: out.setdefault("r", start(WATCH.format(fanotify=numbers[0], inotify_init=numbers[1]), timeout_s=30, **bwrap)))
     call.start()
     while call.is_alive():
         with open(os.path.join(stdlib, "this.py"), "rb") as f:
@@ -231,7 +281,8 @@ def test_no_watch_shows_the_hosts_reads_of_the_interpreter(bwrap, start):
         time.sleep(0.02)
     result = out["r"]
     assert "this.py" not in result.text, result.text
-    assert "inotify -1" in result.text and "fanotify -1" in result.text, result.text
+    assert "inotify_init1 -1" in result.text and "fanotify -1" in result.text, result.text
+    assert numbers[1] < 0 or "inotify_init -1" in result.text, result.text
 
 
 @pytest.mark.parametrize("bound, counted", [
