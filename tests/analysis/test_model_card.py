@@ -150,3 +150,35 @@ def test_push_creates_the_repository_and_uploads_the_exported_folder(tmp_path, m
     assert kwargs["repo_id"] == "me/model" and kwargs["repo_type"] == "model"
     assert kwargs["commit_message"].startswith("mathrl ") and kwargs["commit_message"].endswith(": run")
     assert "https://huggingface.co/me/model" in capsys.readouterr().out
+
+
+def front_matter(card: str) -> dict:
+    import yaml
+
+    assert card.startswith("---\n")
+    return yaml.safe_load(card.split("---\n")[1])
+
+
+@pytest.mark.parametrize("base, expected_base, why", [
+    ("Qwen/Qwen2.5-Math-1.5B", "Qwen/Qwen2.5-Math-1.5B", "a hub id: the Hub links the card to its base model"),
+    ("{tmp}/local-model", None, "a local directory that exists: a path means nothing on the Hub"),
+    ("./models/qwen", None, "a relative path, even one that is not there"),
+    ("~/models/qwen", None, "a path under the home directory"),
+    ("tiny-arith", None, "mathrl's own tiny base model: not on the Hub"),
+    ("models/qwen", None, "reads as org/name but is a directory here: the local model is what was trained"),
+])
+def test_the_cards_hub_metadata_has_every_field_and_a_hub_id_only_as_base_model(tmp_path, monkeypatch, base, expected_base, why):
+    # The Hub reads the front matter: license, library_name (the loading snippet) and tags (search) are always
+    # there; base_model only for a hub id, else the Hub shows a broken link to a path on the machine that trained it.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "local-model").mkdir()
+    (tmp_path / "models" / "qwen").mkdir(parents=True)
+    run = make_run(tmp_path / "run")
+    base = base.format(tmp=tmp_path)
+    (run / "config.yaml").write_text(CONFIG.format(run=run).replace("Qwen/Qwen2.5-Math-1.5B", base))
+    card = (export_model(run, tmp_path / "out", license="apache-2.0") / "README.md").read_text()
+    expected = {"license": "apache-2.0", "library_name": "transformers", "tags": ["mathrl", "reinforcement-learning", "rlvr", "math"]}
+    if expected_base is not None:
+        expected["base_model"] = expected_base
+    assert front_matter(card) == expected, why
+    assert f"## Base model\n\n`{base}`" in card  # the body names the base model in every case

@@ -85,3 +85,39 @@ def test_the_python_tools_sandbox_line_joins_the_block_once():
     # the bound, then what it covers (tools/sandbox/memory.py:memory_covers)
     assert re.fullmatch(r"python tool sandbox: bwrap; memory per call bounded by (cgroup v1|cgroup v2|watchdog): .+", lines[0])
     assert "python tool sandbox: bwrap; memory per call bounded by" in (GUIDE.parent / "tools.md").read_text().replace("\n", " ")
+
+
+@pytest.mark.parametrize("quiet, twice, expected, why", [
+    (False, False, ["engine: torch (lean decoding)", "threads: {threads} (torch intra-op); OpenMP wait: GOMP_SPINCOUNT=10000",
+                    "policy loss: ppo_clip (eps_low=0.2, eps_high=0.28); aggregation token_mean",
+                    "loss terms: none (the policy gradient alone)", "warning: a warning"],
+     "the four decisions of the default recipe as one block, then the warning as it comes"),
+    (False, True, ["engine: torch (lean decoding)", "threads: {threads} (torch intra-op); OpenMP wait: GOMP_SPINCOUNT=10000",
+                   "policy loss: ppo_clip (eps_low=0.2, eps_high=0.28); aggregation token_mean",
+                   "loss terms: none (the policy gradient alone)", "warning: a warning"],
+     "logged a second time (a second trainer in the process): each line still once"),
+    (True, False, ["warning: a warning"], "-q: the warnings only"),
+])
+def test_the_decisions_are_one_block_each_line_once_and_q_keeps_warnings_only(monkeypatch, quiet, twice, expected, why):
+    # The same, without a run: train/startup.py's log_decisions on the default recipe's config
+    from types import SimpleNamespace
+
+    import torch
+
+    from mathrl.config import load_config
+    from mathrl.train.startup import log_decisions
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setenv("GOMP_SPINCOUNT", "10000")
+    trainer = SimpleNamespace(cfg=load_config(None), engine=SimpleNamespace(lean=object()), controllers={},
+                              ranks=SimpleNamespace(main=True))
+    out = io.StringIO()
+    handler = install_startup_log(Console(file=out, width=2000), quiet=quiet)
+    try:
+        log_decisions(trainer)
+        if twice:
+            log_decisions(trainer)
+        logging.getLogger("mathrl.train").warning("a warning")
+    finally:
+        logging.getLogger("mathrl").removeHandler(handler)
+    assert out.getvalue().splitlines() == [line.format(threads=torch.get_num_threads()) for line in expected], why

@@ -68,6 +68,7 @@ def test_the_step_bar_keeps_the_fields_that_matter_at_80_columns(width, evaluate
     text = out.getvalue().replace("\x1b[2K", "").replace("\r", "\n")
     last = [line for line in text.splitlines() if "RL step" in line][-1]
     assert len(last.rstrip()) <= width
+    assert "…" not in last, ("whole fields are left out; none is cut mid-way", last)
     for field in shown:
         assert field in last, (why, last)
     for field in left_out:
@@ -80,3 +81,14 @@ def test_fit_fields_leaves_out_the_lowest_priority_first() -> None:
     assert fit_fields(["a 1", "b 2", "c 3"], 15) == "a 1 | b 2 | c 3"  # 15 columns: all
     assert fit_fields(["a 1", "b 2", "c 3"], 14) == "a 1 | b 2"  # one short: the last goes
     assert fit_fields(["a 1", "b 2", "c 3"], 2) == "a 1"  # the first always stays (the bar cuts it)
+
+
+@pytest.mark.parametrize("count, noun, expected, why", [
+    (1, "sample", "1 sample", "one: no s (`1 sample each`, not `1 samples each`)"),
+    (2, "sample", "2 samples", "more than one: an s"),
+    (0, "problem", "0 problems", "none: an s, as English has it"),
+])
+def test_plural_adds_an_s_unless_the_count_is_one(count, noun, expected, why) -> None:
+    from mathrl.track.console import plural
+
+    assert plural(count, noun) == expected, why

@@ -39,3 +39,29 @@ def test_checkpoints_and_final_are_readable_by_others_under_umask_022(tmp_path, 
     assert "trainer_state.pt" in modes(saved)
     # atomic still: the checkpoint's temporary directory was renamed away, nothing else is left beside it
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_000002"]
+
+
+def test_a_checkpoint_is_not_there_until_all_its_files_are(tmp_path, monkeypatch, make_tiny_qwen2, char_tokenizer):
+    # Atomic: a SIGKILL at any moment of the write leaves either no step_000002 or a whole one. Looked at the last
+    # moment before the rename (every file written, being fsynced), the step's directory must not be there yet:
+    # a resume then would pick a checkpoint whose files may be half written.
+    from mathrl.run_dir import complete_checkpoints
+
+    model = make_tiny_qwen2()
+    optimizer = torch.optim.AdamW(model.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    seen = []
+    real_fsync_tree = checkpoint._fsync_tree
+
+    def fsync_and_look(path):
+        seen.append((path.name.startswith("step_000002.tmp-"), sorted(p.name for p in path.parent.iterdir()),
+                     complete_checkpoints(path.parent)))
+        real_fsync_tree(path)
+
+    monkeypatch.setattr(checkpoint, "_fsync_tree", fsync_and_look)
+    saved = checkpoint.save_checkpoint(tmp_path / "checkpoints", 2, model=model, tokenizer=char_tokenizer,
+                                       optimizer=optimizer, scheduler=scheduler, state={})
+    ((in_tmp, names, complete),) = seen
+    assert in_tmp, "written into a temporary directory"  # why: not into step_000002 itself
+    assert "step_000002" not in names and complete == []  # why: nothing a resume could pick before the rename
+    assert complete_checkpoints(tmp_path / "checkpoints") == [(2, saved)]  # why: after the rename, the whole checkpoint
