@@ -87,14 +87,15 @@ def test_the_python_tools_sandbox_line_joins_the_block_once():
     assert "python tool sandbox: bwrap; memory per call bounded by" in (GUIDE.parent / "tools.md").read_text().replace("\n", " ")
 
 
+DEFAULT_BLOCK = ["engine: torch (lean decoding)", "threads: {threads} (torch intra-op); OpenMP wait: GOMP_SPINCOUNT=10000",
+                 "policy loss: ppo_clip (eps_low=0.2, eps_high=0.28); aggregation token_mean",
+                 "loss terms: none (the policy gradient alone)"]
+
+
 @pytest.mark.parametrize("quiet, twice, expected, why", [
-    (False, False, ["engine: torch (lean decoding)", "threads: {threads} (torch intra-op); OpenMP wait: GOMP_SPINCOUNT=10000",
-                    "policy loss: ppo_clip (eps_low=0.2, eps_high=0.28); aggregation token_mean",
-                    "loss terms: none (the policy gradient alone)", "warning: a warning"],
+    (False, False, [*DEFAULT_BLOCK, "warning: a warning"],
      "the four decisions of the default recipe as one block, then the warning as it comes"),
-    (False, True, ["engine: torch (lean decoding)", "threads: {threads} (torch intra-op); OpenMP wait: GOMP_SPINCOUNT=10000",
-                   "policy loss: ppo_clip (eps_low=0.2, eps_high=0.28); aggregation token_mean",
-                   "loss terms: none (the policy gradient alone)", "warning: a warning"],
+    (False, True, [*DEFAULT_BLOCK, "warning: a warning"],
      "logged a second time (a second trainer in the process): each line still once"),
     (True, False, ["warning: a warning"], "-q: the warnings only"),
 ])
